@@ -1,0 +1,427 @@
+"""Triton sparse MLA prefill: kernel -> launch config -> input validation -> public entry.
+
+One program owns one token and a block of BLOCK_H heads. It walks the token's slot list BLOCK_K
+slots at a time: load the slot ids (the next tile's ids are fetched one iteration ahead), gather
+the KV rows masked by validity, S = Q K^T, online softmax (running max ``m_i``, denominator
+``l_i``, fp32 accumulator ``acc``), P cast to the KV dtype for P V. The sink joins the softmax at
+the end as a virtual column whose value vector is zero; a token with no valid slot stores zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from . import runtime
+
+__all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _mma(a, b, acc, UPCAST_DOT: tl.constexpr):
+    # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584);
+    # with UPCAST_DOT (set only for interpreted bf16 launches) the operands go to fp32 first,
+    # which is what the GPU's bf16 MMA computes: exact products, fp32 accumulation.
+    if UPCAST_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _sparse_mla_prefill_kernel(
+    q_ptr,  # [T, H, D]
+    kv_ptr,  # [N, D]
+    idx_ptr,  # [nnz] int32 | int64
+    indptr_ptr,  # [T + 1]
+    sink_ptr,  # [H] fp32 (unused without HAS_SINK)
+    out_ptr,  # [T, H, D]
+    stride_qt,
+    stride_qh,
+    stride_kvn,
+    stride_ot,
+    stride_oh,
+    num_heads,
+    head_dim,
+    num_kv,
+    qk_scale,  # softmax_scale, times log2(e) under USE_EXP2
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    EVEN_HD: tl.constexpr,
+    USE_EXP2: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    pid_t = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1)
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+
+    q_ptrs = q_ptr + pid_t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :]
+    if EVEN_HD:
+        q = tl.load(q_ptrs)  # [BLOCK_H, BLOCK_D]
+    else:
+        mask_hd = (offs_h[:, None] < num_heads) & (offs_d[None, :] < head_dim)
+        q = tl.load(q_ptrs, mask=mask_hd, other=0.0)
+
+    start = tl.load(indptr_ptr + pid_t).to(tl.int64)
+    end = tl.load(indptr_ptr + pid_t + 1).to(tl.int64)
+    num_slots = (end - start).to(tl.int32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+
+    offs_s = start + offs_k  # [BLOCK_K] int64 positions in kv_indices
+    slot_next = tl.load(idx_ptr + offs_s, mask=offs_s < end, other=-1).to(tl.int64)
+    for k0 in range(0, num_slots, BLOCK_K):
+        slot = slot_next
+        valid = (offs_s < end) & (slot >= 0) & (slot < num_kv)  # [BLOCK_K]
+        # Prefetch the next tile's slot ids before this tile's gather.
+        offs_s = offs_s + BLOCK_K
+        slot_next = tl.load(idx_ptr + offs_s, mask=offs_s < end, other=-1).to(tl.int64)
+
+        kv_ptrs = kv_ptr + slot[:, None] * stride_kvn + offs_d[None, :]  # int64 offsets
+        if EVEN_HD:
+            kv = tl.load(kv_ptrs, mask=valid[:, None], other=0.0)  # [BLOCK_K, BLOCK_D]
+        else:
+            kv = tl.load(kv_ptrs, mask=valid[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+
+        qk = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+        qk = _mma(q, tl.trans(kv), qk, UPCAST_DOT) * qk_scale  # [BLOCK_H, BLOCK_K]
+        qk = tl.where(valid[None, :], qk, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_H]
+        # A row with no valid slot so far keeps m = -inf; shift by 0 so exp() sees -inf, not NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if USE_EXP2:
+            alpha = tl.math.exp2(m_i - m_shift)
+            p = tl.math.exp2(qk - m_shift[:, None])
+        else:
+            alpha = tl.exp(m_i - m_shift)
+            p = tl.exp(qk - m_shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = _mma(p.to(kv.dtype), kv, acc, UPCAST_DOT)  # [BLOCK_H, BLOCK_D]
+        m_i = m_new
+
+    if HAS_SINK:
+        # The sink is a virtual column with logit sink_h and a zero value vector.
+        if EVEN_HD:
+            sink = tl.load(sink_ptr + offs_h)
+        else:
+            sink = tl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=0.0)
+        if USE_EXP2:
+            sink = sink * 1.4426950408889634
+        has_slot = m_i > float("-inf")
+        m_fin = tl.where(has_slot, tl.maximum(m_i, sink), sink)
+        if USE_EXP2:
+            alpha = tl.math.exp2(m_i - m_fin)
+            l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
+        else:
+            alpha = tl.exp(m_i - m_fin)
+            l_i = l_i * alpha + tl.exp(sink - m_fin)
+        acc = acc * alpha[:, None]
+    # A token with no valid slot has acc == 0; keep it 0 (not 0/0) with or without a sink.
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+
+    out_ptrs = out_ptr + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    if EVEN_HD:
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty))
+    else:
+        mask_hd = (offs_h[:, None] < num_heads) & (offs_d[None, :] < head_dim)
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=mask_hd)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch configuration
+# ----------------------------------------------------------------------------------------------
+
+_AMD_ONLY = ("kpack", "waves_per_eu")
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Launch parameters of the Triton prefill kernel.
+
+    ``EVEN_HD=None`` means "on whenever it is valid" (head_dim == BLOCK_D and
+    num_heads % BLOCK_H == 0). ``kpack`` and ``waves_per_eu`` are AMD compiler options: accepted
+    everywhere, passed to the compiler only on AMD.
+    """
+
+    BLOCK_H: int = 16
+    BLOCK_K: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+    EVEN_HD: bool | None = None
+    USE_EXP2: bool = True
+    kpack: int | None = None
+    waves_per_eu: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PrefillConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(
+                f"config: unknown key(s) {unknown}; expected a subset of {sorted(names)}"
+            )
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def validate(self) -> None:
+        for name in ("BLOCK_H", "BLOCK_K"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"config: {name} must be a power of two >= 16 (tl.dot), got {v!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"config: num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"config: num_stages must be an int >= 1, got {self.num_stages!r}")
+
+
+def default_config(num_heads: int, head_dim: int, arch: str | None = None) -> PrefillConfig:
+    """The launch used when configs/ has no entry for (arch, H, D) and none is given.
+
+    BLOCK_H covers all heads up to 64 (each KV row is then gathered once per token), at least 16
+    for tl.dot; BLOCK_K shrinks as the head block grows to bound the register tile.
+    """
+    block_h = max(16, min(64, triton.next_power_of_2(num_heads)))
+    block_d = triton.next_power_of_2(head_dim)
+    block_k = 32 if block_h * block_d <= 16 * 512 else 16
+    num_warps = 4 if block_h <= 16 else 8
+    return PrefillConfig(BLOCK_H=block_h, BLOCK_K=block_k, num_warps=num_warps, num_stages=2)
+
+
+def resolve_config(
+    num_heads: int,
+    head_dim: int,
+    config: PrefillConfig | dict[str, Any] | None = None,
+    arch: str | None = None,
+) -> PrefillConfig:
+    """The launch for a call: ``config`` if given, else the tuned entry, else the default."""
+    if config is None:
+        from . import configs as _configs  # tuned JSON, optional per (arch, H, D)
+
+        found = _configs.lookup(arch, num_heads, head_dim) if arch else None
+        cfg = found if found is not None else default_config(num_heads, head_dim, arch)
+    elif isinstance(config, PrefillConfig):
+        cfg = config
+    elif isinstance(config, dict):
+        cfg = PrefillConfig.from_dict(config)
+    else:
+        raise TypeError(f"config must be a PrefillConfig, a dict or None, got {type(config)}")
+    cfg.validate()
+    return cfg
+
+
+def _even_hd_ok(cfg: PrefillConfig, num_heads: int, head_dim: int, block_d: int) -> bool:
+    return head_dim == block_d and num_heads % cfg.BLOCK_H == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Input validation
+# ----------------------------------------------------------------------------------------------
+
+_FLOAT_TYPES = (torch.float16, torch.bfloat16)
+_INDEX_TYPES = (torch.int32, torch.int64)
+
+
+def _validate(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be a [T, H, D] tensor, got {_desc(q)}")
+    if q.dtype not in _FLOAT_TYPES:
+        raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
+    if q.stride(-1) != 1:
+        raise ValueError(f"q must have a contiguous last dim (stride 1), got strides {q.stride()}")
+    T, H, D = q.shape
+    if not isinstance(kv, torch.Tensor):
+        raise TypeError(f"kv must be a tensor, got {type(kv).__name__}")
+    if kv.dim() == 3:
+        if kv.shape[1] != 1:
+            raise ValueError(f"kv must be [N, D] or [N, 1, D], got shape {tuple(kv.shape)}")
+        kv = kv[:, 0, :]
+    if kv.dim() != 2:
+        raise ValueError(f"kv must be [N, D] or [N, 1, D], got shape {tuple(kv.shape)}")
+    if kv.dtype != q.dtype:
+        fp8 = "an fp8 KV cache is not supported, dequantise it first; " if _is_fp8(kv) else ""
+        raise TypeError(f"kv dtype {kv.dtype} must match q dtype {q.dtype} ({fp8}K and V are kv)")
+    if kv.shape[1] != D:
+        raise ValueError(f"kv head dim {kv.shape[1]} does not match q head dim {D}")
+    if kv.shape[0] > 0 and kv.stride(1) != 1:
+        raise ValueError(f"kv must have a contiguous last dim (stride 1), got {kv.stride()}")
+    for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D tensor, got {_desc(t)}")
+        if t.dtype not in _INDEX_TYPES:
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if kv_indptr.numel() != T + 1:
+        raise ValueError(f"kv_indptr must have T+1 = {T + 1} entries, got {kv_indptr.numel()}")
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    if attn_sink is not None:
+        if not isinstance(attn_sink, torch.Tensor):
+            raise TypeError(f"attn_sink must be a tensor or None, got {type(attn_sink).__name__}")
+        if attn_sink.dtype != torch.float32:
+            raise TypeError(f"attn_sink must be float32, got {attn_sink.dtype}")
+        if tuple(attn_sink.shape) != (H,):
+            raise ValueError(f"attn_sink must have shape [H] = ({H},), got {tuple(attn_sink.shape)}")
+    named = [("kv", kv), ("kv_indices", kv_indices), ("kv_indptr", kv_indptr)]
+    if attn_sink is not None:
+        named.append(("attn_sink", attn_sink))
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a tensor or None, got {type(out).__name__}")
+        if tuple(out.shape) != tuple(q.shape):
+            raise ValueError(f"out shape {tuple(out.shape)} must equal q shape {tuple(q.shape)}")
+        if out.dtype != q.dtype:
+            raise TypeError(f"out dtype {out.dtype} must equal q dtype {q.dtype}")
+        if out.numel() and out.stride(-1) != 1:
+            raise ValueError(f"out must have last-dim stride 1, got strides {out.stride()}")
+        named.append(("out", out))
+    for name, t in named:
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; devices must match")
+    return kv
+
+
+def _is_fp8(t: torch.Tensor) -> bool:
+    return "float8" in str(t.dtype)
+
+
+def _desc(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry
+# ----------------------------------------------------------------------------------------------
+
+
+def sparse_mla_prefill(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    softmax_scale: float,
+    *,
+    attn_sink: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: PrefillConfig | dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """Sparse MLA prefill attention: each token attends to its own CSR list of pool slots.
+
+    Args:
+        q: [T, H, D] fp16 or bf16; last dim contiguous (other strides allowed).
+        kv: [N, D] (or [N, 1, D]) latent KV pool in q's dtype; K and V are the same row. It may
+            be a view into a larger buffer.
+        kv_indices: [nnz] int32 or int64 slot ids, used in the dtype given. A slot s is valid
+            iff 0 <= s < N; any other value is absent and its row is never read.
+        kv_indptr: [T+1] int32 or int64: token t uses kv_indices[kv_indptr[t]:kv_indptr[t+1]].
+        softmax_scale: logits = (q_h · kv_s) * softmax_scale.
+        attn_sink: optional [H] fp32 per-head sink logit, added to the softmax denominator only.
+        out: optional [T, H, D] buffer with q's dtype and device and last-dim stride 1.
+        config: launch override (PrefillConfig or a dict of its fields); default: the tuned
+            entry in configs/ for (arch, H, D), else :func:`default_config`.
+
+    Returns:
+        out: [T, H, D] in q's dtype. A token with no valid slot gets zeros.
+
+    On a GPU tensor the kernel is compiled; on CPU tensors it runs in Triton's interpreter.
+    Bad input raises TypeError/ValueError naming the argument, before ``out`` is touched.
+    """
+    kv2 = _validate(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out)
+    T, H, D = q.shape
+    interpret = runtime.runs_interpreted(q)
+    arch = None if interpret else runtime.arch(q.device.index or 0)
+    cfg = resolve_config(H, D, config, arch)
+    block_d = triton.next_power_of_2(D)
+    even_ok = _even_hd_ok(cfg, H, D, block_d)
+    if cfg.EVEN_HD and not even_ok:
+        raise ValueError(
+            f"config: EVEN_HD needs head_dim == BLOCK_D and H % BLOCK_H == 0; got head_dim={D}, "
+            f"BLOCK_D={block_d}, H={H}, BLOCK_H={cfg.BLOCK_H}"
+        )
+    even_hd = even_ok if cfg.EVEN_HD is None else cfg.EVEN_HD
+
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if T == 0:
+        return out
+    N = kv2.shape[0]
+    if N == 0:
+        out.zero_()  # every slot is invalid: every token is empty
+        return out
+
+    qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
+    sink = attn_sink if attn_sink is not None else q.new_empty(0, dtype=torch.float32)
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if not interpret and runtime.is_amd():
+        options.update({k: getattr(cfg, k) for k in _AMD_ONLY if getattr(cfg, k) is not None})
+    grid = (T, triton.cdiv(H, cfg.BLOCK_H))
+    runtime.launch(
+        _sparse_mla_prefill_kernel,
+        grid,
+        q,
+        kv2,
+        kv_indices,
+        kv_indptr,
+        sink,
+        out,
+        q.stride(0),
+        q.stride(1),
+        kv2.stride(0),
+        out.stride(0),
+        out.stride(1),
+        H,
+        D,
+        N,
+        qk_scale,
+        BLOCK_H=cfg.BLOCK_H,
+        BLOCK_K=cfg.BLOCK_K,
+        BLOCK_D=block_d,
+        HAS_SINK=attn_sink is not None,
+        EVEN_HD=even_hd,
+        USE_EXP2=cfg.USE_EXP2,
+        UPCAST_DOT=interpret and q.dtype == torch.bfloat16,
+        interpret=interpret,
+        **options,
+    )
+    return out
+
+
+def launch_constexprs(
+    num_heads: int, head_dim: int, dtype: torch.dtype, cfg: PrefillConfig, *, has_sink: bool
+) -> dict[str, Any]:
+    """The constexprs the kernel compiles with for a call (used by inspect and tests)."""
+    block_d = triton.next_power_of_2(head_dim)
+    even_ok = _even_hd_ok(cfg, num_heads, head_dim, block_d)
+    return {
+        "BLOCK_H": cfg.BLOCK_H,
+        "BLOCK_K": cfg.BLOCK_K,
+        "BLOCK_D": block_d,
+        "HAS_SINK": has_sink,
+        "EVEN_HD": even_ok if cfg.EVEN_HD is None else cfg.EVEN_HD,
+        "USE_EXP2": cfg.USE_EXP2,
+        "UPCAST_DOT": False,
+    }
+
+
+def with_overrides(cfg: PrefillConfig, **kw) -> PrefillConfig:
+    return replace(cfg, **kw)

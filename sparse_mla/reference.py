@@ -1,0 +1,195 @@
+"""fp32 references and error metrics: the single source of truth for what the kernels compute.
+
+``sparse_mla_prefill_ref`` defines the operator of DESIGN.md §2. It is vectorised over tokens
+and chunked so that a 16k-token call fits in memory: each chunk gathers its tokens' slots into a
+padded ``[chunk, L, D]`` block, where ``L`` is the longest slot list in the chunk.
+
+Error rule (after FlashAttention's tests): against the fp32 reference, a kernel's error may be
+at most ``factor`` (2) times the error of plain PyTorch computing the same thing in the input
+dtype, plus a small absolute floor for outputs that are almost exactly zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "ErrorReport",
+    "check_against_reference",
+    "error_report",
+    "max_abs_error",
+    "rel_l2_error",
+    "sparse_mla_prefill_ref",
+]
+
+# Budget for one chunk's gathered rows, in elements (fp32): 64 Mi elements = 256 MiB.
+_CHUNK_ELEMENTS = 64 * 1024 * 1024
+
+
+def _slot_matrix(kv_indices, kv_indptr, t0, t1, num_kv):
+    """Padded slot ids [t, L] (int64, invalid -> 0) and validity mask [t, L] for tokens t0..t1."""
+    starts = kv_indptr[t0:t1].to(torch.int64)
+    lengths = kv_indptr[t0 + 1 : t1 + 1].to(torch.int64) - starts
+    width = int(lengths.max()) if lengths.numel() else 0
+    col = torch.arange(width, device=kv_indices.device)
+    in_row = col[None, :] < lengths[:, None]
+    pos = torch.where(in_row, starts[:, None] + col[None, :], torch.zeros_like(col[None, :]))
+    slots = kv_indices.to(torch.int64)[pos] if kv_indices.numel() else pos
+    valid = in_row & (slots >= 0) & (slots < num_kv)
+    return torch.where(valid, slots, torch.zeros_like(slots)), valid
+
+
+def sparse_mla_prefill_ref(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    softmax_scale: float,
+    *,
+    attn_sink: torch.Tensor | None = None,
+    upcast: bool = True,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """Sparse MLA prefill, computed plainly in PyTorch.
+
+    Args:
+        q: [T, H, D] queries.
+        kv: [N, D] (or [N, 1, D]) latent KV pool; K and V are the same row.
+        kv_indices: [nnz] slot ids; a slot s is valid iff 0 <= s < N, else it is absent.
+        kv_indptr: [T+1] CSR offsets into kv_indices.
+        softmax_scale: multiplies q·k before the softmax.
+        attn_sink: optional [H] fp32 sink logits, added to the denominator only.
+        upcast: True (default) computes in fp32 and returns fp32: the reference. False computes
+            in q's dtype (logits and P·V in that dtype, softmax in fp32 then rounded), the
+            "plain PyTorch in the same dtype" baseline of the error rule.
+        chunk_tokens: tokens per chunk (default: sized so a chunk's gather stays ~256 MiB).
+
+    Returns:
+        [T, H, D] output, fp32 when ``upcast`` else q's dtype. Tokens with no valid slot get 0.
+    """
+    if kv.dim() == 3:
+        kv = kv.reshape(kv.shape[0], kv.shape[-1])
+    T, H, D = q.shape
+    N = kv.shape[0]
+    dtype = torch.float32 if upcast else q.dtype
+    out = torch.zeros(T, H, D, dtype=dtype, device=q.device)
+    if T == 0 or N == 0:
+        return out
+    sink = None if attn_sink is None else attn_sink.to(device=q.device, dtype=torch.float32)
+    if chunk_tokens is None:
+        lengths = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
+        longest = max(int(lengths.max()), 1)
+        chunk_tokens = max(1, _CHUNK_ELEMENTS // (longest * max(D, H)))
+    for t0 in range(0, T, chunk_tokens):
+        t1 = min(T, t0 + chunk_tokens)
+        slots, valid = _slot_matrix(kv_indices, kv_indptr, t0, t1, N)
+        if slots.shape[1] == 0:
+            continue
+        rows = kv[slots].to(dtype)  # [t, L, D]
+        rows = torch.where(valid[..., None], rows, torch.zeros((), dtype=dtype, device=q.device))
+        qc = q[t0:t1].to(dtype)
+        logits = torch.einsum("thd,tld->thl", qc, rows).float() * softmax_scale  # [t, H, L]
+        logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+        row_max = logits.amax(dim=-1, keepdim=True)  # [t, H, 1]
+        if sink is not None:
+            row_max = torch.maximum(row_max, sink[None, :, None])
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        p = torch.exp(logits - row_max)
+        denom = p.sum(dim=-1, keepdim=True)
+        if sink is not None:
+            denom = denom + torch.exp(sink[None, :, None] - row_max)
+        p = p / torch.where(denom > 0, denom, torch.ones_like(denom))
+        o = torch.einsum("thl,tld->thd", p.to(dtype), rows)
+        has_any = valid.any(dim=1)  # [t]
+        out[t0:t1] = torch.where(has_any[:, None, None], o, torch.zeros((), dtype=dtype))
+    return out
+
+
+def rel_l2_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp64 (0 when both are all zero; inf when only ref is)."""
+    out = out.double()
+    ref = ref.double()
+    num = torch.linalg.vector_norm(out - ref).item()
+    den = torch.linalg.vector_norm(ref).item()
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if out.numel() == 0:
+        return 0.0
+    return (out.double() - ref.double()).abs().max().item()
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """Errors of a result and of the same-dtype PyTorch baseline, both against fp32."""
+
+    rel_l2: float
+    max_abs: float
+    baseline_rel_l2: float
+    baseline_max_abs: float
+    factor: float
+    atol: float
+
+    @property
+    def ok(self) -> bool:
+        """Within ``factor`` x the baseline's error (plus ``atol``), and no NaN anywhere."""
+        if not (math.isfinite(self.rel_l2) and math.isfinite(self.max_abs)):
+            return False
+        return (
+            self.max_abs <= self.factor * self.baseline_max_abs + self.atol
+            and self.rel_l2 <= self.factor * self.baseline_rel_l2 + self.atol
+        )
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.ok else "FAIL"
+        return (
+            f"{verdict}: rel_l2 {self.rel_l2:.3e} (torch same dtype {self.baseline_rel_l2:.3e}), "
+            f"max_abs {self.max_abs:.3e} (torch same dtype {self.baseline_max_abs:.3e}), "
+            f"allowed {self.factor:g}x + {self.atol:g}"
+        )
+
+
+def error_report(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    baseline: torch.Tensor,
+    *,
+    factor: float = 2.0,
+    atol: float = 1e-5,
+) -> ErrorReport:
+    """Compare ``out`` and the same-dtype ``baseline`` against the fp32 ``ref``."""
+    return ErrorReport(
+        rel_l2=rel_l2_error(out, ref),
+        max_abs=max_abs_error(out, ref),
+        baseline_rel_l2=rel_l2_error(baseline, ref),
+        baseline_max_abs=max_abs_error(baseline, ref),
+        factor=factor,
+        atol=atol,
+    )
+
+
+def check_against_reference(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    softmax_scale: float,
+    *,
+    attn_sink: torch.Tensor | None = None,
+    factor: float = 2.0,
+    atol: float = 1e-5,
+) -> ErrorReport:
+    """Error report of a prefill output against the fp32 reference (2x-PyTorch rule)."""
+    kwargs = dict(attn_sink=attn_sink)
+    ref = sparse_mla_prefill_ref(q, kv, kv_indices, kv_indptr, softmax_scale, **kwargs)
+    base = sparse_mla_prefill_ref(
+        q, kv, kv_indices, kv_indptr, softmax_scale, upcast=False, **kwargs
+    )
+    return error_report(out, ref, base, factor=factor, atol=atol)

@@ -1,0 +1,128 @@
+"""Where a kernel runs: hardware queries and Triton's CPU interpreter.
+
+Hardware questions are tiny cached functions so tests can fake them. Nothing here reads the
+environment or touches a GPU at import.
+
+The interpreter shim
+--------------------
+Triton decides interpreter-or-compiler once, when ``@triton.jit`` decorates a function, from
+``TRITON_INTERPRET`` at import time. A workbook wants both in one process: run a kernel on CPU
+tensors (numerics) *and* cross-compile the same kernel for gfx950 or sm90 (ISA, registers).
+So the package keeps its kernels as ordinary ``JITFunction`` objects (compilable) and, for a
+launch on CPU tensors, wraps them in Triton's ``InterpretedFunction``. Device functions called
+from an interpreted kernel (our helpers and ``tl.zeros``, ``tl.max`` and friends from
+``triton.language.standard``) are ``JITFunction`` objects too, whose ``__call__`` refuses to run
+outside a compiled kernel; during an interpreted launch :func:`interpreting` routes those calls
+to the interpreter, and restores everything afterwards so later compiles are unaffected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+import torch
+import triton
+from triton.runtime.interpreter import InterpretedFunction, _patch_lang
+from triton.runtime.jit import JITFunction
+
+__all__ = [
+    "arch",
+    "device_name",
+    "has_gpu",
+    "interpreted",
+    "interpreting",
+    "is_amd",
+    "runs_interpreted",
+]
+
+
+@functools.lru_cache(maxsize=None)
+def has_gpu() -> bool:
+    """True when torch sees a CUDA or ROCm device."""
+    return torch.cuda.is_available()
+
+
+@functools.lru_cache(maxsize=None)
+def is_amd() -> bool:
+    """True when the GPU torch sees is an AMD one (ROCm build of torch)."""
+    return has_gpu() and torch.version.hip is not None
+
+
+@functools.lru_cache(maxsize=None)
+def arch(device_index: int = 0) -> str | None:
+    """Architecture id of the local GPU: ``"sm90"``, ``"gfx942"``, ...; None without a GPU."""
+    if not has_gpu():
+        return None
+    if is_amd():
+        name = torch.cuda.get_device_properties(device_index).gcnArchName
+        return name.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return f"sm{major}{minor}"
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(device_index: int = 0) -> str:
+    """Human-readable device name: the GPU's name, or ``"cpu (Triton interpreter)"``."""
+    if not has_gpu():
+        return "cpu (Triton interpreter)"
+    return torch.cuda.get_device_name(device_index)
+
+
+def runs_interpreted(t: torch.Tensor) -> bool:
+    """A launch on CPU tensors runs in Triton's interpreter; on GPU tensors it is compiled."""
+    return t.device.type == "cpu"
+
+
+# Keyed by the Python function: hashing a JITFunction parses its source, which fails mid-launch.
+_interpreted_cache: dict[object, InterpretedFunction] = {}
+_shim_lock = threading.RLock()
+
+
+def interpreted(kernel: JITFunction) -> InterpretedFunction:
+    """The interpreter's version of a ``@triton.jit`` kernel (cached)."""
+    if isinstance(kernel, InterpretedFunction):
+        return kernel
+    fn = _interpreted_cache.get(kernel.fn)
+    if fn is None:
+        fn = _interpreted_cache[kernel.fn] = InterpretedFunction(kernel.fn)
+    return fn
+
+
+def _call_device_function(self: JITFunction, *args, **kwargs):
+    # Same as InterpretedFunction.__call__, except that the language patch is undone afterwards
+    # (Triton 3.6 leaves it in place, which breaks the next real compile in this process).
+    fn = interpreted(self)
+    scope = _patch_lang(self.fn)
+    try:
+        return fn.rewrite()(*args, **kwargs)
+    finally:
+        scope.restore()
+
+
+@contextlib.contextmanager
+def interpreting():
+    """Inside this block, device-function calls from an interpreted kernel are interpreted."""
+    with _shim_lock:
+        original = JITFunction.__call__
+        JITFunction.__call__ = _call_device_function
+        try:
+            yield
+        finally:
+            JITFunction.__call__ = original
+
+
+def launch(kernel: JITFunction, grid, *args, interpret: bool, **kwargs):
+    """Launch ``kernel`` compiled (GPU tensors) or interpreted (CPU tensors)."""
+    if not interpret:
+        return kernel[grid](*args, **kwargs)
+    # Launch options mean nothing to the interpreter.
+    for key in ("num_warps", "num_stages", "kpack", "waves_per_eu", "num_ctas", "maxnreg"):
+        kwargs.pop(key, None)
+    with interpreting():
+        return interpreted(kernel)[grid](*args, **kwargs)
+
+
+def triton_version() -> str:
+    return triton.__version__
