@@ -25,13 +25,24 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _mma(a, b, acc, UPCAST_DOT: tl.constexpr):
-    # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584);
-    # with UPCAST_DOT (set only for interpreted bf16 launches) the operands go to fp32 first,
+def _mma(a, b, acc, INTERP_BF16: tl.constexpr):
+    # Triton 3.6's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
+    # Under INTERP_BF16 (set only for interpreted bf16 launches) the operands go to fp32 first,
     # which is what the GPU's bf16 MMA computes: exact products, fp32 accumulation.
-    if UPCAST_DOT:
+    if INTERP_BF16:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _round_to(x, dtype: tl.constexpr, INTERP_BF16: tl.constexpr):
+    # The 3.6 interpreter casts fp32 -> bf16 by truncation; the GPU rounds to nearest even.
+    # Under INTERP_BF16 round in fp32 first (bit trick), so the truncating cast is exact.
+    if INTERP_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
 
 
 @triton.jit
@@ -57,7 +68,7 @@ def _sparse_mla_prefill_kernel(
     HAS_SINK: tl.constexpr,
     EVEN_HD: tl.constexpr,
     USE_EXP2: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    INTERP_BF16: tl.constexpr,
 ):
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
@@ -83,7 +94,7 @@ def _sparse_mla_prefill_kernel(
 
     offs_s = start + offs_k  # [BLOCK_K] int64 positions in kv_indices
     slot_next = tl.load(idx_ptr + offs_s, mask=offs_s < end, other=-1).to(tl.int64)
-    for k0 in range(0, num_slots, BLOCK_K):
+    for _ in range(0, num_slots, BLOCK_K):
         slot = slot_next
         valid = (offs_s < end) & (slot >= 0) & (slot < num_kv)  # [BLOCK_K]
         # Prefetch the next tile's slot ids before this tile's gather.
@@ -97,7 +108,7 @@ def _sparse_mla_prefill_kernel(
             kv = tl.load(kv_ptrs, mask=valid[:, None] & (offs_d[None, :] < head_dim), other=0.0)
 
         qk = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
-        qk = _mma(q, tl.trans(kv), qk, UPCAST_DOT) * qk_scale  # [BLOCK_H, BLOCK_K]
+        qk = _mma(q, tl.trans(kv), qk, INTERP_BF16) * qk_scale  # [BLOCK_H, BLOCK_K]
         qk = tl.where(valid[None, :], qk, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_H]
@@ -111,7 +122,7 @@ def _sparse_mla_prefill_kernel(
             p = tl.exp(qk - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        acc = _mma(p.to(kv.dtype), kv, acc, UPCAST_DOT)  # [BLOCK_H, BLOCK_D]
+        acc = _mma(_round_to(p, kv.dtype, INTERP_BF16), kv, acc, INTERP_BF16)  # [BLOCK_H, BLOCK_D]
         m_i = m_new
 
     if HAS_SINK:
@@ -137,10 +148,10 @@ def _sparse_mla_prefill_kernel(
 
     out_ptrs = out_ptr + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
     if EVEN_HD:
-        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptrs, _round_to(o, out_ptr.dtype.element_ty, INTERP_BF16))
     else:
         mask_hd = (offs_h[:, None] < num_heads) & (offs_d[None, :] < head_dim)
-        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=mask_hd)
+        tl.store(out_ptrs, _round_to(o, out_ptr.dtype.element_ty, INTERP_BF16), mask=mask_hd)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,7 +290,9 @@ def _validate(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
         if attn_sink.dtype != torch.float32:
             raise TypeError(f"attn_sink must be float32, got {attn_sink.dtype}")
         if tuple(attn_sink.shape) != (H,):
-            raise ValueError(f"attn_sink must have shape [H] = ({H},), got {tuple(attn_sink.shape)}")
+            raise ValueError(
+                f"attn_sink must have shape [H] = ({H},), got {tuple(attn_sink.shape)}"
+            )
     named = [("kv", kv), ("kv_indices", kv_indices), ("kv_indptr", kv_indptr)]
     if attn_sink is not None:
         named.append(("attn_sink", attn_sink))
@@ -399,7 +412,7 @@ def sparse_mla_prefill(
         HAS_SINK=attn_sink is not None,
         EVEN_HD=even_hd,
         USE_EXP2=cfg.USE_EXP2,
-        UPCAST_DOT=interpret and q.dtype == torch.bfloat16,
+        INTERP_BF16=interpret and q.dtype == torch.bfloat16,
         interpret=interpret,
         **options,
     )
@@ -419,7 +432,7 @@ def launch_constexprs(
         "HAS_SINK": has_sink,
         "EVEN_HD": even_ok if cfg.EVEN_HD is None else cfg.EVEN_HD,
         "USE_EXP2": cfg.USE_EXP2,
-        "UPCAST_DOT": False,
+        "INTERP_BF16": False,
     }
 
 

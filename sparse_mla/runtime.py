@@ -38,19 +38,19 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_gpu() -> bool:
     """True when torch sees a CUDA or ROCm device."""
     return torch.cuda.is_available()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def is_amd() -> bool:
     """True when the GPU torch sees is an AMD one (ROCm build of torch)."""
     return has_gpu() and torch.version.hip is not None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def arch(device_index: int = 0) -> str | None:
     """Architecture id of the local GPU: ``"sm90"``, ``"gfx942"``, ...; None without a GPU."""
     if not has_gpu():
@@ -62,7 +62,7 @@ def arch(device_index: int = 0) -> str | None:
     return f"sm{major}{minor}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_name(device_index: int = 0) -> str:
     """Human-readable device name: the GPU's name, or ``"cpu (Triton interpreter)"``."""
     if not has_gpu():

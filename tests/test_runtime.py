@@ -1,0 +1,112 @@
+"""The CPU path's two fixes, each by itself, and the interpreter shim's isolation."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from sparse_mla import runtime
+from sparse_mla.prefill import PrefillConfig, _mma, _round_to, launch_constexprs
+
+
+@triton.jit
+def _dot_kernel(A, B, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, FIX: tl.constexpr):
+    offs_m = tl.arange(0, M)
+    offs_n = tl.arange(0, N)
+    offs_k = tl.arange(0, K)
+    a = tl.load(A + offs_m[:, None] * K + offs_k[None, :])  # [M, K]
+    b = tl.load(B + offs_k[:, None] * N + offs_n[None, :])  # [K, N]
+    c = _mma(a, b, tl.zeros([M, N], dtype=tl.float32), FIX)
+    tl.store(C + offs_m[:, None] * N + offs_n[None, :], c)
+
+
+@triton.jit
+def _cast_kernel(X, Y, N: tl.constexpr, FIX: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Y + offs, _round_to(tl.load(X + offs), tl.bfloat16, FIX))
+
+
+def _dot(a, b, fix):
+    c = torch.full((a.shape[0], b.shape[1]), float("nan"))
+    runtime.launch(_dot_kernel, (1,), a, b, c, M=a.shape[0], N=b.shape[1], K=a.shape[1],
+                   FIX=fix, interpret=True)  # fmt: skip
+    return c
+
+
+def test_interpreted_bf16_dot_matches_torch():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(16, 64, generator=g).bfloat16()
+    b = torch.randn(64, 32, generator=g).bfloat16()
+    expected = a.float() @ b.float()  # bf16 products are exact in fp32; fp32 accumulation
+    torch.testing.assert_close(_dot(a, b, True), expected, rtol=1e-6, atol=1e-5)
+
+
+def test_interpreted_bf16_dot_is_wrong_without_the_fix():
+    # Documents why the fix exists: Triton 3.6's interpreter multiplies bf16 bit patterns.
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(16, 16, generator=g).bfloat16()
+    b = torch.randn(16, 16, generator=g).bfloat16()
+    err = (_dot(a, b, False) - a.float() @ b.float()).abs().max().item()
+    assert err > 1e3, f"interpreter bf16 dot now looks right (err {err}); drop INTERP_BF16?"
+
+
+def test_interpreted_fp16_dot_needs_no_fix():
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(16, 32, generator=g).half()
+    b = torch.randn(32, 16, generator=g).half()
+    torch.testing.assert_close(_dot(a, b, False), a.float() @ b.float(), rtol=1e-3, atol=1e-3)
+
+
+def test_interpreted_bf16_cast_rounds_to_nearest_even():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4096, generator=g) * 10
+    # Exact ties (the low 16 bits 0x8000) exercise the even rule.
+    ties = (torch.randint(-(2**15), 2**15, (256,), generator=g).to(torch.int32) << 16) | 0x8000
+    x = torch.cat([x, ties.view(torch.float32)])
+    # Normal numbers only: the interpreter flushes fp32 subnormals, a GPU does not need them here.
+    x = x[torch.isfinite(x) & (x.abs() >= torch.finfo(torch.float32).tiny)]
+    for fix, expect_equal in ((True, True), (False, False)):
+        y = torch.empty(x.numel(), dtype=torch.bfloat16)
+        n = triton.next_power_of_2(x.numel())
+        xp = torch.cat([x, torch.zeros(n - x.numel())])
+        yp = torch.empty(n, dtype=torch.bfloat16)
+        runtime.launch(_cast_kernel, (1,), xp, yp, N=n, FIX=fix, interpret=True)
+        y = yp[: x.numel()]
+        same = torch.equal(y.view(torch.int16), x.bfloat16().view(torch.int16))
+        assert same == expect_equal, f"FIX={fix}"
+
+
+def _compile_prefill_ttir(interp_bf16: bool) -> str:
+    from sparse_mla.prefill import _sparse_mla_prefill_kernel
+
+    cx = launch_constexprs(16, 512, torch.bfloat16, PrefillConfig(), has_sink=True)
+    cx["INTERP_BF16"] = interp_bf16
+    sig = {
+        "q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "indptr_ptr": "*i32",
+        "sink_ptr": "*fp32", "out_ptr": "*bf16", "stride_qt": "i64", "stride_qh": "i64",
+        "stride_kvn": "i64", "stride_ot": "i64", "stride_oh": "i64", "num_heads": "i32",
+        "head_dim": "i32", "num_kv": "i32", "qk_scale": "fp32",
+    }  # fmt: skip
+    sig.update({k: "constexpr" for k in cx})
+    src = ASTSource(fn=_sparse_mla_prefill_kernel, signature=sig, constexprs=cx)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return ck.asm["ttir"]
+
+
+def test_gpu_path_compiles_without_the_cpu_fix():
+    # An interpreted launch first: the shim must leave the language unpatched afterwards.
+    a = torch.randn(16, 16).bfloat16()
+    _dot(a, a, True)
+    assert (
+        launch_constexprs(16, 512, torch.bfloat16, PrefillConfig(), has_sink=True)["INTERP_BF16"]
+        is False
+    )
+    ttir = _compile_prefill_ttir(False)
+    dots = [line for line in ttir.splitlines() if "tt.dot" in line]
+    assert dots and all("bf16" in line for line in dots), dots
+    assert "-65536" not in ttir and "4294901760" not in ttir  # the rounding mask is absent
+    fixed = _compile_prefill_ttir(True)
+    assert any("tt.dot" in ln and "f32" in ln and "bf16" not in ln for ln in fixed.splitlines())
