@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import os
 import sys
 import time
 
@@ -52,11 +53,42 @@ def csa_inputs(T, H, topk, window=128, ratio=4, D=512, seed=0, dtype=torch.bfloa
     return q, kv, idx, ptr, D**-0.5, sink
 
 
+def _append_csv(path, row):
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(row))
+        if new:
+            wr.writeheader()
+        wr.writerow(row)
+
+
 def _time(q, kv, idx, ptr, scale, sink, cfg):
     def fn():
         sparse_mla_prefill(q, kv, idx, ptr, scale, attn_sink=sink, config=cfg)
 
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def glm_inputs(T, H, topk=2048, D=512, seed=0, dtype=torch.bfloat16):
+    """GLM-style full top-k over the prompt: token p sees min(p+1, topk) of rows [0, p]."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    buf = torch.empty((3 << 30) // (D * 2), D, dtype=dtype, device="cuda")
+    kv = buf[1000 : 1000 + T]
+    kv.normal_(generator=g)
+    q = torch.randn(T, H, D, device="cuda", dtype=dtype, generator=g)
+    p = torch.arange(T, device="cuda")
+    lengths = (p + 1).clamp(max=topk)
+    ptr = torch.zeros(T + 1, dtype=torch.int64, device="cuda")
+    ptr[1:] = lengths.cumsum(0)
+    tok = torch.repeat_interleave(p, lengths)
+    r = torch.rand(tok.numel(), device="cuda", generator=g)
+    # Random distinct-enough rows among [0, p] (duplicates are allowed by the operator).
+    idx = (r * (tok + 1)).long().clamp(max=T - 1)
+    full = lengths == (p + 1)  # short prefixes see every row exactly once
+    pos = torch.arange(tok.numel(), device="cuda") - ptr[:-1][tok]
+    idx = torch.where(full[tok], pos, idx).to(torch.int32)
+    sink = torch.randn(H, device="cuda", generator=g)
+    return q, kv, idx, ptr.to(torch.int32), D**-0.5, sink
 
 
 def main():
@@ -67,13 +99,15 @@ def main():
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
     works = [("csa_h16_topk512", 16, 512), ("csa_h8_topk512", 8, 512),
-             ("csa_h64_topk512", 64, 512), ("csa_h128_topk1024", 128, 1024)]  # fmt: skip
-    grid = list(itertools.product([16, 32, 64], [16, 32, 64], [4, 8], [1, 2, 3]))
+             ("csa_h64_topk512", 64, 512), ("csa_h128_topk1024", 128, 1024),
+             ("glm_h16_topk2048", 16, 2048)]  # fmt: skip
+    grid = list(itertools.product([16, 32, 64], [16, 32, 64], [4, 8], [2], [False, True]))
     if args.quick:
-        grid = [(16, 32, 4, 2), (64, 16, 8, 2), (64, 32, 8, 2), (32, 32, 4, 2)]
+        grid = [(16, 32, 4, 2, False), (64, 16, 8, 2, False), (64, 32, 8, 2, False)]
     rows = []
     for name, H, topk in works:
-        q, kv, idx, ptr, scale, sink = csa_inputs(args.tokens, H, topk)
+        make = glm_inputs if name.startswith("glm") else csa_inputs
+        q, kv, idx, ptr, scale, sink = make(args.tokens, H, topk)
         # Correctness gate on a slice of tokens (the reference on 16k tokens x 1152 slots is slow).
         out = sparse_mla_prefill(q, kv, idx, ptr, scale, attn_sink=sink)
         sl = slice(args.tokens - 256, args.tokens)
@@ -82,10 +116,10 @@ def main():
         rep = check_against_reference(out[sl], q[sl], kv, sub_idx, sub_ptr, scale, attn_sink=sink)
         print(name, "default launch:", rep, flush=True)
         nnz = idx.numel()
-        for bh, bk, w, s in grid:
-            if bh > max(16, triton.next_power_of_2(H)):
+        for bh, bk, w, s, pf in grid:
+            if bh > max(16, triton.next_power_of_2(H)) or (H >= 64 and bh == 16):
                 continue
-            cfg = dict(BLOCK_H=bh, BLOCK_K=bk, num_warps=w, num_stages=s)
+            cfg = dict(BLOCK_H=bh, BLOCK_K=bk, num_warps=w, num_stages=s, PREFETCH_KV=pf)
             t0 = time.time()
             try:
                 o2 = sparse_mla_prefill(q, kv, idx, ptr, scale, attn_sink=sink, config=cfg)
@@ -103,19 +137,17 @@ def main():
                        compile_s=round(time.time() - t0, 1))  # fmt: skip
             rows.append(row)
             print(row, flush=True)
+            _append_csv(args.out, row)
         q = kv = None
         torch.cuda.empty_cache()
-    with open(args.out, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
     best = {}
     for r in rows:
         if r["ok"] and (r["workload"] not in best or r["ms"] < best[r["workload"]]["ms"]):
             best[r["workload"]] = r
     for k, r in best.items():
         print(f"BEST {k}: {r['ms']} ms BLOCK_H={r['BLOCK_H']} BLOCK_K={r['BLOCK_K']} "
-              f"warps={r['num_warps']} stages={r['num_stages']} {r['tflops']} TFLOP/s")  # fmt: skip
+              f"warps={r['num_warps']} stages={r['num_stages']} PF={r['PREFETCH_KV']} "
+              f"{r['tflops']} TFLOP/s")  # fmt: skip
     return 0
 
 

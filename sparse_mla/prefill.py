@@ -46,6 +46,22 @@ def _round_to(x, dtype: tl.constexpr, INTERP_BF16: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(
+    kv_ptr, idx_ptr, offs_s, end, num_kv, stride_kvn, offs_d, head_dim, EVEN_HD: tl.constexpr
+):
+    """Slot ids at positions offs_s [BLOCK_K] and their rows [BLOCK_K, BLOCK_D]; invalid -> 0."""
+    in_row = offs_s < end
+    slot = tl.load(idx_ptr + offs_s, mask=in_row, other=-1).to(tl.int64)
+    valid = in_row & (slot >= 0) & (slot < num_kv)  # [BLOCK_K]; invalid rows are never read
+    kv_ptrs = kv_ptr + slot[:, None] * stride_kvn + offs_d[None, :]  # int64 offsets
+    if EVEN_HD:
+        kv = tl.load(kv_ptrs, mask=valid[:, None], other=0.0)
+    else:
+        kv = tl.load(kv_ptrs, mask=valid[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    return kv, valid
+
+
+@triton.jit
 def _sparse_mla_prefill_kernel(
     q_ptr,  # [T, H, D]
     kv_ptr,  # [N, D]
@@ -68,6 +84,7 @@ def _sparse_mla_prefill_kernel(
     HAS_SINK: tl.constexpr,
     EVEN_HD: tl.constexpr,
     USE_EXP2: tl.constexpr,
+    PREFETCH_KV: tl.constexpr,
     INTERP_BF16: tl.constexpr,
 ):
     pid_t = tl.program_id(0).to(tl.int64)
@@ -92,20 +109,24 @@ def _sparse_mla_prefill_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
 
-    offs_s = start + offs_k  # [BLOCK_K] int64 positions in kv_indices
-    slot_next = tl.load(idx_ptr + offs_s, mask=offs_s < end, other=-1).to(tl.int64)
-    for _ in range(0, num_slots, BLOCK_K):
-        slot = slot_next
-        valid = (offs_s < end) & (slot >= 0) & (slot < num_kv)  # [BLOCK_K]
-        # Prefetch the next tile's slot ids before this tile's gather.
-        offs_s = offs_s + BLOCK_K
-        slot_next = tl.load(idx_ptr + offs_s, mask=offs_s < end, other=-1).to(tl.int64)
-
-        kv_ptrs = kv_ptr + slot[:, None] * stride_kvn + offs_d[None, :]  # int64 offsets
-        if EVEN_HD:
-            kv = tl.load(kv_ptrs, mask=valid[:, None], other=0.0)  # [BLOCK_K, BLOCK_D]
+    if PREFETCH_KV:
+        kv_next, valid_next = _load_tile(
+            kv_ptr, idx_ptr, start + offs_k, end, num_kv, stride_kvn, offs_d, head_dim, EVEN_HD
+        )
+    for k0 in range(0, num_slots, BLOCK_K):
+        if PREFETCH_KV:
+            # Issue the next tile's id and row loads before this tile's math, so the gather
+            # latency hides behind the two MMAs (Triton 3.6 does not pipeline this gather).
+            kv, valid = kv_next, valid_next
+            offs_next = start + (k0 + BLOCK_K) + offs_k
+            kv_next, valid_next = _load_tile(
+                kv_ptr, idx_ptr, offs_next, end, num_kv, stride_kvn, offs_d, head_dim, EVEN_HD
+            )
         else:
-            kv = tl.load(kv_ptrs, mask=valid[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+            kv, valid = _load_tile(
+                kv_ptr, idx_ptr, start + k0 + offs_k, end, num_kv, stride_kvn, offs_d, head_dim,
+                EVEN_HD,
+            )  # fmt: skip
 
         qk = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
         qk = _mma(q, tl.trans(kv), qk, INTERP_BF16) * qk_scale  # [BLOCK_H, BLOCK_K]
@@ -165,6 +186,8 @@ _AMD_ONLY = ("kpack", "waves_per_eu")
 class PrefillConfig:
     """Launch parameters of the Triton prefill kernel.
 
+    ``PREFETCH_KV`` loads the next tile's ids and rows into registers before this tile's math
+    (a software pipeline of depth 2 in registers; costs the registers of one KV tile).
     ``EVEN_HD=None`` means "on whenever it is valid" (head_dim == BLOCK_D and
     num_heads % BLOCK_H == 0). ``kpack`` and ``waves_per_eu`` are AMD compiler options: accepted
     everywhere, passed to the compiler only on AMD.
@@ -176,6 +199,7 @@ class PrefillConfig:
     num_stages: int = 2
     EVEN_HD: bool | None = None
     USE_EXP2: bool = True
+    PREFETCH_KV: bool = False
     kpack: int | None = None
     waves_per_eu: int | None = None
 
@@ -412,6 +436,7 @@ def sparse_mla_prefill(
         HAS_SINK=attn_sink is not None,
         EVEN_HD=even_hd,
         USE_EXP2=cfg.USE_EXP2,
+        PREFETCH_KV=cfg.PREFETCH_KV,
         INTERP_BF16=interpret and q.dtype == torch.bfloat16,
         interpret=interpret,
         **options,
@@ -432,6 +457,7 @@ def launch_constexprs(
         "HAS_SINK": has_sink,
         "EVEN_HD": even_ok if cfg.EVEN_HD is None else cfg.EVEN_HD,
         "USE_EXP2": cfg.USE_EXP2,
+        "PREFETCH_KV": cfg.PREFETCH_KV,
         "INTERP_BF16": False,
     }
 

@@ -284,6 +284,10 @@ def test_gpu_pool_past_2gib_int64_offsets():
 
 @pytest.mark.gpu
 def test_gpu_out_buffer_bit_for_bit_and_matches_cpu_interpreter():
+    import numpy
+
+    if tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 3):
+        pytest.skip("Triton 3.6's interpreter needs numpy < 2.3 (range over a runtime bound)")
     case = make_case(16, 16, 512, N=300, max_slots=100, seed=4)
     gpu = make_case(16, 16, 512, N=300, max_slots=100, seed=4, device="cuda")
     a = sparse_mla_prefill(*gpu.args(), attn_sink=gpu.attn_sink)
@@ -291,3 +295,10 @@ def test_gpu_out_buffer_bit_for_bit_and_matches_cpu_interpreter():
     assert torch.equal(a, b)
     cpu = sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink)
     torch.testing.assert_close(a.cpu().float(), cpu.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("H", "D", "even_hd"), [(16, 512, True), (20, 64, False), (8, 576, False)])
+def test_prefetch_kv(dtype, H, D, even_hd):
+    case = make_case(5, H, D, N=100, max_slots=45, dtype=dtype, seed=H + D)
+    _run_and_check(case, config=PrefillConfig(BLOCK_K=16, EVEN_HD=even_hd, PREFETCH_KV=True))
