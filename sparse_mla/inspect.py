@@ -1,0 +1,904 @@
+"""Compile any kernel for any target without its GPU; read what the compiler made of it.
+
+:func:`compile` cross-compiles a ``@triton.jit`` or Gluon kernel for a named target
+(:mod:`sparse_mla.targets`) and returns a :class:`CompileResult`: every IR stage, the final ISA
+(SASS on NVIDIA via Triton's bundled ``cuobjdump``, the AMDGCN listing on AMD), the resources
+the compiler reports, the occupancy they allow (ENVIRONMENT.md's formulas) and an instruction
+mix. :func:`diff` compares two variants: resources side by side and a unified ISA diff with
+addresses, register numbers and hex constants normalised. :func:`compile_prefill` does all of
+this for the prefill kernel from a :class:`~sparse_mla.prefill.PrefillConfig`.
+
+Results are cached in memory by (kernel source, target, constexprs, options, signature), so a
+widget that flips a constexpr back gets its answer at once. Triton's on-disk cache also applies:
+``compile_seconds`` is the time this process spent, which is small on a disk-cache hit.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .targets import AMD_ONLY_OPTIONS, Target, get_target, triton_target, validate_options
+
+__all__ = [
+    "CompileResult",
+    "Diff",
+    "Resources",
+    "amd_unified_vgprs",
+    "amd_waves_per_simd",
+    "clear_cache",
+    "compile",
+    "compile_prefill",
+    "diff",
+    "instruction_mix",
+    "nvidia_warps_per_sm",
+    "opcode_counts",
+    "registers_to_next_step",
+]
+
+# ----------------------------------------------------------------------------------------------
+# Occupancy formulas (ENVIRONMENT.md, "Occupancy")
+# ----------------------------------------------------------------------------------------------
+
+_CDNA_REGS_PER_SIMD = 512  # unified VGPR + AGPR file per lane, per SIMD
+_CDNA_MAX_WAVES = 8
+_CDNA_SIMDS_PER_CU = 4
+_CDNA_LDS_PER_CU = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
+
+_NV_REGS_PER_SM = 65536
+_NV_REG_UNIT = 256  # registers are allocated per warp in units of 256
+_NV_MAX_WARPS = 64
+_NV_MAX_BLOCKS = 32
+_NV_SMEM_PER_SM = 228 * 1024
+_NV_SMEM_RESERVED = 1024  # per block, taken by the driver on sm80+
+
+
+def _roundup(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def amd_unified_vgprs(arch_vgprs: int, agprs: int = 0) -> int:
+    """CDNA3/4 unified register count: roundup(arch VGPRs, 4) + AGPRs when AGPRs are used."""
+    return _roundup(arch_vgprs, 4) + agprs if agprs else arch_vgprs
+
+
+def _cdna_waves_for_total(total: int) -> int:
+    return min(_CDNA_MAX_WAVES, _CDNA_REGS_PER_SIMD // _roundup(max(total, 1), 8))
+
+
+def _amd_limits(
+    arch_vgprs: int,
+    agprs: int,
+    lds_bytes: int,
+    arch: str,
+    waves_per_workgroup: int,
+    sgprs: int | None,
+) -> dict[str, int]:
+    limits = {"registers": _cdna_waves_for_total(amd_unified_vgprs(arch_vgprs, agprs))}
+    if sgprs is not None:
+        # GFX9: the SGPR file allows 8 waves up to 100 SGPRs (80/88 would allow 10/9), else 7.
+        limits["sgprs"] = _CDNA_MAX_WAVES if sgprs <= 100 else 7
+    if lds_bytes > 0:
+        lds_per_cu = _CDNA_LDS_PER_CU.get(arch, 64 * 1024)
+        groups = lds_per_cu // lds_bytes
+        # Ceil: a CU holding fewer waves than SIMDs still runs one wave on some SIMD.
+        waves = -(-groups * waves_per_workgroup // _CDNA_SIMDS_PER_CU)
+        limits["lds"] = min(_CDNA_MAX_WAVES, waves)
+    return limits
+
+
+def amd_waves_per_simd(
+    arch_vgprs: int,
+    agprs: int = 0,
+    lds_bytes: int = 0,
+    arch: str = "gfx942",
+    waves_per_workgroup: int = 4,
+    *,
+    sgprs: int | None = None,
+) -> int:
+    """Waves per SIMD on CDNA3/CDNA4 (gfx942, gfx950).
+
+    Registers: total = roundup(arch VGPRs, 4) + AGPRs (when AGPRs are used); waves =
+    min(8, floor(512 / roundup(total, 8))), i.e. <=64 -> 8, <=72 -> 7, <=80 -> 6, <=96 -> 5,
+    <=128 -> 4, <=168 -> 3, <=256 -> 2, else 1. Then the min with the LDS limit (workgroups that
+    fit in the CU's LDS, 64 KiB on gfx942 and 160 KiB on gfx950, times ``waves_per_workgroup``
+    over 4 SIMDs, rounded up) and, if ``sgprs`` is given, the GFX9 SGPR limit (7 waves above
+    100 SGPRs).
+    0 means the workgroup's LDS does not fit.
+    """
+    return min(_amd_limits(arch_vgprs, agprs, lds_bytes, arch, waves_per_workgroup, sgprs).values())
+
+
+def _nvidia_limits(registers: int, shared_bytes: int, num_warps: int) -> dict[str, int]:
+    regs_per_warp = _roundup(max(registers, 1) * 32, _NV_REG_UNIT)
+    blocks = {
+        "registers": (_NV_REGS_PER_SM // regs_per_warp) // num_warps,
+        "shared": _NV_SMEM_PER_SM // (shared_bytes + _NV_SMEM_RESERVED),
+        "warps": _NV_MAX_WARPS // num_warps,
+    }
+    return {k: min(v, _NV_MAX_BLOCKS) * num_warps for k, v in blocks.items()}
+
+
+def nvidia_warps_per_sm(registers: int, shared_bytes: int, num_warps: int) -> int:
+    """Resident warps per SM on Hopper/Blackwell for a block of ``num_warps`` warps.
+
+    65,536 registers per SM allocated per warp in units of 256 (registers * 32 rounded up),
+    228 KiB shared memory per SM with 1 KiB reserved per block, at most 64 warps and 32 blocks.
+    Blocks per SM = min over those limits; the result is blocks * num_warps.
+    """
+    if registers > 255:
+        raise ValueError(f"registers: at most 255 per thread, got {registers}")
+    return min(_nvidia_limits(registers, shared_bytes, num_warps).values())
+
+
+def registers_to_next_step(
+    arch: str | int, used: int, agprs: int = 0, num_warps: int = 4
+) -> tuple[int, int] | None:
+    """Registers to shed for the next occupancy step, counting the register limit only.
+
+    ``arch``: a gfx id (``used`` = arch VGPRs, ``agprs`` as compiled) or an NVIDIA compute
+    capability / ``"sm90"`` (``used`` = registers per thread). Returns (registers to shed,
+    occupancy then) or None when registers already allow the maximum.
+    """
+    if isinstance(arch, str) and arch.startswith("gfx"):
+        now = _cdna_waves_for_total(amd_unified_vgprs(used, agprs))
+        if now >= _CDNA_MAX_WAVES:
+            return None
+        cap = (_CDNA_REGS_PER_SIMD // (now + 1)) // 8 * 8  # largest total with one more wave
+        best: tuple[int, int] | None = None  # (registers shed, unified total then)
+        for x in range(used + 1):  # x arch VGPRs shed, the rest from AGPRs
+            total = amd_unified_vgprs(used - x, agprs)
+            y = max(0, total - cap)
+            if y <= agprs and (best is None or x + y < best[0]):
+                best = (x + y, total - y)
+        assert best is not None
+        return best[0], _cdna_waves_for_total(best[1])
+    warps = _nvidia_limits(used, 0, num_warps)["registers"]
+    blocks = warps // num_warps
+    cap_warps = min(_NV_MAX_WARPS, _NV_MAX_BLOCKS * num_warps)
+    if warps >= cap_warps:
+        return None
+    regs_per_warp = (_NV_REGS_PER_SM // ((blocks + 1) * num_warps)) // _NV_REG_UNIT * _NV_REG_UNIT
+    max_regs = min(255, regs_per_warp // 32)
+    return used - max_regs, (blocks + 1) * num_warps
+
+
+# ----------------------------------------------------------------------------------------------
+# Resources
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Resources:
+    """What one compiled kernel uses and the occupancy that allows.
+
+    AMD fields come from the AMDGCN kernel-info comment block (``; NumVgprs:`` ...); LDS is the
+    larger of the compile-time ``; LDSByteSize:`` and what Triton allocates at launch. NVIDIA
+    fields come from ``cuobjdump --dump-resource-usage`` (REG, LOCAL, SHARED static) plus
+    Triton's dynamic shared memory. ``occupancy`` is waves per SIMD (AMD) or warps per SM
+    (NVIDIA), the min over ``limits``; ``next_step`` says what would raise it (None at max).
+    """
+
+    backend: str
+    arch: int | str
+    num_warps: int
+    occupancy: int
+    spill_bytes: int
+    next_step: str | None = None
+    limits: dict[str, int] = field(default_factory=dict)
+    # AMD
+    arch_vgprs: int | None = None
+    agprs: int | None = None
+    total_vgprs: int | None = None
+    sgprs: int | None = None
+    scratch_bytes: int | None = None
+    lds_bytes: int | None = None
+    waves_per_simd: int | None = None
+    compiler_occupancy: int | None = None
+    # NVIDIA
+    registers: int | None = None
+    shared_bytes: int | None = None
+    static_shared_bytes: int | None = None
+    local_bytes: int | None = None
+    stack_bytes: int | None = None
+    warps_per_sm: int | None = None
+
+    def as_rows(self) -> list[tuple[str, Any]]:
+        """[(name, value)] in display order, for tables."""
+        if self.backend == "hip":
+            names = [
+                ("arch VGPRs", self.arch_vgprs),
+                ("AGPRs", self.agprs),
+                ("unified VGPRs", self.total_vgprs),
+                ("SGPRs", self.sgprs),
+                ("scratch bytes", self.scratch_bytes),
+                ("LDS bytes", self.lds_bytes),
+                ("waves/SIMD", self.waves_per_simd),
+                ("compiler occupancy", self.compiler_occupancy),
+            ]
+        else:
+            names = [
+                ("registers", self.registers),
+                ("shared bytes", self.shared_bytes),
+                ("local bytes", self.local_bytes),
+                ("warps/SM", self.warps_per_sm),
+            ]
+        limiter = ", ".join(f"{k} {v}" for k, v in self.limits.items())
+        return [
+            ("num_warps", self.num_warps),
+            *names,
+            ("limits", limiter),
+            ("next step", self.next_step or "-"),
+        ]
+
+    def __str__(self) -> str:
+        return _table(["resource", "value"], [[k, v] for k, v in self.as_rows()])
+
+
+def _int(pattern: str, text: str) -> int | None:
+    m = re.search(pattern, text, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def _amd_resources(amdgcn: str, arch: str, num_warps: int, triton_shared: int) -> Resources:
+    arch_vgprs = _int(r"^; NumVgprs: (\d+)", amdgcn)
+    if arch_vgprs is None:
+        raise RuntimeError("AMDGCN text has no '; NumVgprs:' kernel-info block")
+    agprs = _int(r"^; NumAgprs: (\d+)", amdgcn) or 0
+    sgprs = _int(r"^; TotalNumSgprs: (\d+)", amdgcn)
+    sgprs_for_waves = _int(r"^; NumSGPRsForWavesPerEU: (\d+)", amdgcn)
+    lds = max(_int(r"^; LDSByteSize: (\d+)", amdgcn) or 0, triton_shared)
+    scratch = _int(r"^; ScratchSize: (\d+)", amdgcn) or 0
+    limits = _amd_limits(
+        arch_vgprs, agprs, lds, arch, num_warps, sgprs_for_waves if sgprs_for_waves else sgprs
+    )
+    occ = min(limits.values())
+    return Resources(
+        backend="hip",
+        arch=arch,
+        num_warps=num_warps,
+        occupancy=occ,
+        spill_bytes=scratch,
+        next_step=_next_step_text(arch, occ, limits, arch_vgprs, agprs, num_warps),
+        limits=limits,
+        arch_vgprs=arch_vgprs,
+        agprs=agprs,
+        total_vgprs=_int(r"^; TotalNumVgprs: (\d+)", amdgcn)
+        or amd_unified_vgprs(arch_vgprs, agprs),
+        sgprs=sgprs,
+        scratch_bytes=scratch,
+        lds_bytes=lds,
+        waves_per_simd=occ,
+        compiler_occupancy=_int(r"^; Occupancy: (\d+)", amdgcn),
+    )
+
+
+def _nvidia_resources(usage: str, arch: int, num_warps: int, triton_shared: int) -> Resources:
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+    if not m:
+        raise RuntimeError(f"cuobjdump printed no REG/STACK/SHARED/LOCAL line:\n{usage}")
+    regs, stack, static_shared, local = map(int, m.groups())
+    shared = triton_shared + static_shared
+    limits = _nvidia_limits(regs, shared, num_warps)
+    occ = min(limits.values())
+    return Resources(
+        backend="cuda",
+        arch=arch,
+        num_warps=num_warps,
+        occupancy=occ,
+        spill_bytes=local,
+        next_step=_next_step_text(arch, occ, limits, regs, 0, num_warps),
+        limits=limits,
+        registers=regs,
+        shared_bytes=shared,
+        static_shared_bytes=static_shared,
+        local_bytes=local,
+        stack_bytes=stack,
+        warps_per_sm=occ,
+    )
+
+
+def _next_step_text(
+    arch: int | str, occ: int, limits: dict[str, int], used: int, agprs: int, num_warps: int
+) -> str | None:
+    amd = isinstance(arch, str)
+    unit, reg_name = ("waves/SIMD", "VGPRs") if amd else ("warps/SM", "registers")
+    cap = _CDNA_MAX_WAVES if amd else min(_NV_MAX_WARPS, _NV_MAX_BLOCKS * num_warps)
+    if occ >= cap:
+        return None
+    if occ == 0:
+        where = "a CU's LDS" if amd else "an SM's shared memory"
+        return f"does not launch: one workgroup needs more than {where}"
+    if limits["registers"] == occ:
+        step = registers_to_next_step(arch, used, agprs, num_warps)
+        if step is not None:
+            shed, then = step
+            others = min((v for k, v in limits.items() if k != "registers"), default=then)
+            if min(then, others) > occ:
+                return f"shed {shed} {reg_name} for {min(then, others)} {unit}"
+    binding = [k for k, v in limits.items() if v == occ and k != "registers"]
+    if binding:
+        return f"limited by {', '.join(binding)} at {occ} {unit}"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# ISA text and instruction mix
+# ----------------------------------------------------------------------------------------------
+
+_AMD_MIX: list[tuple[str, tuple[str, ...]]] = [
+    ("mfma", ("v_mfma", "v_smfmac")),
+    ("global_load", ("global_load", "flat_load")),
+    ("global_store", ("global_store", "flat_store")),
+    ("buffer_load", ("buffer_load",)),
+    ("buffer_store", ("buffer_store",)),
+    ("lds_load", ("ds_read", "ds_load")),
+    ("lds_store", ("ds_write", "ds_store")),
+    ("exp2", ("v_exp_",)),
+    ("fma", ("v_fma_", "v_fmac_", "v_pk_fma_")),
+    ("spill_load", ("scratch_load",)),
+    ("spill_store", ("scratch_store",)),
+    ("branch", ("s_branch", "s_cbranch")),
+    ("compare", ("v_cmp", "s_cmp")),
+    ("select", ("v_cndmask",)),
+]
+_NV_MIX: list[tuple[str, tuple[str, ...]]] = [
+    ("mma", ("HMMA", "IMMA")),
+    ("wgmma", ("HGMMA", "IGMMA", "QGMMA")),
+    ("tcgen05_mma", ("UTCHMMA", "UTCQMMA", "UTCIMMA", "UTCOMMA", "UTCMMA")),
+    ("global_load", ("LDG",)),
+    ("global_store", ("STG",)),
+    ("async_copy", ("LDGSTS", "UTMALDG", "UBLKCP")),
+    ("shared_load", ("LDS", "LDSM")),
+    ("shared_store", ("STS", "STSM")),
+    ("exp2", ("MUFU.EX2",)),
+    ("fma", ("FFMA", "FFMA2", "HFMA2")),
+    ("spill_load", ("LDL",)),
+    ("spill_store", ("STL",)),
+    ("branch", ("BRA", "BRX", "JMP", "JMX")),
+    ("compare", ("ISETP", "FSETP", "HSETP2", "DSETP")),
+    ("select", ("SEL", "FSEL")),
+]
+# log2(e) as an fp32 immediate: where tl.exp is lowered to exp2(x * log2(e)).
+_LOG2E_IMM = {"hip": ("0x3fb8aa3b",), "cuda": ("1.4426950216293335", "0x3fb8aa3b")}
+
+_SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+_SASS_PRED = re.compile(r"^@!?U?P[0-9T]+\s+")
+
+
+def _amd_code(amdgcn: str, name: str) -> str:
+    """The kernel's instruction listing: from its label to ``.Lfunc_end``."""
+    start = re.search(rf"^{re.escape(name)}:", amdgcn, re.MULTILINE)
+    if not start:
+        return amdgcn
+    end = re.compile(r"^(\s*\.section|\.Lfunc_end\d+:)", re.MULTILINE).search(amdgcn, start.end())
+    return amdgcn[start.start() : end.start() if end else len(amdgcn)]
+
+
+def _instructions(isa: str, backend: str) -> list[str]:
+    """Instruction texts (no addresses, encodings, labels, directives or comments)."""
+    out = []
+    for line in isa.splitlines():
+        if backend == "cuda":
+            m = _SASS_LINE.match(line)
+            if m:
+                out.append(_SASS_PRED.sub("", m.group(1)))
+        else:
+            s = line.split(";", 1)[0].strip()
+            if s and not s.startswith(".") and not s.endswith(":"):
+                out.append(s)
+    return out
+
+
+def _opcode(instr: str, backend: str) -> str:
+    op = instr.split(None, 1)[0]
+    if backend == "cuda":
+        return op
+    return re.sub(r"_(e32|e64|sdwa|dpp|vop3)$", "", op)
+
+
+def opcode_counts(isa: str, backend: str) -> Counter:
+    """Counter of opcodes: AMD mnemonics without encoding suffix (``v_cndmask_b32``), NVIDIA
+    opcodes with modifiers (``ISETP.GE.AND``); predicates are dropped."""
+    return Counter(_opcode(i, backend) for i in _instructions(isa, backend))
+
+
+def instruction_mix(isa: str, backend: str) -> dict[str, int]:
+    """Instruction counts by kind, from the ISA text (static counts, not executed ones).
+
+    AMD (``backend="hip"``): ``mfma`` v_mfma/v_smfmac; ``global_load``/``global_store``
+    global_/flat_ memory ops; ``buffer_load``/``buffer_store`` buffer ops (Triton emits them
+    when it can prove offsets fit 32 bits); ``lds_load``/``lds_store`` ds_read/ds_write;
+    ``exp2`` v_exp_* (the hardware exponential is base 2); ``fma`` v_fma/v_fmac/v_pk_fma;
+    ``spill_load``/``spill_store`` scratch_ ops; ``branch`` s_branch/s_cbranch; ``compare``
+    v_cmp/s_cmp; ``select`` v_cndmask.
+
+    NVIDIA (``"cuda"``): ``mma`` HMMA (mma.sync), ``wgmma`` HGMMA (sm90 warpgroup MMA),
+    ``tcgen05_mma`` UTC*MMA (sm100); ``global_load``/``global_store`` LDG/STG;
+    ``async_copy`` LDGSTS (cp.async) and TMA; ``shared_load``/``shared_store`` LDS/LDSM and
+    STS/STSM; ``exp2`` MUFU.EX2; ``fma`` FFMA/FFMA2/HFMA2; ``spill_load``/``spill_store``
+    LDL/STL; ``branch`` BRA/BRX/JMP; ``compare`` ISETP/FSETP; ``select`` SEL/FSEL.
+
+    Both: ``log2e_mul`` counts instructions with log2(e) as an immediate. There is no base-e
+    exponential instruction: ``tl.exp`` becomes exp2(x * log2(e)), so exp vs exp2 in the source
+    shows up as these multiplies, while ``exp2`` counts the exponentials themselves.
+    ``total`` counts all instructions.
+    """
+    if backend not in ("hip", "cuda"):
+        raise ValueError(f"backend must be 'hip' or 'cuda', got {backend!r}")
+    table = _AMD_MIX if backend == "hip" else _NV_MIX
+    mix = dict.fromkeys([k for k, _ in table], 0)
+    mix["log2e_mul"] = 0
+    instrs = _instructions(isa, backend)
+    for instr in instrs:
+        op = _opcode(instr, backend)
+        for key, prefixes in table:
+            if backend == "hip":
+                hit = op.startswith(prefixes)
+            else:
+                hit = any(op == p or op.startswith(p + ".") for p in prefixes)
+            if hit:
+                mix[key] += 1
+                break
+        if any(c in instr for c in _LOG2E_IMM[backend]):
+            mix["log2e_mul"] += 1
+    mix["total"] = len(instrs)
+    return mix
+
+
+# ----------------------------------------------------------------------------------------------
+# Compile
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CompileResult:
+    """One kernel compiled for one target. ``asm`` holds every stage Triton produced (ttir,
+    ttgir, llir, ptx or amdgcn; binary cubin/hsaco are kept in ``binary``)."""
+
+    kernel_name: str
+    target: Target
+    constexprs: dict[str, Any]
+    options: dict[str, Any]
+    signature: dict[str, str]
+    asm: dict[str, str]
+    isa: str
+    resources: Resources
+    mix: dict[str, int]
+    compile_seconds: float
+    binary: bytes = b""
+    key: tuple = ()
+
+    @property
+    def label(self) -> str:
+        bits = [f"{k}={v}" for k, v in self.constexprs.items()]
+        bits += [f"{k}={v}" for k, v in self.options.items()]
+        return f"{self.kernel_name} @ {self.target.name}: " + " ".join(bits)
+
+    def __repr__(self) -> str:
+        r = self.resources
+        return (
+            f"CompileResult({self.label}; occupancy {r.occupancy} {self.target.occupancy_unit}, "
+            f"spill {r.spill_bytes} B, {self.compile_seconds:.2f} s)"
+        )
+
+
+_cache: dict[tuple, CompileResult] = {}
+_cache_lock = threading.Lock()
+
+
+def clear_cache() -> None:
+    """Forget every in-memory compile result."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def _unwrap(kernel):
+    from triton.runtime.jit import JITFunction
+
+    k = kernel
+    while not isinstance(k, JITFunction) and hasattr(k, "fn"):
+        k = k.fn  # Autotuner / Heuristics wrappers
+    if not isinstance(k, JITFunction):
+        raise TypeError(
+            f"kernel must be a @triton.jit or Gluon kernel, got {type(kernel).__name__}"
+        )
+    return k
+
+
+def _is_gluon(kernel) -> bool:
+    return bool(getattr(kernel, "is_gluon", lambda: False)())
+
+
+def _signature(
+    kernel, constexprs: dict[str, Any], signature: Mapping[str, str] | None
+) -> tuple[dict[str, str], dict[str, Any]]:
+    names = [p.name for p in kernel.params]
+    given = dict(signature or {})
+    unknown = sorted((set(given) | set(constexprs)) - set(names))
+    if unknown:
+        raise ValueError(f"signature/constexprs: {unknown} are not parameters of {kernel.__name__}")
+    sig: dict[str, str] = {}
+    consts = dict(constexprs)
+    for p in kernel.params:
+        if p.is_constexpr and p.name not in consts:
+            if not p.has_default:
+                raise ValueError(f"constexprs: give a value for constexpr parameter {p.name!r}")
+            consts[p.name] = p.default
+    for p in kernel.params:
+        if p.name in consts:
+            sig[p.name] = "constexpr"
+        elif p.name in given:
+            sig[p.name] = given[p.name]
+        elif p.annotation_type:
+            sig[p.name] = p.annotation_type
+        elif p.name.endswith("ptr"):
+            raise ValueError(
+                f"signature: give the dtype of pointer parameter {p.name!r}, "
+                f"e.g. signature={{{p.name!r}: '*bf16'}}"
+            )
+        else:
+            sig[p.name] = "i32"
+    return sig, consts
+
+
+def _attrs(sig: dict[str, str], names: list[str], divisible: Iterable[str]) -> dict:
+    # A launch on torch tensors sees 16-byte aligned pointers; ints are "D" when divisible by 16.
+    div = set(divisible)
+    return {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(names)
+        if sig[n].startswith("*") or (n in div and sig[n] != "constexpr")
+    }
+
+
+def _hashable(d: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in d.items()))
+
+
+def _cuobjdump(cubin: bytes, *flags: str) -> str:
+    from triton import knobs
+
+    tool = knobs.nvidia.cuobjdump.path
+    fd, path = tempfile.mkstemp(suffix=".cubin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        return subprocess.run(
+            [tool, *flags, path], check=True, capture_output=True, text=True
+        ).stdout
+    finally:
+        os.remove(path)
+
+
+def _clean_sass(sass: str) -> str:
+    """cuobjdump SASS without the encoding-only lines and trailing encodings."""
+    lines = []
+    for line in sass.splitlines():
+        s = line.rstrip()
+        if re.match(r"^\s*/\* 0x[0-9a-f]+ \*/$", s):
+            continue
+        lines.append(re.sub(r"\s*/\* 0x[0-9a-f]+ \*/$", "", s))
+    return "\n".join(lines).strip("\n") + "\n"
+
+
+def compile(
+    kernel,
+    target: str | Target,
+    constexprs: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    signature: Mapping[str, str] | None = None,
+    *,
+    divisible: Iterable[str] = (),
+) -> CompileResult:
+    """Cross-compile ``kernel`` for ``target`` (no GPU needed) and read the result.
+
+    Args:
+        kernel: a ``@triton.jit`` or ``@gluon.jit`` kernel (a Gluon kernel's layouts must use the
+            target's warp size: 64 on AMD, 32 on NVIDIA).
+        target: a name from :data:`sparse_mla.targets.TARGETS` or a Target.
+        constexprs: {param name: value} for constexpr parameters (a plain parameter named here
+            is specialised as a constant too).
+        options: compiler options (num_warps, num_stages, kpack, ...), checked by
+            :func:`sparse_mla.targets.validate_options`.
+        signature: {param name: Triton type} such as ``"*bf16"``, ``"i32"``, ``"fp32"``; needed
+            for every pointer parameter, optional for the rest (annotation, else ``"i32"``).
+        divisible: names of integer parameters a launch would see divisible by 16 (Triton
+            specialises on that); pointers are always taken as 16-byte aligned.
+
+    Returns:
+        A :class:`CompileResult`, cached in memory by (kernel source, target, constexprs,
+        options, signature, divisibility).
+    """
+    import triton
+
+    t = get_target(target)
+    jit = _unwrap(kernel)
+    opts = validate_options(t, options)
+    sig, consts = _signature(jit, dict(constexprs or {}), signature)
+    names = [p.name for p in jit.params]
+    attrs = _attrs(sig, names, divisible)
+    key = (
+        jit.cache_key,
+        t.name,
+        t.arch,
+        _hashable(consts),
+        _hashable(opts),
+        _hashable(sig),
+        tuple(sorted(attrs)),
+    )
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit
+
+    if _is_gluon(jit):
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler.compiler import ASTSource as Source
+    src = Source(jit, sig, consts, attrs)
+    start = time.perf_counter()
+    try:
+        ck = triton.compile(src, target=triton_target(t), options=opts)
+    except RuntimeError as e:
+        if not _is_gluon(jit):
+            raise
+        raise RuntimeError(
+            f"compiling Gluon kernel {jit.__name__} for {t.name} failed ({e}); its layouts must "
+            f"use the target's warp size, {t.warp_size} threads per warp (MLIR's message is on "
+            "stderr)"
+        ) from e
+    name = ck.metadata.name
+    num_warps = ck.metadata.num_warps
+    if t.is_amd:
+        binary = ck.asm.get("hsaco", b"")
+        isa = _amd_code(ck.asm["amdgcn"], name)
+        res = _amd_resources(ck.asm["amdgcn"], str(t.arch), num_warps, ck.metadata.shared)
+    else:
+        binary = ck.asm["cubin"]
+        isa = _clean_sass(_cuobjdump(binary, "--dump-sass"))
+        usage = _cuobjdump(binary, "--dump-resource-usage")
+        res = _nvidia_resources(usage, int(t.arch), num_warps, ck.metadata.shared)
+    seconds = time.perf_counter() - start
+    result = CompileResult(
+        kernel_name=name,
+        target=t,
+        constexprs=consts,
+        options=opts,
+        signature=sig,
+        asm={k: v for k, v in ck.asm.items() if isinstance(v, str)},
+        isa=isa,
+        resources=res,
+        mix=instruction_mix(isa, t.backend),
+        compile_seconds=seconds,
+        binary=binary,
+        key=key,
+    )
+    with _cache_lock:
+        _cache[key] = result
+    return result
+
+
+_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
+_INDEX_DTYPES = {"int32": "i32", "i32": "i32", "int64": "i64", "i64": "i64"}
+
+
+def compile_prefill(
+    target: str | Target,
+    config=None,
+    *,
+    num_heads: int = 16,
+    head_dim: int = 512,
+    dtype: str = "bf16",
+    has_sink: bool = True,
+    index_dtype: str = "int32",
+    options: Mapping[str, Any] | None = None,
+) -> CompileResult:
+    """Compile the Triton prefill kernel as a launch with these shapes would, for ``target``.
+
+    Args:
+        target: a name from :data:`sparse_mla.targets.TARGETS` or a Target.
+        config: a PrefillConfig, a dict of its fields or None (tuned entry for the target's arch,
+            else the default); ``EVEN_HD=None`` means on whenever valid.
+        num_heads, head_dim: H and D of q [T, H, D]; the pool kv is [N, D].
+        dtype: "bf16" or "fp16" for q, kv and out.
+        has_sink: compile the attn_sink path.
+        index_dtype: "int32" or "int64" for kv_indices and kv_indptr.
+        options: extra compiler options over the config's (e.g. ``matrix_instr_nonkdim``).
+    """
+    import torch
+
+    from . import prefill
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if index_dtype not in _INDEX_DTYPES:
+        raise ValueError(f"index_dtype must be one of {sorted(_INDEX_DTYPES)}, got {index_dtype!r}")
+    for name, v in (("num_heads", num_heads), ("head_dim", head_dim)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    t = get_target(target)
+    cfg = prefill.resolve_config(num_heads, head_dim, config, t.name)
+    torch_dtype = torch.bfloat16 if _DTYPES[dtype] == "bf16" else torch.float16
+    consts = prefill.launch_constexprs(num_heads, head_dim, torch_dtype, cfg, has_sink=has_sink)
+    if cfg.EVEN_HD and not prefill._even_hd_ok(cfg, num_heads, head_dim, consts["BLOCK_D"]):
+        raise ValueError(
+            f"config: EVEN_HD needs head_dim == BLOCK_D and H % BLOCK_H == 0; got "
+            f"head_dim={head_dim}, BLOCK_D={consts['BLOCK_D']}, H={num_heads}, "
+            f"BLOCK_H={cfg.BLOCK_H}"
+        )
+    opts: dict[str, Any] = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if t.is_amd:
+        opts.update({k: getattr(cfg, k) for k in ("kpack", "waves_per_eu")})
+    opts.update(options or {})
+    if not t.is_amd:  # AMD knobs in a config are accepted everywhere, used only on AMD
+        opts = {k: v for k, v in opts.items() if k not in AMD_ONLY_OPTIONS or k in (options or {})}
+    el, ix = "*" + _DTYPES[dtype], "*" + _INDEX_DTYPES[index_dtype]
+    sig = {
+        "q_ptr": el,
+        "kv_ptr": el,
+        "idx_ptr": ix,
+        "indptr_ptr": ix,
+        "sink_ptr": "*fp32",
+        "out_ptr": el,
+        "qk_scale": "fp32",
+    }
+    hd = num_heads * head_dim
+    ints = {
+        "stride_qt": hd,
+        "stride_qh": head_dim,
+        "stride_kvn": head_dim,
+        "stride_ot": hd,
+        "stride_oh": head_dim,
+        "num_heads": num_heads,
+        "head_dim": head_dim,
+    }
+    sig.update({n: "i64" if v >= 2**31 else "i32" for n, v in ints.items()})
+    sig["num_kv"] = "i32"
+    divisible = [n for n, v in ints.items() if v % 16 == 0]
+    return compile(prefill._sparse_mla_prefill_kernel, t, consts, opts, sig, divisible=divisible)
+
+
+# ----------------------------------------------------------------------------------------------
+# Diff
+# ----------------------------------------------------------------------------------------------
+
+_NORMALISE_AMD = [
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "0x#"),
+    (re.compile(r"\b([vsa])\[\d+:\d+\]"), r"\1[#]"),
+    (re.compile(r"\b([vsa])\d+\b"), r"\1#"),
+    (re.compile(r"\.LBB\d+_\d+"), ".LBB#"),
+]
+_NORMALISE_NV = [
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "0x#"),
+    (re.compile(r"\b(U?R|U?P|B)\d+\b"), r"\1#"),
+    (re.compile(r"\.L_x_\d+"), ".L_x_#"),
+]
+
+
+def _normalised(isa: str, backend: str) -> list[str]:
+    rules = _NORMALISE_AMD if backend == "hip" else _NORMALISE_NV
+    out = []
+    for line in isa.splitlines():
+        if backend == "cuda":
+            m = _SASS_LINE.match(line)
+            if not m:
+                continue
+            s = m.group(1)
+        else:
+            s = line.split(";", 1)[0].strip()
+            if not s or s.startswith("."):
+                continue
+        s = " ".join(s.split())
+        for pat, rep in rules:
+            s = pat.sub(rep, s)
+        out.append(s)
+    return out
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    cells = [header, *[["-" if c is None else str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+@dataclass
+class Diff:
+    """Two variants compared: ``a`` is the baseline, ``b`` the variant.
+
+    ``removed()``/``added()`` are opcodes whose count fell/rose from a to b (with the change);
+    ``removed_mix()``/``added_mix()`` the same for instruction-mix kinds.
+    """
+
+    a: CompileResult
+    b: CompileResult
+    resource_table: str
+    isa_diff: str
+    opcode_delta: dict[str, int]
+    mix_delta: dict[str, int]
+
+    def removed(self) -> dict[str, int]:
+        return {k: -v for k, v in self.opcode_delta.items() if v < 0}
+
+    def added(self) -> dict[str, int]:
+        return {k: v for k, v in self.opcode_delta.items() if v > 0}
+
+    def removed_mix(self) -> dict[str, int]:
+        return {k: -v for k, v in self.mix_delta.items() if v < 0}
+
+    def added_mix(self) -> dict[str, int]:
+        return {k: v for k, v in self.mix_delta.items() if v > 0}
+
+    @property
+    def empty(self) -> bool:
+        return not self.isa_diff
+
+    def summary(self, top: int = 12) -> str:
+        """Resource table, instruction-mix changes and the largest opcode changes."""
+        mix_rows = [[k, self.a.mix[k], self.b.mix[k], f"{v:+d}"] for k, v in self.mix_delta.items()]
+        ops = sorted(self.opcode_delta.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:top]
+        parts = [self.resource_table]
+        if mix_rows:
+            parts.append(_table(["instructions", "a", "b", "change"], mix_rows))
+        if ops:
+            parts.append(_table(["opcode", "change"], [[k, f"{v:+d}"] for k, v in ops]))
+        return "\n\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.summary() + "\n\n" + (self.isa_diff or "(ISA identical after normalising)")
+
+
+def diff(a: CompileResult, b: CompileResult, *, context: int = 3) -> Diff:
+    """Compare two compiled variants (same backend): resources side by side, instruction mix
+    and opcode count changes, and a unified diff of the normalised ISA (addresses, register
+    numbers, hex constants and labels replaced by ``#``)."""
+    if a.target.backend != b.target.backend:
+        raise ValueError(
+            f"diff: both results must be for the same backend, got {a.target.name} and "
+            f"{b.target.name}"
+        )
+    ra, rb = dict(a.resources.as_rows()), dict(b.resources.as_rows())
+    rows = []
+    for k in ra:
+        va, vb = ra[k], rb.get(k)
+        change = f"{vb - va:+d}" if isinstance(va, int) and isinstance(vb, int) else ""
+        rows.append([k, va, vb, change])
+    table = _table(["resource", "a", "b", "change"], rows)
+    ca, cb = opcode_counts(a.isa, a.target.backend), opcode_counts(b.isa, b.target.backend)
+    opcode_delta = {k: cb[k] - ca[k] for k in sorted(set(ca) | set(cb)) if cb[k] != ca[k]}
+    mix_delta = {k: b.mix[k] - a.mix[k] for k in a.mix if b.mix.get(k, 0) != a.mix[k]}
+    na, nb = _normalised(a.isa, a.target.backend), _normalised(b.isa, b.target.backend)
+    lines = difflib.unified_diff(na, nb, "a: " + a.label, "b: " + b.label, n=context, lineterm="")
+    return Diff(
+        a=a,
+        b=b,
+        resource_table=table,
+        isa_diff="\n".join(lines),
+        opcode_delta=opcode_delta,
+        mix_delta=mix_delta,
+    )
+
+
+def compile_gluon(mode: str, target: str | Target, **shape) -> CompileResult:
+    """Cross-compile one mode ("decode" or "prefill") of the Gluon MLA kernel for ``target``
+    ("gfx950" or "sm90"); ``shape`` as for :func:`sparse_mla.gluon.compile_args`."""
+    from .gluon import compile_args
+
+    name = target.name if isinstance(target, Target) else target
+    kernel, signature, constexprs, options = compile_args(mode, name, **shape)
+    # The pool row strides are multiples of 16 elements in an engine's cache, and the gfx950
+    # buffer loads into LDS need that to compile.
+    return compile(
+        kernel, target, constexprs, options, signature, divisible=("stride_kvn", "stride_kpen")
+    )
