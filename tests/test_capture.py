@@ -1,0 +1,396 @@
+"""Captures: exact round trip, compaction, NaN-poisoned replay, atomic writes, recording."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+import sparse_mla
+from sparse_mla import capture as cap
+from sparse_mla import reference
+from sparse_mla.prefill import sparse_mla_prefill
+from sparse_mla.reference import sparse_mla_prefill_ref
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "captures"
+
+
+def _call(T=6, H=4, D=64, N=40, *, dtype=torch.bfloat16, index_dtype=torch.int32, sink=True,
+          seed=0, spare_ends=True):  # fmt: skip
+    """Random call inputs. Valid slots avoid rows 0 and N-1 (with ``spare_ends``) so that a
+    kernel that clamps or wraps an invalid slot lands on an unreferenced (NaN on replay) row.
+    Every kind of invalid slot appears: -1, N, 2^31 - 1."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, D, generator=g).to(dtype)
+    kv = torch.randn(N, D, generator=g).to(dtype)
+    lengths = torch.randint(1, 9, (T,), generator=g)
+    lengths[T // 2] = 0  # an empty token
+    ptr = torch.zeros(T + 1, dtype=torch.int64)
+    ptr[1:] = lengths.cumsum(0)
+    lo, hi = (1, N - 1) if spare_ends else (0, N)
+    idx = torch.randint(lo, hi, (int(ptr[-1]),), generator=g)
+    bad = torch.tensor([-1, N, 2**31 - 1])
+    idx[::3] = bad[torch.arange(idx[::3].numel()) % 3]
+    s = torch.randn(H, generator=g) if sink else None
+    return q, kv, idx.to(index_dtype), ptr.to(index_dtype), D**-0.5, s
+
+
+def _save(tmp_path, name="c.safetensors", **kw):
+    q, kv, idx, ptr, scale, s = _call(**kw)
+    path = cap.save_capture(
+        tmp_path / name, q, kv, idx, ptr, scale, s, source="unit test", extra={"k": [1, 2]}
+    )
+    return path, (q, kv, idx, ptr, scale, s)
+
+
+# ----------------------------------------------------------------------------------------------
+# Round trip and compaction
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype,index_dtype,sink",
+    [(torch.bfloat16, torch.int32, True), (torch.float16, torch.int64, False)],
+)
+def test_round_trip_is_exact(tmp_path, dtype, index_dtype, sink):
+    q, kv, idx, ptr, scale, s = _call(dtype=dtype, index_dtype=index_dtype, sink=sink)
+    q_strided = torch.empty(q.shape[0], q.shape[1] + 3, q.shape[2], dtype=dtype)[:, 1:-2]
+    q_strided.copy_(q)  # a strided q is stored contiguous, values unchanged
+    data, meta = cap.encode_capture(q_strided, kv, idx, ptr, scale, s, source="src", extra={"a": 1})
+    path = tmp_path / "rt.safetensors"
+    cap._atomic_write(path, data)
+    c = cap.load_capture(path)
+
+    assert c.metadata == meta
+    assert torch.equal(c.q, q) and c.q.dtype == dtype
+    assert c.kv_indices.dtype == index_dtype and torch.equal(c.kv_indices, idx)
+    assert c.kv_indptr.dtype == index_dtype and torch.equal(c.kv_indptr, ptr)
+    valid = idx.long()[(idx.long() >= 0) & (idx.long() < kv.shape[0])]
+    assert torch.equal(c.kv_slots, torch.unique(valid))
+    assert torch.equal(c.kv_rows, kv[c.kv_slots])
+    assert (c.attn_sink is None) == (s is None)
+    if s is not None:
+        assert torch.equal(c.attn_sink, s)
+    assert c.softmax_scale == scale and c.num_kv == kv.shape[0]
+    m = c.metadata
+    assert m["source"] == "src" and m["extra"] == {"a": 1}
+    assert m["call"]["q_strides"] == list(q_strided.stride())
+    assert m["slots"]["nnz"] == idx.numel()
+    assert m["slots"]["invalid"] == int(((idx.long() < 0) | (idx.long() >= kv.shape[0])).sum())
+    assert m["slots"]["unique_rows"] == c.kv_slots.numel()
+    assert m["slots"]["empty_tokens"] >= 1
+    assert m["environment"]["torch"] == torch.__version__
+
+    w = c.rebuild("cpu")
+    assert w.kv.shape == kv.shape and w.kv.dtype == dtype
+    used = torch.zeros(kv.shape[0], dtype=torch.bool)
+    used[c.kv_slots] = True
+    assert torch.equal(w.kv[used], kv[used])
+    assert torch.isnan(w.kv[~used].float()).all() and (~used).any()
+
+
+def test_kv_with_singleton_head_dim_and_empty_call(tmp_path):
+    q, kv, idx, ptr, scale, s = _call()
+    p = cap.save_capture(tmp_path / "a.safetensors", q, kv[:, None, :], idx, ptr, scale, s)
+    assert torch.equal(cap.load_capture(p).kv_rows, kv[cap.load_capture(p).kv_slots])
+    # T = 0 and an empty pool are valid calls and valid captures.
+    e = cap.save_capture(tmp_path / "e.safetensors", q[:0], kv[:0], idx[:0], ptr[:1], scale, s)
+    c = cap.load_capture(e)
+    assert c.q.shape[0] == 0 and c.num_kv == 0 and c.kv_rows.shape == (0, kv.shape[1])
+
+
+def test_compacted_file_is_much_smaller_than_the_pool(tmp_path):
+    N, D = 65536, 64
+    q, _, idx, ptr, scale, s = _call(T=16, D=D, N=N)
+    kv = torch.randn(N, D).to(torch.bfloat16)
+    path = cap.save_capture(tmp_path / "big.safetensors", q, kv, idx, ptr, scale, s)
+    pool_bytes = kv.numel() * kv.element_size()
+    assert path.stat().st_size * 50 < pool_bytes
+    c = cap.load_capture(path)
+    assert c.num_kv == N and c.kv_rows.shape[0] < 16 * 8
+
+
+# ----------------------------------------------------------------------------------------------
+# Replay: unreferenced rows are NaN
+# ----------------------------------------------------------------------------------------------
+
+
+def _clamping_ref(q, kv, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None):
+    """A deliberately wrong kernel: clamps invalid slots into range instead of skipping them."""
+    idx = kv_indices.long().clamp(0, kv.shape[0] - 1)
+    return sparse_mla_prefill_ref(q, kv, idx, kv_indptr, softmax_scale, attn_sink=attn_sink)
+
+
+def _wrapping_ref(q, kv, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None):
+    """Another wrong kernel: reads row s % N for every slot."""
+    idx = kv_indices.long().remainder(kv.shape[0])
+    return sparse_mla_prefill_ref(q, kv, idx, kv_indptr, softmax_scale, attn_sink=attn_sink)
+
+
+def test_nan_rows_never_reach_the_triton_kernel_output(tmp_path):
+    path, (q, kv, idx, ptr, scale, s) = _save(tmp_path)
+    c = cap.load_capture(path)
+    w = c.rebuild("cpu")
+    assert torch.isnan(w.kv.float()).any()
+    out = torch.full_like(q, float("nan"))
+    sparse_mla_prefill(*w.args(), **w.kwargs(), out=out)
+    assert torch.isfinite(out.float()).all()
+    # Same rows in the same order: bit-identical to the call on the original pool.
+    out_orig = torch.full_like(q, float("nan"))
+    sparse_mla_prefill(q, kv, idx, ptr, scale, attn_sink=s, out=out_orig)
+    assert torch.equal(out, out_orig)
+    report = cap.replay(c, device="cpu")
+    assert report.ok and report.nan_outputs == 0, str(report)
+
+
+@pytest.mark.parametrize("wrong", [_clamping_ref, _wrapping_ref])
+def test_nan_rows_do_reach_a_wrong_kernel(tmp_path, wrong):
+    path, (q, kv, idx, ptr, scale, s) = _save(tmp_path)
+    # On the engine's original (finite) pool the wrong kernel's output looks harmless ...
+    assert torch.isfinite(wrong(q, kv, idx, ptr, scale, attn_sink=s)).all()
+    # ... on the replayed pool it reads NaN rows and fails loudly.
+    report = cap.replay(path, wrong, device="cpu")
+    assert report.nan_outputs > 0 and not report.ok
+    assert cap.replay(path, sparse_mla_prefill_ref, device="cpu").ok
+
+
+def test_rebuild_inside_a_big_buffer(tmp_path):
+    path, _ = _save(tmp_path, T=3)
+    w = cap.load_capture(path).rebuild("cpu", big_buffer=True)
+    elt = w.kv.element_size()
+    assert w.kv.untyped_storage().nbytes() > 2**31
+    assert w.kv.storage_offset() * elt >= 2**31
+    out = sparse_mla_prefill(*w.args(), **w.kwargs())
+    assert torch.isfinite(out.float()).all()
+    assert reference.check_against_reference(out, *w.args(), **w.kwargs()).ok
+
+
+# ----------------------------------------------------------------------------------------------
+# Damaged files and atomic writes
+# ----------------------------------------------------------------------------------------------
+
+
+def test_truncated_file_gives_a_clear_error(tmp_path):
+    path, _ = _save(tmp_path)
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    for cut in (0, 5, 8 + n // 2, 8 + n + 10, len(raw) - 1):
+        bad = tmp_path / f"cut{cut}.safetensors"
+        bad.write_bytes(raw[:cut])
+        with pytest.raises(cap.CaptureError, match="truncated"):
+            cap.load_capture(bad)
+
+
+def test_tampered_file_gives_a_clear_error(tmp_path):
+    path, _ = _save(tmp_path)
+    raw = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    flipped = bytearray(raw)
+    flipped[8 + n + 3] ^= 0x40  # a byte of tensor data
+    (tmp_path / "flip.safetensors").write_bytes(bytes(flipped))
+    with pytest.raises(cap.CaptureError, match="hash mismatch"):
+        cap.load_capture(tmp_path / "flip.safetensors")
+    # Edit the metadata: a different source of the same length keeps the file well-formed.
+    edited = bytes(raw).replace(b"unit test", b"unit TEST")
+    assert edited != bytes(raw)
+    (tmp_path / "edit.safetensors").write_bytes(edited)
+    with pytest.raises(cap.CaptureError, match="hash mismatch"):
+        cap.load_capture(tmp_path / "edit.safetensors")
+    # Valid safetensors that is not a capture.
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(cap.CaptureError, match="not a sparse_mla capture"):
+        cap.load_capture(tmp_path / "other.safetensors")
+
+
+class _FailingFile:
+    """Writes half of what it is given, then fails like a full disk."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data):
+        self.f.write(data[: len(data) // 2])
+        self.f.flush()
+        raise OSError(28, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def test_failed_write_leaves_nothing_partial(tmp_path, monkeypatch):
+    q, kv, idx, ptr, scale, s = _call()
+    target = tmp_path / "x.safetensors"
+    real_open = open
+    monkeypatch.setattr(cap, "open", lambda *a, **k: _FailingFile(real_open(*a, **k)),
+                        raising=False)  # fmt: skip
+    with pytest.raises(OSError, match="No space"):
+        cap.save_capture(target, q, kv, idx, ptr, scale, s)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+
+    # An existing capture survives a failed overwrite (here: fsync fails after the write).
+    cap.save_capture(target, q, kv, idx, ptr, scale, s, source="old")
+
+    def bad_fsync(fd):
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(cap.os, "fsync", bad_fsync)
+    with pytest.raises(OSError, match="I/O error"):
+        cap.save_capture(target, q, kv, idx, ptr, scale, s, source="new")
+    assert [p.name for p in tmp_path.iterdir()] == ["x.safetensors"]
+    assert cap.load_capture(target).metadata["source"] == "old"
+
+
+def test_size_cap_on_a_single_save(tmp_path):
+    q, kv, idx, ptr, scale, s = _call()
+    with pytest.raises(cap.CaptureTooLarge):
+        cap.save_capture(tmp_path / "a.safetensors", q, kv, idx, ptr, scale, s, max_bytes=100)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# Recorder
+# ----------------------------------------------------------------------------------------------
+
+
+def _fake_kernel(q, kv, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None):
+    return q.new_zeros(q.shape)
+
+
+def test_sampling_every_and_first(tmp_path):
+    args = _call()
+    with cap.Recorder(tmp_path, _fake_kernel, every=3, first=10) as rec:
+        for _ in range(20):
+            rec.fn(*args[:5], attn_sink=args[5])
+    assert rec.calls == 20
+    assert [p.name for p in rec.files] == [f"call_{i:05d}.safetensors" for i in (0, 3, 6, 9)]
+    assert sorted(tmp_path.iterdir()) == sorted(rec.files)
+    for i, p in zip((0, 3, 6, 9), rec.files, strict=True):
+        assert cap.load_capture(p).metadata["extra"]["call"] == i
+
+    with cap.Recorder(tmp_path / "m", _fake_kernel, every=2, max_files=2) as rec:
+        for _ in range(9):
+            rec.fn(*args[:5])
+    assert [p.name for p in rec.files] == ["call_00000.safetensors", "call_00002.safetensors"]
+
+
+def test_size_cap_holds(tmp_path):
+    args = _call()
+    one = len(cap.encode_capture(*args)[0])
+    cap_bytes = int(2.5 * one)
+    with cap.Recorder(tmp_path, _fake_kernel, max_bytes=cap_bytes) as rec:
+        for _ in range(6):
+            rec.fn(*args[:5], attn_sink=args[5])
+    assert len(rec.files) == 2 and rec.skipped_for_size == 4
+    total = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert total == rec.bytes_written <= cap_bytes
+
+
+def test_patches_a_module_function_only_inside_the_block(tmp_path):
+    original = reference.sparse_mla_prefill_ref
+    q, kv, idx, ptr, scale, s = _call()
+    target = "sparse_mla.reference:sparse_mla_prefill_ref"
+    with cap.Recorder(tmp_path, target) as rec:
+        assert reference.sparse_mla_prefill_ref is not original
+        out = reference.sparse_mla_prefill_ref(q, kv, idx, ptr, scale, attn_sink=s)
+    assert reference.sparse_mla_prefill_ref is original
+    assert torch.equal(out, original(q, kv, idx, ptr, scale, attn_sink=s))
+    assert len(rec.files) == 1
+    assert target in cap.load_capture(rec.files[0]).metadata["source"]
+
+    # The package entry and its alias are both patched by default, and both restored.
+    entry = sparse_mla.sparse_mla_prefill
+    with cap.Recorder(tmp_path / "d"):
+        assert sparse_mla.sparse_mla_prefill is not entry
+        assert sparse_mla.prefill.sparse_mla_prefill is sparse_mla.sparse_mla_prefill
+    assert sparse_mla.sparse_mla_prefill is entry and sparse_mla.prefill.sparse_mla_prefill is entry
+
+    # Restored even when the block raises.
+    with pytest.raises(RuntimeError), cap.Recorder(tmp_path / "e", target):
+        raise RuntimeError("boom")
+    assert reference.sparse_mla_prefill_ref is original
+
+
+def test_unimportable_target_is_a_clear_error(tmp_path):
+    with (
+        pytest.raises(ImportError, match="no_such_engine"),
+        cap.Recorder(tmp_path, "no_such_engine.ops.sparse:pa_prefill_sparse"),
+    ):
+        pass
+    with pytest.raises(AttributeError, match="nope"), cap.Recorder(tmp_path, "sparse_mla:nope"):
+        pass
+    with pytest.raises(ValueError, match="module:function"):
+        cap.Recorder(tmp_path, "sparse_mla.sparse_mla_prefill").__enter__()
+
+
+def test_engine_signature_and_recording_errors(tmp_path):
+    q, kv, idx, ptr, scale, s = _call()
+
+    def engine_prefill(query, unified_kv, indices, indptr, sm_scale, sink=None, out=None):
+        return query
+
+    with cap.Recorder(tmp_path, engine_prefill) as rec:
+        rec.fn(query=q, unified_kv=kv, indices=idx, indptr=ptr, sm_scale=scale, sink=s)
+        # A call the recorder cannot read still runs; the error is kept, nothing is written.
+        assert rec.fn(q, kv[:, :5], idx, ptr, scale) is q
+    assert len(rec.files) == 1 and len(rec.errors) == 1 and "head dim" in rec.errors[0]
+    c = cap.load_capture(rec.files[0])
+    assert torch.equal(c.attn_sink, s) and torch.equal(c.kv_indices, idx)
+
+
+def test_cli_capture_and_replay(tmp_path, capsys):
+    from sparse_mla.cli import main
+
+    out = tmp_path / "w.safetensors"
+    rc = main(["capture", "--workload", "csa_h8_topk512", "--tokens", "12", "--head-dim", "64",
+               "--num-requests", "2", "--device", "cpu", "--kernel", "reference",
+               "--calls", "3", "--every", "2", "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    files = sorted(tmp_path.glob("*.safetensors"))
+    assert [f.name for f in files] == ["w_00000.safetensors", "w_00002.safetensors"]
+    meta = cap.load_capture(files[0]).metadata
+    assert meta["extra"]["workload"] == "csa_h8_topk512" and meta["call"]["D"] == 64
+    assert main(["replay", str(files[0]), "--device", "cpu"]) == 0
+    assert main(["replay", *map(str, files), "--kernel", "reference", "--info"]) == 0
+    printed = capsys.readouterr().out
+    assert "ok:" in printed and json.dumps("csa_h8_topk512") in printed
+
+
+# ----------------------------------------------------------------------------------------------
+# Shipped captures
+# ----------------------------------------------------------------------------------------------
+
+SHIPPED = sorted(DATA.glob("*.safetensors"))
+
+
+def test_shipped_captures_exist_and_are_documented():
+    assert len(SHIPPED) >= 3
+    readme = (DATA.parent / "README.md").read_text()
+    assert sum(p.stat().st_size for p in SHIPPED) < 8 * 2**20
+    for p in SHIPPED:
+        assert p.name in readme
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_capture_loads_and_replays(path):
+    c = cap.load_capture(path)
+    assert c.q.shape[-1] == 512 and c.metadata["source"].startswith("sparse-mla capture")
+    report = cap.replay(c, sparse_mla_prefill_ref, device="cpu")
+    assert report.ok, str(report)
+
+
+def test_shipped_capture_replays_through_the_triton_kernel():
+    smallest = min(SHIPPED, key=lambda p: p.stat().st_size)
+    report = cap.replay(smallest, device="cpu")
+    assert report.ok and report.nan_outputs == 0, str(report)
