@@ -1,59 +1,303 @@
 """Tuned launch configs: configs/<arch>/triton/attention/sparse_attention_dsv4/DEFAULT.json.
 
-Entries are keyed by shape (``"H16_D512"``) and hold the launch plus its provenance. A missing
-file or entry is the normal case for most shapes and is silent: the launcher then uses
-:func:`sparse_mla.prefill.default_config`.
+One JSON file per architecture id (``gfx942``, ``gfx950``, ``sm90``; never product names),
+keyed by shape::
+
+    {
+      "H16_D512": {
+        "launch": {"BLOCK_H": 16, "BLOCK_K": 16, "num_warps": 1, "num_stages": 2,
+                   "EVEN_HD": true, "USE_EXP2": true, "kpack": 2, "waves_per_eu": 1},
+        "provenance": {"device": "...", "triton": "3.6.0", "date": "2026-11-29",
+                       "workload": "...", "time_ms": 1.6, "sweep_size": 36, ...}
+      }
+    }
+
+``launch`` holds :class:`sparse_mla.prefill.PrefillConfig` fields (``kpack`` and
+``waves_per_eu`` on AMD archs only). ``provenance`` says where the numbers come from. Every
+file is validated as a whole when first read (types, known keys, a launch the kernel accepts
+for that shape); a broken file raises :class:`ConfigFileError` naming the file and the entry.
+
+A missing file or entry is the normal case for most shapes and is silent (nothing logged):
+:func:`lookup` returns None and the launcher uses :func:`sparse_mla.prefill.default_config`.
+Writing entries (atomically, under a file lock) is :func:`sparse_mla.tune.export`.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import functools
 import json
+import math
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_ROOT", "config_path", "lookup", "shape_key"]
+__all__ = [
+    "CONFIG_ROOT",
+    "PROVENANCE_KEYS",
+    "ConfigEntry",
+    "ConfigFileError",
+    "config_path",
+    "dump_entries",
+    "entries",
+    "launch_types",
+    "lookup",
+    "lookup_entry",
+    "parse_entries",
+    "parse_shape_key",
+    "shape_key",
+    "validate_all",
+    "validate_file",
+]
 
 CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
 _OP_DIR = Path("triton/attention/sparse_attention_dsv4")
+_SHAPE_RE = re.compile(r"^H([1-9][0-9]*)_D([1-9][0-9]*)$")
+_AMD_ONLY = ("kpack", "waves_per_eu")
+
+
+@functools.lru_cache(maxsize=1)
+def launch_types() -> dict[str, tuple[type, bool]]:
+    """PrefillConfig's fields as JSON types: name -> (int or bool, None allowed)."""
+    from dataclasses import fields
+
+    from .prefill import PrefillConfig
+
+    out = {}
+    for f in fields(PrefillConfig):
+        text = f.type if isinstance(f.type, str) else repr(f.type)
+        out[f.name] = (bool if "bool" in text else int, "None" in text)
+    return out
+
+
+_LAUNCH_REQUIRED = ("BLOCK_H", "BLOCK_K", "num_warps", "num_stages")
+
+# Provenance fields: (type(s), required). Numbers may be null when not measured.
+_PROV_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    "device": ((str,), True),
+    "triton": ((str,), True),
+    "date": ((str,), True),
+    "workload": ((str,), True),
+    "time_ms": ((int, float, type(None)), True),
+    "sweep_size": ((int, type(None)), True),
+    "torch": ((str,), False),
+    "mode": ((str,), False),
+    "source": ((str,), False),
+    "notes": ((str,), False),
+    "rel_l2": ((int, float, type(None)), False),
+    "occupancy": ((int, float, type(None)), False),
+    "spill_bytes": ((int, type(None)), False),
+    "registers": ((int, type(None)), False),
+}
+PROVENANCE_KEYS = tuple(_PROV_TYPES)
+_ENTRY_KEYS = ("launch", "provenance")
 
 
 class ConfigFileError(ValueError):
     """A tuned-config file that cannot be used; the message names the file."""
 
 
+@dataclass(frozen=True)
+class ConfigEntry:
+    """One validated shape entry: the launch as a PrefillConfig, plus its provenance."""
+
+    num_heads: int
+    head_dim: int
+    launch: Any  # PrefillConfig (imported lazily: prefill imports this module)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return shape_key(self.num_heads, self.head_dim)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"launch": launch_to_json(self.launch), "provenance": dict(self.provenance)}
+
+
 def shape_key(num_heads: int, head_dim: int) -> str:
+    """``"H16_D512"``: the key of a shape's entry."""
     return f"H{num_heads}_D{head_dim}"
 
 
-def config_path(arch: str, root: Path | None = None) -> Path:
-    return Path(root or CONFIG_ROOT) / arch / _OP_DIR / "DEFAULT.json"
+def parse_shape_key(key: str) -> tuple[int, int]:
+    """``"H16_D512"`` -> (16, 512); ValueError on any other form."""
+    m = _SHAPE_RE.match(key) if isinstance(key, str) else None
+    if m is None:
+        raise ValueError(f"shape key must look like 'H16_D512', got {key!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def config_path(arch: str, root: Path | str | None = None) -> Path:
+    """Path of ``arch``'s DEFAULT.json under ``root`` (default: the package's configs/)."""
+    if not isinstance(arch, str) or not re.fullmatch(r"[a-z]+[0-9a-z]*", arch):
+        raise ValueError(f"arch must be an id like 'gfx942' or 'sm90', got {arch!r}")
+    return Path(root if root is not None else CONFIG_ROOT) / arch / _OP_DIR / "DEFAULT.json"
+
+
+def _is_amd_arch(arch: str) -> bool:
+    return arch.startswith("gfx")
+
+
+def launch_to_json(cfg) -> dict[str, Any]:
+    """A PrefillConfig as the JSON ``launch`` object (None fields left out, field order)."""
+    return cfg.to_dict()
+
+
+def _check_launch(arch: str, num_heads: int, head_dim: int, launch: Any):
+    """The PrefillConfig of a ``launch`` object; ValueError saying what is wrong."""
+    from .prefill import PrefillConfig
+
+    if not isinstance(launch, dict):
+        raise ValueError(f"'launch' must be an object, got {type(launch).__name__}")
+    types = launch_types()
+    unknown = sorted(set(launch) - set(types))
+    if unknown:
+        raise ValueError(f"launch: unknown key(s) {unknown}; known: {list(types)}")
+    missing = [k for k in _LAUNCH_REQUIRED if k not in launch]
+    if missing:
+        raise ValueError(f"launch: missing key(s) {missing}")
+    for k, v in launch.items():
+        typ, nullable = types[k]
+        if v is None and nullable:
+            continue
+        # bool is an int subclass: reject True where a count is expected and 1 for a flag.
+        if type(v) is not typ:
+            raise ValueError(f"launch: {k} must be {typ.__name__}, got {v!r}")
+    if not _is_amd_arch(arch):
+        amd = [k for k in _AMD_ONLY if launch.get(k) is not None]
+        if amd:
+            raise ValueError(f"launch: {amd} are AMD compiler options, not valid for {arch}")
+    if launch.get("kpack") not in (None, 1, 2):
+        raise ValueError(f"launch: kpack must be 1 or 2, got {launch['kpack']!r}")
+    if launch.get("waves_per_eu") is not None and not 0 <= launch["waves_per_eu"] <= 8:
+        raise ValueError(f"launch: waves_per_eu must be in 0..8, got {launch['waves_per_eu']!r}")
+    cfg = PrefillConfig.from_dict(dict(launch))
+    cfg.validate()
+    block_d = 1 << (head_dim - 1).bit_length()
+    if cfg.EVEN_HD and not (head_dim == block_d and num_heads % cfg.BLOCK_H == 0):
+        raise ValueError(
+            f"launch: EVEN_HD needs head_dim == BLOCK_D and H % BLOCK_H == 0; got H={num_heads}, "
+            f"head_dim={head_dim}, BLOCK_D={block_d}, BLOCK_H={cfg.BLOCK_H}"
+        )
+    return cfg
+
+
+def _check_provenance(prov: Any) -> dict[str, Any]:
+    if not isinstance(prov, dict):
+        raise ValueError(f"'provenance' must be an object, got {type(prov).__name__}")
+    unknown = sorted(set(prov) - set(_PROV_TYPES))
+    if unknown:
+        raise ValueError(f"provenance: unknown key(s) {unknown}; known: {list(_PROV_TYPES)}")
+    for k, (types, required) in _PROV_TYPES.items():
+        if k not in prov:
+            if required:
+                raise ValueError(f"provenance: missing key {k!r}")
+            continue
+        v = prov[k]
+        if isinstance(v, bool) or not isinstance(v, types):
+            names = "/".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ValueError(f"provenance: {k} must be {names}, got {v!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"provenance: {k} must be finite, got {v!r}")
+    try:
+        _dt.date.fromisoformat(prov["date"][:10])
+    except ValueError:
+        raise ValueError(
+            f"provenance: date must be ISO (YYYY-MM-DD...), got {prov['date']!r}"
+        ) from None
+    if prov["time_ms"] is not None and prov["time_ms"] <= 0:
+        raise ValueError(f"provenance: time_ms must be > 0 or null, got {prov['time_ms']!r}")
+    return dict(prov)
+
+
+def parse_entries(data: Any, arch: str, source: str = "<data>") -> dict[str, ConfigEntry]:
+    """Validate a whole file's JSON object; ConfigFileError naming ``source`` on any problem."""
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"{source}: top level must be an object keyed by shape")
+    out = {}
+    for key, entry in data.items():
+        try:
+            H, D = parse_shape_key(key)
+            if not isinstance(entry, dict):
+                raise ValueError(f"entry must be an object, got {type(entry).__name__}")
+            unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+            missing = [k for k in _ENTRY_KEYS if k not in entry]
+            if unknown or missing:
+                raise ValueError(f"entry keys must be {list(_ENTRY_KEYS)}, got {list(entry)}")
+            cfg = _check_launch(arch, H, D, entry["launch"])
+            prov = _check_provenance(entry["provenance"])
+        except (TypeError, ValueError) as e:
+            raise ConfigFileError(f"{source}: entry {key!r}: {e}") from None
+        out[key] = ConfigEntry(H, D, cfg, prov)
+    return out
+
+
+def _arch_of(path: Path) -> str:
+    # configs/<arch>/triton/attention/sparse_attention_dsv4/DEFAULT.json
+    return path.parents[len(_OP_DIR.parts)].name
 
 
 @functools.lru_cache(maxsize=64)
-def _load(path: Path, mtime_ns: int) -> dict[str, Any]:
+def _load(path: Path, stamp: tuple[int, ...]) -> dict[str, ConfigEntry]:
+    # Keyed by the file's stat stamp: an export (a new inode via os.replace) is seen at once.
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigFileError(f"{path}: not a readable JSON file ({e})") from e
-    if not isinstance(data, dict):
-        raise ConfigFileError(f"{path}: top level must be an object keyed by shape")
-    return data
+    return parse_entries(data, _arch_of(path), str(path))
 
 
-def lookup(arch: str | None, num_heads: int, head_dim: int, root: Path | None = None):
-    """The tuned PrefillConfig for (arch, H, D), or None (silently) when there is none."""
-    from .prefill import PrefillConfig
+def validate_file(path: Path | str, arch: str | None = None) -> dict[str, ConfigEntry]:
+    """Read and validate one config file (arch taken from its path unless given)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigFileError(f"{path}: not a readable JSON file ({e})") from e
+    return parse_entries(data, arch or _arch_of(path), str(path))
 
+
+def validate_all(root: Path | str | None = None) -> dict[str, dict[str, ConfigEntry]]:
+    """Validate every arch's DEFAULT.json under ``root``: {arch: {shape key: entry}}."""
+    root = Path(root if root is not None else CONFIG_ROOT)
+    found = {}
+    for path in sorted(root.glob(f"*/{_OP_DIR.as_posix()}/DEFAULT.json")):
+        found[_arch_of(path)] = validate_file(path)
+    return found
+
+
+def entries(arch: str, root: Path | str | None = None) -> dict[str, ConfigEntry]:
+    """All validated entries of ``arch``'s file ({} when the file does not exist)."""
+    path = config_path(arch, root)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return {}
+    return _load(path, (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size))
+
+
+def lookup_entry(
+    arch: str | None, num_heads: int, head_dim: int, root: Path | str | None = None
+) -> ConfigEntry | None:
+    """The tuned entry (launch + provenance) for (arch, H, D), or None silently."""
     if arch is None:
         return None
-    path = config_path(arch, root)
-    if not path.is_file():
-        return None
-    entry = _load(path, path.stat().st_mtime_ns).get(shape_key(num_heads, head_dim))
-    if entry is None:
-        return None
-    try:
-        return PrefillConfig.from_dict(dict(entry["launch"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigFileError(f"{path}: entry {shape_key(num_heads, head_dim)}: {e}") from e
+    return entries(arch, root).get(shape_key(num_heads, head_dim))
+
+
+def lookup(arch: str | None, num_heads: int, head_dim: int, root: Path | str | None = None):
+    """The tuned PrefillConfig for (arch, H, D), or None (silently) when there is none.
+
+    Exact shape match only: a shape that was not swept keeps the default launch. A file that
+    exists but is broken raises ConfigFileError naming it.
+    """
+    found = lookup_entry(arch, num_heads, head_dim, root)
+    return None if found is None else found.launch
+
+
+def dump_entries(data: dict[str, Any]) -> str:
+    """The canonical text of a config file: entries ordered by (H, D), 2-space JSON."""
+    ordered = dict(sorted(data.items(), key=lambda kv: parse_shape_key(kv[0])))
+    return json.dumps(ordered, indent=2) + "\n"

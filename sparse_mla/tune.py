@@ -1,0 +1,894 @@
+"""Sweeps of the prefill launch and export of the winners into configs/.
+
+A sweep runs a grid (or a random subset of it) of launch parameters x shapes x targets and
+returns tidy rows, one per (target, shape, config):
+
+- ``mode="compile"`` needs no GPU: each config is cross-compiled with
+  :func:`sparse_mla.inspect.compile_prefill`, in parallel over the CPU cores, and ranked by
+  resources: no spills first, then higher occupancy, then fewer registers.
+- ``mode="time"`` needs GPUs: each config first passes the correctness gate (one run on the
+  workload, compared with the fp32 reference), then is timed with
+  ``triton.testing.do_bench(return_mode="median")``; one worker process per visible GPU.
+
+A config that cannot run is a row with ``status`` ``"invalid"`` (rejected before compiling),
+``"error"`` (compile or launch failed), ``"fail"`` (wrong results) or ``"skipped"`` (a head
+block larger than the heads need), with a ``reason``; a sweep never stops on one. Rows are saved
+as CSV under data/ (:func:`save_rows`), winners picked by :func:`best_per_shape` and merged
+into the JSON files by :func:`export`, atomically and under a file lock.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import csv
+import datetime as _dt
+import difflib
+import fcntl
+import itertools
+import json
+import math
+import multiprocessing as mp
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import configs
+
+__all__ = [
+    "COLUMNS",
+    "LAUNCH_PARAMS",
+    "best_per_shape",
+    "expand_grid",
+    "export",
+    "load_rows",
+    "parse_grid",
+    "save_rows",
+    "sweep",
+]
+
+# PrefillConfig's fields, in order (a new kernel knob joins the grid and the CSV by itself).
+LAUNCH_PARAMS = tuple(configs.launch_types())
+_AMD_ONLY = ("kpack", "waves_per_eu")
+_BOOL_PARAMS = tuple(k for k, (t, _) in configs.launch_types().items() if t is bool)
+
+COLUMNS = (
+    "target",
+    "H",
+    "D",
+    "dtype",
+    "mode",
+    *LAUNCH_PARAMS,
+    "status",
+    "reason",
+    "rank",
+    "time_ms",
+    "rel_l2",
+    "max_abs",
+    "occupancy",
+    "spill_bytes",
+    "registers",
+    "shared_bytes",
+    "compile_s",
+    "sweep_size",
+    "workload",
+    "device",
+    "triton",
+    "torch",
+    "date",
+)
+_INT_COLS = {"H", "D", "rank", "spill_bytes", "registers", "shared_bytes", "sweep_size"}
+_INT_COLS |= {p for p in LAUNCH_PARAMS if p not in _BOOL_PARAMS}
+_FLOAT_COLS = {"time_ms", "rel_l2", "max_abs", "occupancy", "compile_s"}
+_STATUSES = ("ok", "fail", "error", "invalid", "skipped")
+
+# Tokens of the correctness gate in time mode (the last ones of the timed workload).
+_CHECK_TOKENS = 256
+# sparse_mla.workloads generators a time sweep can call as fn(T, H, **kw).
+_GENERATORS = ("dsv4_csa", "dsv4_hca", "glm_full_topk", "flashmla_uniform")
+
+
+# ----------------------------------------------------------------------------------------------
+# Grid
+# ----------------------------------------------------------------------------------------------
+
+
+def _parse_value(text: str):
+    t = text.strip()
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null", "auto"):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        raise ValueError(f"grid: value {text!r} is not an int, true/false or none") from None
+
+
+def parse_grid(items: Iterable[str]) -> dict[str, list]:
+    """``["BLOCK_K=16,32", "num_warps=1,2"]`` -> ``{"BLOCK_K": [16, 32], "num_warps": [1, 2]}``."""
+    grid: dict[str, list] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        if not sep or not values.strip():
+            raise ValueError(f"grid: expected NAME=V1,V2,..., got {item!r}")
+        if name not in LAUNCH_PARAMS:
+            raise ValueError(f"grid: unknown parameter {name!r}; expected one of {LAUNCH_PARAMS}")
+        grid.setdefault(name, [])
+        grid[name] += [_parse_value(v) for v in values.split(",") if v.strip()]
+    return grid
+
+
+def expand_grid(
+    grid: Mapping[str, Iterable], *, sample: int | None = None, seed: int = 0
+) -> list[dict[str, Any]]:
+    """All combinations of ``grid`` (param -> values), or ``sample`` of them drawn with ``seed``.
+
+    Parameters not in the grid keep PrefillConfig's defaults. The same configs are then run for
+    every shape and target.
+    """
+    if not isinstance(grid, Mapping):
+        raise TypeError(f"grid must be a dict of parameter -> values, got {type(grid).__name__}")
+    names = list(grid)
+    for n in names:
+        if n not in LAUNCH_PARAMS:
+            raise ValueError(f"grid: unknown parameter {n!r}; expected one of {LAUNCH_PARAMS}")
+    values = []
+    for n in names:
+        v = grid[n]
+        v = [v] if isinstance(v, (int, bool)) or v is None else list(dict.fromkeys(v))
+        if not v:
+            raise ValueError(f"grid: parameter {n!r} has no values")
+        values.append(v)
+    combos = [dict(zip(names, c, strict=True)) for c in itertools.product(*values)]
+    if sample is not None:
+        if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+            raise ValueError(f"sample must be a positive int, got {sample!r}")
+        if sample < len(combos):
+            combos = random.Random(seed).sample(combos, sample)
+    return combos
+
+
+def _target(name):
+    from .targets import get_target
+
+    return get_target(name)
+
+
+def _normalize_shapes(shapes) -> list[tuple[int, int]]:
+    if isinstance(shapes, tuple) and len(shapes) == 2 and all(isinstance(s, int) for s in shapes):
+        shapes = [shapes]
+    out = []
+    for s in shapes:
+        if isinstance(s, str):
+            s = configs.parse_shape_key(s)
+        H, D = s
+        if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+            raise ValueError(f"shapes: num_heads must be a positive int, got {H!r}")
+        if isinstance(D, bool) or not isinstance(D, int) or D < 1:
+            raise ValueError(f"shapes: head_dim must be a positive int, got {D!r}")
+        out.append((H, D))
+    if not out:
+        raise ValueError("shapes: need at least one (num_heads, head_dim)")
+    return list(dict.fromkeys(out))
+
+
+def _precheck(target, H: int, D: int, params: dict[str, Any]) -> tuple[str, str | None]:
+    """("ok", None) or (status, reason), decided without compiling."""
+    from .prefill import PrefillConfig
+    from .targets import validate_options
+
+    try:
+        cfg = PrefillConfig.from_dict(params)
+        cfg.validate()
+        block_d = 1 << (D - 1).bit_length()
+        if cfg.EVEN_HD and not (block_d == D and H % cfg.BLOCK_H == 0):
+            raise ValueError(
+                f"EVEN_HD needs head_dim == BLOCK_D and H % BLOCK_H == 0 "
+                f"(H={H}, D={D}, BLOCK_H={cfg.BLOCK_H})"
+            )
+        validate_options(target, _options(cfg, target.is_amd))
+    except (TypeError, ValueError) as e:
+        return "invalid", str(e)
+    if max(16, 1 << (H - 1).bit_length()) < cfg.BLOCK_H:
+        return "skipped", f"BLOCK_H={cfg.BLOCK_H} > {H} heads: the extra rows are all masked"
+    return "ok", ""
+
+
+def _options(cfg, amd: bool) -> dict[str, Any]:
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if amd:
+        opts.update({k: getattr(cfg, k) for k in _AMD_ONLY if getattr(cfg, k) is not None})
+    return opts
+
+
+def _plan(grid, shapes, targets, sample, seed, dtype, mode) -> list[dict[str, Any]]:
+    combos = expand_grid(grid, sample=sample, seed=seed)
+    if isinstance(targets, str):
+        targets = [targets]
+    rows = []
+    for tname in dict.fromkeys(targets):
+        t = _target(tname)
+        seen = set()
+        for H, D in _normalize_shapes(shapes):
+            for params in combos:
+                # AMD compiler options mean nothing on NVIDIA: drop them (and the duplicates).
+                p = {k: v for k, v in params.items() if t.is_amd or k not in _AMD_ONLY}
+                key = (H, D, tuple(sorted(p.items(), key=lambda kv: kv[0])))
+                if key in seen:
+                    continue
+                seen.add(key)
+                row = {"target": t.name, "H": H, "D": D, "dtype": dtype, "mode": mode}
+                row.update(_full_params(p))
+                row["status"], row["reason"] = _precheck(t, H, D, p)
+                row["_params"] = p
+                rows.append(row)
+    return rows
+
+
+def _full_params(p: dict[str, Any]) -> dict[str, Any]:
+    from .prefill import PrefillConfig
+
+    try:
+        cfg = PrefillConfig(**p)
+        return {k: getattr(cfg, k) for k in LAUNCH_PARAMS}
+    except TypeError:
+        return {k: p.get(k) for k in LAUNCH_PARAMS}
+
+
+# ----------------------------------------------------------------------------------------------
+# Workers
+# ----------------------------------------------------------------------------------------------
+
+
+def _reason(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else ""
+    return f"{type(e).__name__}: {text}"[:300]
+
+
+def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Cross-compile one config; the resource columns of its row."""
+    from . import inspect as _inspect
+    from .prefill import PrefillConfig
+
+    t0 = time.perf_counter()
+    try:
+        res = _inspect.compile_prefill(
+            job["target"],
+            PrefillConfig.from_dict(job["_params"]),
+            num_heads=job["H"],
+            head_dim=job["D"],
+            dtype=job["dtype"],
+        )
+    except Exception as e:  # compile errors of any kind become a row
+        return {"status": "error", "reason": _reason(e), "compile_s": time.perf_counter() - t0}
+    r = res.resources
+    registers = getattr(r, "total_vgprs", None)
+    if registers is None:
+        registers = getattr(r, "registers", None)
+    shared = getattr(r, "shared_bytes", None)
+    if shared is None:
+        shared = getattr(r, "lds_bytes", None)
+    return {
+        "status": "ok",
+        "reason": None,
+        "occupancy": getattr(r, "occupancy", None),
+        "spill_bytes": getattr(r, "spill_bytes", None),
+        "registers": registers,
+        "shared_bytes": shared,
+        "compile_s": getattr(res, "compile_seconds", None) or time.perf_counter() - t0,
+    }
+
+
+# Per-process state of a time-mode worker: its GPU lock and the workloads built so far.
+_WORKER: dict[str, Any] = {"lock": None, "workloads": {}}
+
+
+def _init_time_worker(gpu: int | None, lock) -> None:
+    # Runs before the worker touches CUDA, so the variable decides which GPU it sees.
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    _WORKER["lock"] = lock
+
+
+def _random_workload(T: int, H: int, D: int, *, slots: int, pool: int, dtype, device, seed: int):
+    """Built-in inputs when sparse_mla.workloads is absent: random CSR slot lists.
+
+    The KV pool is a view into a buffer of more than 2 GiB on a GPU, as in an engine (Triton
+    compiles a different variant for small buffers on AMD).
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, D, generator=g).to(device=device, dtype=dtype)
+    if device != "cpu":
+        rows = max(pool, (2**31 + 2**20) // (D * torch.finfo(dtype).bits // 8))
+        buf = torch.empty(rows, D, dtype=dtype, device=device)
+        kv = buf[:pool]
+        kv.copy_(torch.randn(pool, D, generator=g).to(dtype))
+    else:
+        kv = torch.randn(pool, D, generator=g).to(dtype)
+    lengths = torch.randint(max(1, slots // 2), slots + 1, (T,), generator=g)
+    indptr = torch.zeros(T + 1, dtype=torch.int32)
+    indptr[1:] = lengths.cumsum(0)
+    idx = torch.randint(0, pool, (int(indptr[-1]),), generator=g, dtype=torch.int32)
+    idx[torch.rand(idx.numel(), generator=g) < 0.02] = -1  # a few absent top-k entries
+    sink = torch.randn(H, generator=g).to(device)
+    args = (q, kv, idx.to(device), indptr.to(device), D**-0.5)
+    return args, {"attn_sink": sink}
+
+
+def _workload(spec: dict[str, Any], H: int, D: int, dtype_name: str, device: str):
+    """(args, kwargs, description) for sparse_mla_prefill at shape (H, D); cached per worker."""
+    import torch
+
+    key = (json.dumps(spec, sort_keys=True), H, D, dtype_name, device)
+    if key in _WORKER["workloads"]:
+        return _WORKER["workloads"][key]
+    _WORKER["workloads"].clear()  # one shape at a time: a 16k-token H=128 call is GiBs
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    spec = dict(spec)
+    name = spec.pop("name", "random")
+    try:
+        from . import workloads as _wl
+    except ImportError:  # the built-in generator below stands in
+        _wl = None
+    if name != "random" and _wl is None:
+        raise RuntimeError(f"workload {name!r} needs sparse_mla.workloads, which is missing")
+    if name == "random" or _wl is None:
+        T = int(spec.get("T", 4096))
+        slots = int(spec.get("slots", 640))
+        pool = int(spec.get("pool", 65536))
+        args, kwargs = _random_workload(
+            T, H, D, slots=slots, pool=pool, dtype=dtype, device=device, seed=spec.get("seed", 0)
+        )
+        desc = f"random CSR T={T} slots<={slots} pool={pool} sink"
+    else:
+        kw = {"D": D, "dtype": dtype, "device": device, "big_buffer": device != "cpu", **spec}
+        if name in _GENERATORS:
+            w = getattr(_wl, name)(int(kw.pop("T", 16384)), H, **kw)
+        else:  # a standard name (workloads.standard_names()), at this shape's H
+            w = _wl.by_name(name, H=H, **kw)
+        args, kwargs = tuple(w.args()), dict(w.kwargs())
+        m = w.meta
+        keys = ("kind", "T", "topk", "ratio", "window", "num_requests", "pool_rows", "nnz")
+        desc = " ".join([w.name, *(f"{k}={m[k]}" for k in keys if k in m)])
+    # The fp32 reference of the checked tokens, computed once per shape.
+    from .reference import sparse_mla_prefill_ref
+
+    q, kv, idx, indptr, scale = args[:5]
+    # The last tokens: the longest slot lists. Tokens are independent, so a slice is exact.
+    n = min(_CHECK_TOKENS, q.shape[0])
+    sub = (q[q.shape[0] - n :], kv, idx, indptr[q.shape[0] - n :], scale)
+    sink = kwargs.get("attn_sink")
+    ref = sparse_mla_prefill_ref(*sub, attn_sink=sink)
+    base = sparse_mla_prefill_ref(*sub, attn_sink=sink, upcast=False)
+    found = _WORKER["workloads"][key] = (args, kwargs, desc, n, ref, base)
+    return found
+
+
+def _bench(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, return_mode="median"))
+
+
+def _time_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Correctness gate then do_bench median for one config on this worker's GPU."""
+    import torch
+
+    from . import prefill
+    from .prefill import PrefillConfig
+    from .reference import error_report
+
+    device = job.get("_device", "cuda")
+    # Workers sharing a GPU hold its lock for GPU work; only compiling runs outside it.
+    lock = _WORKER["lock"] or contextlib.nullcontext()
+    try:
+        with lock:
+            args, kwargs, desc, n, ref, base = _workload(
+                job["_workload"], job["H"], job["D"], job["dtype"], device
+            )
+            out = torch.full_like(args[0], float("nan"))
+    except Exception as e:
+        return {"status": "error", "reason": "workload: " + _reason(e)}
+    cfg = PrefillConfig.from_dict(job["_params"])
+
+    def fn():
+        return prefill.sparse_mla_prefill(*args, **kwargs, out=out, config=cfg)
+
+    row: dict[str, Any] = {"workload": desc}
+    try:
+        t0 = time.perf_counter()
+        if device != "cpu":
+            _compile_only(fn)
+        row["compile_s"] = time.perf_counter() - t0
+        with lock:
+            fn()
+            _sync(device)
+            rep = error_report(out[out.shape[0] - n :], ref, base)
+            row.update(rel_l2=rep.rel_l2, max_abs=rep.max_abs)
+            if not rep.ok:
+                row.update(status="fail", reason=f"correctness: {rep}")
+                return row
+            row["time_ms"] = _bench(fn)
+    except Exception as e:
+        row.update(status="error", reason=_reason(e))
+        return row
+    row.update(status="ok", reason=None)
+    return row
+
+
+def _compile_only(fn) -> None:
+    """Call ``fn`` with kernel launches replaced by Triton's JIT warmup: compile, don't run.
+
+    The compiled kernel lands in the JIT cache, so the next real call launches at once. A
+    failure here is left for that call to report.
+    """
+    from . import runtime
+
+    real = runtime.launch
+
+    def warm(kernel, grid, *args, interpret, **kw):
+        return None if interpret else kernel.warmup(*args, grid=grid, **kw)
+
+    runtime.launch = warm
+    try:
+        fn()
+    except Exception:
+        pass
+    finally:
+        runtime.launch = real
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------------------------
+# Sweep
+# ----------------------------------------------------------------------------------------------
+
+
+class _Progress:
+    """tqdm when installed, else one rewritten line on stderr."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.total, self.desc, self.enabled = total, desc, enabled
+        self.done = self.bad = 0
+        self.t0 = time.perf_counter()
+        self._bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=True)
+            except ImportError:
+                self._draw()
+
+    def update(self, status: str) -> None:
+        self.done += 1
+        self.bad += status != "ok"
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(not_ok=self.bad, refresh=False)
+        else:
+            self._draw()
+
+    def _draw(self) -> None:
+        dt = time.perf_counter() - self.t0
+        sys.stderr.write(
+            f"\r{self.desc}: {self.done}/{self.total} ({self.bad} not ok) {dt:.0f}s"
+            + ("\n" if self.done == self.total else "")
+        )
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def sweep(
+    grid: Mapping[str, Iterable],
+    shapes,
+    targets,
+    *,
+    mode: str = "compile",
+    workload: str | Mapping[str, Any] = "dsv4_csa",
+    jobs: int | None = None,
+    progress: bool = True,
+    sample: int | None = None,
+    seed: int = 0,
+    dtype: str = "bf16",
+) -> list[dict[str, Any]]:
+    """Run a grid of launch configs over shapes and targets; tidy rows, best first per shape.
+
+    Args:
+        grid: parameter -> values, over :data:`LAUNCH_PARAMS` (others keep PrefillConfig's
+            defaults), e.g. ``{"BLOCK_K": [16, 32], "num_warps": [1, 2, 4]}``.
+        shapes: (num_heads, head_dim) pairs (or ``"H16_D512"`` keys).
+        targets: target names (``"gfx942"``, ``"sm90"``, ``"local"``); time mode times on the
+            local GPUs, so there it takes only the local arch.
+        mode: ``"compile"`` (no GPU: cross-compile, rank by resources) or ``"time"`` (GPU:
+            correctness gate, then do_bench median).
+        workload: time mode only: a name for ``sparse_mla.workloads.by_name`` (``"dsv4_csa"``)
+            or a dict ``{"name": ..., **kwargs}``; ``"random"`` (or a missing workloads module
+            with a dict spec of T/slots/pool) uses a built-in random CSR generator.
+        jobs: compile mode: worker processes (default: all CPU cores; 0 = in this process).
+            Time mode: worker processes in all, spread over the visible GPUs (default one per
+            GPU); 0 = in this process on the current device.
+        progress: show progress on stderr.
+        sample, seed: run ``sample`` configs drawn from the grid instead of all of it.
+        dtype: ``"bf16"`` or ``"fp16"``.
+
+    Returns:
+        One dict per (target, shape, config) with the columns of :data:`COLUMNS`; ``rank`` is
+        1 for the best ``ok`` row of each (target, H, D).
+    """
+    if mode not in ("compile", "time"):
+        raise ValueError(f"mode must be 'compile' or 'time', got {mode!r}")
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype must be 'bf16' or 'fp16', got {dtype!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0):
+        raise ValueError(f"jobs must be an int >= 0 or None, got {jobs!r}")
+    rows = _plan(grid, shapes, targets, sample, seed, dtype, mode)
+    todo = [r for r in rows if r["status"] == "ok"]
+    if mode == "time":
+        spec = {"name": workload} if isinstance(workload, str) else dict(workload)
+        _check_time_targets(rows)
+        for r in todo:
+            r["_workload"] = spec
+    bar = _Progress(len(rows), f"sweep ({mode})", progress)
+    for r in rows:
+        if r["status"] != "ok":
+            bar.update(r["status"])
+    try:
+        if mode == "compile":
+            _run_compile(todo, jobs, bar)
+        else:
+            _run_time(todo, jobs, bar)
+    finally:
+        bar.close()
+    _stamp(rows, mode)
+    return _rank(rows)
+
+
+def _check_time_targets(rows) -> None:
+    from . import runtime
+
+    local = runtime.arch()
+    if local is None:
+        raise RuntimeError("sweep(mode='time') needs a GPU; use mode='compile' on this machine")
+    local_name = _target("local").name
+    wrong = sorted({r["target"] for r in rows} - {local_name})
+    if wrong:
+        raise ValueError(f"time mode runs on the local GPUs ({local_name}); got targets {wrong}")
+
+
+def _run_compile(todo, jobs, bar) -> None:
+    workers = (os.cpu_count() or 1) if jobs is None else jobs
+    if workers == 0 or len(todo) <= 1:
+        for r in todo:
+            r.update(_compile_job(_job(r)))
+            bar.update(r["status"])
+        return
+    # fork: no CUDA here and no re-import of torch per worker; spawn elsewhere.
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
+        futures = {pool.submit(_compile_job, _job(r)): r for r in todo}
+        for fut in cf.as_completed(futures):
+            r = futures[fut]
+            try:
+                r.update(fut.result())
+            except Exception as e:  # a worker that died (e.g. a crash inside LLVM)
+                r.update(status="error", reason="worker: " + _reason(e))
+            bar.update(r["status"])
+
+
+def _job(r: dict[str, Any]) -> dict[str, Any]:
+    keys = ("target", "H", "D", "dtype", "_params", "_workload", "_device")
+    return {k: r[k] for k in keys if k in r}
+
+
+def _visible_gpus() -> list[int]:
+    import torch
+
+    return list(range(torch.cuda.device_count()))
+
+
+def _run_time(todo, jobs, bar) -> None:
+    if jobs == 0 or not todo:
+        try:
+            for r in todo:
+                r.update(_time_job(_job(r)))
+                bar.update(r["status"])
+        finally:
+            _WORKER["workloads"].clear()
+        return
+    gpus = _visible_gpus()
+    ctx = mp.get_context("spawn")  # CUDA cannot be forked
+    n = len(gpus) if jobs is None else max(jobs, 1)
+    locks = {g: ctx.Lock() for g in gpus}
+    # CUDA_VISIBLE_DEVICES names physical ids; map our logical index back when it is set.
+    phys = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [s.strip() for s in phys.split(",")] if phys else [str(g) for g in gpus]
+    slots = [gpus[i % len(gpus)] for i in range(n)]
+
+    def new_pool(g):
+        return cf.ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=ctx,
+            initializer=_init_time_worker,
+            initargs=(ids[g], locks[g]),
+        )
+
+    pools = [new_pool(g) for g in slots]
+    queue = list(todo)
+    running: dict[cf.Future, tuple[int, dict]] = {}
+    try:
+        while queue or running:
+            busy = {i for i, _ in running.values()}
+            for i in range(n):
+                if i not in busy and queue:
+                    r = queue.pop(0)
+                    running[pools[i].submit(_time_job, _job(r))] = (i, r)
+            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                i, r = running.pop(fut)
+                try:
+                    r.update(fut.result())
+                except Exception as e:  # the worker died (e.g. an illegal memory access)
+                    r.update(status="error", reason="worker: " + _reason(e))
+                    pools[i].shutdown(wait=False, cancel_futures=True)
+                    pools[i] = new_pool(slots[i])
+                bar.update(r["status"])
+    finally:
+        for p in pools:
+            p.shutdown(wait=True, cancel_futures=True)
+
+
+def _stamp(rows, mode) -> None:
+    import torch
+    import triton
+
+    from . import runtime
+
+    today = _dt.date.today().isoformat()
+    device = runtime.device_name() if mode == "time" else "compile-only"
+    for r in rows:
+        r.pop("_params", None)
+        r.pop("_workload", None)
+        r.pop("_device", None)
+        r.setdefault("workload", "compile-only" if mode == "compile" else "")
+        r.update(device=device, triton=triton.__version__, torch=torch.__version__, date=today)
+
+
+def _sort_key(r: dict[str, Any]):
+    if r.get("mode") == "time":
+        t = r.get("time_ms")
+        return (t is None, t if t is not None else math.inf)
+    spill = r.get("spill_bytes") or 0
+    occ = r.get("occupancy")
+    regs = r.get("registers")
+    return (spill > 0, -(occ if occ is not None else -1), regs if regs is not None else math.inf)
+
+
+def _rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r["target"], r["H"], r["D"]), []).append(r)
+    out = []
+    for key in groups:
+        g = groups[key]
+        ok = sorted((r for r in g if r["status"] == "ok"), key=_sort_key)
+        for i, r in enumerate(ok, 1):
+            r["rank"] = i
+        rest = [r for r in g if r["status"] != "ok"]
+        for r in rest:
+            r["rank"] = None
+        size = sum(r["status"] != "skipped" for r in g)
+        for r in g:
+            r["sweep_size"] = size
+        out += ok + sorted(rest, key=lambda r: _STATUSES.index(r["status"]))
+    return [
+        {c: r.get(c) for c in COLUMNS} | {k: v for k, v in r.items() if k not in COLUMNS}
+        for r in out
+    ]
+
+
+def best_per_shape(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int, int], dict]:
+    """The best ``ok`` row of each (target, H, D): fastest in time mode, else by resources."""
+    best: dict[tuple[str, int, int], dict] = {}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        key = (r["target"], int(r["H"]), int(r["D"]))
+        if key not in best or _sort_key(r) < _sort_key(best[key]):
+            best[key] = dict(r)
+    return best
+
+
+# ----------------------------------------------------------------------------------------------
+# CSV
+# ----------------------------------------------------------------------------------------------
+
+
+def save_rows(rows: Iterable[Mapping[str, Any]], path: Path | str) -> Path:
+    """Write rows as CSV (the :data:`COLUMNS` first, then any others); returns the path."""
+    rows = list(rows)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    extra = [k for r in rows for k in r if k not in COLUMNS and not k.startswith("_")]
+    cols = [*COLUMNS, *dict.fromkeys(extra)]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: "" if r.get(k) is None else r.get(k) for k in cols})
+    return path
+
+
+def _from_csv(col: str, text: str):
+    if text == "":
+        return None
+    if col in _BOOL_PARAMS:
+        return text == "True"
+    if col in _INT_COLS or col in _FLOAT_COLS:
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)
+    return text
+
+
+def load_rows(path: Path | str) -> list[dict[str, Any]]:
+    """Rows saved by :func:`save_rows`, with ints, floats, bools and None restored."""
+    with Path(path).open(newline="") as f:
+        return [{k: _from_csv(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Export
+# ----------------------------------------------------------------------------------------------
+
+_PROV_FROM_ROW = (
+    "device",
+    "triton",
+    "torch",
+    "date",
+    "workload",
+    "time_ms",
+    "sweep_size",
+    "mode",
+    "rel_l2",
+    "occupancy",
+    "spill_bytes",
+    "registers",
+)
+
+
+def _entry_from(key, value, arch: str, provenance: Mapping[str, Any] | None):
+    """(shape key, JSON entry) from a winner: a row dict, a ConfigEntry or a PrefillConfig."""
+    from .prefill import PrefillConfig
+
+    prov: dict[str, Any] = {}
+    if isinstance(value, configs.ConfigEntry):
+        H, D, cfg = value.num_heads, value.head_dim, value.launch
+        prov.update(value.provenance)
+    elif isinstance(value, PrefillConfig):
+        H, D = configs.parse_shape_key(key) if isinstance(key, str) else key[-2:]
+        cfg = value
+    elif isinstance(value, Mapping):
+        row_target = value.get("target")
+        if row_target is not None and _target(row_target).name != arch:
+            raise ValueError(f"export: a winner for target {row_target!r} given for arch {arch!r}")
+        H, D = int(value["H"]), int(value["D"])
+        launch = {k: value.get(k) for k in LAUNCH_PARAMS if value.get(k) is not None}
+        cfg = PrefillConfig.from_dict(launch)
+        prov.update({k: value[k] for k in _PROV_FROM_ROW if value.get(k) is not None})
+    else:
+        raise TypeError(f"export: a winner must be a row dict or PrefillConfig, got {value!r}")
+    if not arch.startswith("gfx"):
+        from dataclasses import replace
+
+        cfg = replace(cfg, kpack=None, waves_per_eu=None)
+    prov.setdefault("date", _dt.date.today().isoformat())
+    prov.setdefault("time_ms", None)
+    prov.setdefault("sweep_size", None)
+    prov.update(provenance or {})
+    order = list(configs.PROVENANCE_KEYS)
+    prov = dict(sorted(prov.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99))
+    return configs.shape_key(H, D), {"launch": cfg.to_dict(), "provenance": prov}
+
+
+def _winner_items(winners) -> list[tuple[Any, Any]]:
+    if isinstance(winners, Mapping):
+        return list(winners.items())
+    return [(None, w) for w in winners]
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def export(
+    winners,
+    arch: str,
+    *,
+    root: Path | str | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    dry_run: bool = False,
+) -> str:
+    """Merge winners into ``arch``'s DEFAULT.json; returns a unified diff of the file.
+
+    Args:
+        winners: rows (e.g. ``best_per_shape(rows).values()``), or a dict of shape key or
+            (target, H, D) -> row / PrefillConfig / ConfigEntry.
+        arch: the file's arch id (``"sm90"``, ``"gfx942"``); rows for another target are refused.
+        root: config root (default: the package's configs/).
+        provenance: fields set on every written entry, over those taken from the rows
+            (required in the end: device, triton, date, workload, time_ms, sweep_size).
+        dry_run: compute the diff without writing.
+
+    Entries for other shapes are kept. The write is atomic (a temporary file in the same
+    folder, then os.replace) and runs under an exclusive lock on ``DEFAULT.json.lock``, so
+    concurrent exports into one file lose nothing. The merged file is validated first.
+    """
+    path = configs.config_path(arch, root)
+    new_entries = dict(_entry_from(k, v, arch, provenance) for k, v in _winner_items(winners))
+    if not new_entries:
+        return ""
+    label = str(path)
+    # Validate the new entries alone first so the error names them, not the old file.
+    configs.parse_entries(new_entries, arch, f"{label} (new entries)")
+    with _locked(path):
+        old_text = path.read_text() if path.exists() else ""
+        old = json.loads(old_text) if old_text.strip() else {}
+        configs.parse_entries(old, arch, label)
+        merged = {**old, **new_entries}
+        new_text = configs.dump_entries(merged)
+        configs.parse_entries(json.loads(new_text), arch, label)
+        if not dry_run and new_text != old_text:
+            fd, tmp = tempfile.mkstemp(prefix=".DEFAULT.", suffix=".tmp", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(new_text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+    try:
+        rel = path.resolve().relative_to(Path.cwd().resolve())
+        a, b = f"a/{rel}", f"b/{rel}"
+    except ValueError:  # outside the working directory: the absolute path
+        a = b = label
+    diff = difflib.unified_diff(
+        old_text.splitlines(keepends=True),
+        new_text.splitlines(keepends=True),
+        fromfile=a if old_text else "/dev/null",
+        tofile=b,
+    )
+    return "".join(diff)
