@@ -1,5 +1,9 @@
 """fp32 references and error metrics: the single source of truth for what the kernels compute.
 
+``mla_decode_ref`` defines MLA decode with page size 1 (the Gluon kernel's decode mode): request
+b attends to the pool slots kv_indices[kv_indptr[b]:kv_indptr[b+1]]; logits = (q_nope·kv_c +
+q_pe·k_pe) * sm_scale, and the output is P·kv_c (the latent row is the value).
+
 ``sparse_mla_prefill_ref`` defines the operator of DESIGN.md §2. It is vectorised over tokens
 and chunked so that a 16k-token call fits in memory: each chunk gathers its tokens' slots into a
 padded ``[chunk, L, D]`` block, where ``L`` is the longest slot list in the chunk.
@@ -21,6 +25,7 @@ __all__ = [
     "check_against_reference",
     "error_report",
     "max_abs_error",
+    "mla_decode_ref",
     "rel_l2_error",
     "sparse_mla_prefill_ref",
 ]
@@ -193,3 +198,86 @@ def check_against_reference(
         q, kv, kv_indices, kv_indptr, softmax_scale, upcast=False, **kwargs
     )
     return error_report(out, ref, base, factor=factor, atol=atol)
+
+
+def mla_decode_ref(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    sm_scale: float,
+    *,
+    attn_sink: torch.Tensor | None = None,
+    return_lse: bool = False,
+    upcast: bool = True,
+):
+    """MLA decode attention, computed plainly in PyTorch.
+
+    Args:
+        q_nope: [B, H, Dc] (Dc = 512) latent queries.
+        q_pe: [B, H, Dr] (Dr = 64) RoPE queries.
+        kv_c: [N, Dc] (or [N, 1, Dc]) latent KV pool; K's first part and V.
+        k_pe: [N, Dr] (or [N, 1, Dr]) RoPE keys.
+        kv_indices: [nnz] slot ids (page size 1); s is valid iff 0 <= s < N.
+        kv_indptr: [B+1] CSR offsets into kv_indices.
+        sm_scale: multiplies the logits.
+        attn_sink: optional [H] fp32 sink logit, in the denominator only.
+        return_lse: also return the [B, H] fp32 natural-log LSE of the softmax denominator
+            (sink included; -inf for a request with nothing to attend to).
+        upcast: True computes in fp32 (the reference); False in q's dtype (the baseline).
+
+    Returns:
+        [B, H, Dc] output (fp32 when ``upcast``), zeros for requests with no valid slot;
+        with ``return_lse``, (out, lse).
+    """
+    if kv_c.dim() == 3:
+        kv_c = kv_c.reshape(kv_c.shape[0], kv_c.shape[-1])
+    if k_pe.dim() == 3:
+        k_pe = k_pe.reshape(k_pe.shape[0], k_pe.shape[-1])
+    B, H, Dc = q_nope.shape
+    N = kv_c.shape[0]
+    dtype = torch.float32 if upcast else q_nope.dtype
+    dev = q_nope.device
+    out = torch.zeros(B, H, Dc, dtype=dtype, device=dev)
+    lse = torch.full((B, H), float("-inf"), dtype=torch.float32, device=dev)
+    sink = None if attn_sink is None else attn_sink.to(device=dev, dtype=torch.float32)
+    if B == 0:
+        return (out, lse) if return_lse else out
+    starts = kv_indptr[:-1].to(torch.int64)
+    lengths = kv_indptr[1:].to(torch.int64) - starts
+    width = int(lengths.max()) if lengths.numel() else 0
+    col = torch.arange(width, device=dev)
+    in_row = col[None, :] < lengths[:, None]  # [B, L]
+    pos = torch.where(in_row, starts[:, None] + col[None, :], torch.zeros_like(col[None, :]))
+    slots = kv_indices.to(torch.int64)[pos] if kv_indices.numel() else pos
+    valid = in_row & (slots >= 0) & (slots < N)
+    slots = torch.where(valid, slots, torch.zeros_like(slots))
+    if N == 0 or width == 0:
+        if sink is not None:
+            lse = sink[None, :].expand(B, H).clone()
+        return (out, lse) if return_lse else out
+    rows_c = kv_c[slots].to(dtype)  # [B, L, Dc]
+    rows_r = k_pe[slots].to(dtype)  # [B, L, Dr]
+    zero = torch.zeros((), dtype=dtype, device=dev)
+    rows_c = torch.where(valid[..., None], rows_c, zero)
+    rows_r = torch.where(valid[..., None], rows_r, zero)
+    logits = torch.einsum("bhd,bld->bhl", q_nope.to(dtype), rows_c).float()
+    logits = logits + torch.einsum("bhd,bld->bhl", q_pe.to(dtype), rows_r).float()
+    logits = logits * sm_scale
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))  # [B, H, L]
+    row_max = logits.amax(dim=-1, keepdim=True)
+    if sink is not None:
+        row_max = torch.maximum(row_max, sink[None, :, None])
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    p = torch.exp(logits - row_max)
+    denom = p.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink[None, :, None] - row_max)
+    p = p / torch.where(denom > 0, denom, torch.ones_like(denom))
+    o = torch.einsum("bhl,bld->bhd", p.to(dtype), rows_c)
+    has_any = valid.any(dim=1)
+    out = torch.where(has_any[:, None, None], o, zero)
+    lse = torch.where(denom[..., 0] > 0, torch.log(denom[..., 0]) + row_max[..., 0], lse)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,508 @@
+"""Host side of the Gluon MLA kernel: targets, launch config, split rule, validation, entry.
+
+``mla_gluon`` runs the kernel on a GPU (Gluon kernels do not run in Triton's interpreter);
+``compile_args`` gives what ``triton.compile(GluonASTSource(...))`` needs to cross-compile either
+mode for "gfx950" or "sm90" on a machine without the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+
+from .. import runtime
+from . import cdna4, hopper
+from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
+
+__all__ = [
+    "GluonConfig",
+    "choose_num_splits",
+    "compile_args",
+    "compile_attrs",
+    "compile_for",
+    "default_config",
+    "mla_gluon",
+]
+
+HEAD_DIM = 512
+PE_DIM = 64
+DK = 64  # width of one Q/K chunk of S = Q K^T
+MAX_SPLITS = 16
+_LOG2E = 1.4426950408889634
+
+
+# ----------------------------------------------------------------------------------------------
+# Targets and their arch pieces
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compile target and the arch-piece module that serves it."""
+
+    name: str  # "gfx950" | "sm90"
+    arch: str  # ARCH constexpr: "cdna4" | "hopper"
+    backend: str  # "hip" | "cuda"
+    arch_id: str | int  # GPUTarget arch: "gfx950" | 90
+    pieces: ModuleType
+
+    @property
+    def warp_size(self) -> int:
+        return self.pieces.WARP_SIZE
+
+    def gpu_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.backend, self.arch_id, self.warp_size)
+
+
+_TARGETS = {
+    "gfx950": Target("gfx950", "cdna4", "hip", "gfx950", cdna4),
+    "sm90": Target("sm90", "hopper", "cuda", 90, hopper),
+}
+
+
+def get_target(name: str) -> Target:
+    """The Gluon target for an arch id. sm80..sm90 share the Hopper pieces (mma.sync, cp.async)."""
+    if name in _TARGETS:
+        return _TARGETS[name]
+    if name.startswith("sm") and name[2:].isdigit() and 80 <= int(name[2:]) < 100:
+        return Target(name, "hopper", "cuda", int(name[2:]), hopper)
+    raise ValueError(
+        f"target {name!r} is not served by the Gluon MLA kernel; expected 'gfx950' or 'sm90' "
+        "(sm80-sm90 use the Hopper pieces)"
+    )
+
+
+@functools.cache
+def _num_compute_units(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch configuration
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """Tile sizes and warps of one launch: BLOCK_H heads x BLOCK_K slots per tile."""
+
+    BLOCK_H: int = 16
+    BLOCK_K: int = 32
+    num_warps: int = 4
+
+    def validate(self) -> None:
+        if self.BLOCK_H not in (16, 32, 64):
+            raise ValueError(f"config: BLOCK_H must be 16, 32 or 64, got {self.BLOCK_H!r}")
+        if self.BLOCK_K not in (16, 32, 64):
+            raise ValueError(f"config: BLOCK_K must be 16, 32 or 64, got {self.BLOCK_K!r}")
+        if self.num_warps not in (4, 8):
+            raise ValueError(f"config: num_warps must be 4 or 8, got {self.num_warps!r}")
+
+
+def default_config(num_heads: int, target: Target) -> GluonConfig:
+    """BLOCK_H covers the heads up to 64 (a KV row is gathered once per 64 heads); 8 warps at
+    BLOCK_H=64 keep the [64, 512] fp32 accumulator at 64 registers per lane (Hopper: 128)."""
+    block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
+    num_warps = 8 if block_h == 64 else 4
+    return GluonConfig(BLOCK_H=block_h, BLOCK_K=32, num_warps=num_warps)
+
+
+def choose_num_splits(rows: int, num_heads: int, nnz: int, cfg: GluonConfig, num_units: int) -> int:
+    """KV splits per (row, head block): the split rule, without a host sync.
+
+    One split when the grid rows x cdiv(H, BLOCK_H) already gives every SM/CU a program.
+    Otherwise enough splits to cover the SMs/CUs once, but no more than keep >= 2 tiles
+    (2 * BLOCK_K slots) of the average row (nnz / rows) per split, and at most 16.
+    """
+    programs = rows * triton.cdiv(num_heads, cfg.BLOCK_H)
+    if programs == 0 or programs >= num_units:
+        return 1
+    by_fill = triton.cdiv(num_units, programs)
+    by_work = max(1, (nnz // max(rows, 1)) // (2 * cfg.BLOCK_K))
+    return max(1, min(by_fill, by_work, MAX_SPLITS))
+
+
+def _layouts(cfg: GluonConfig, target: Target) -> dict[str, Any]:
+    ws = target.warp_size
+    nw = cfg.num_warps
+    wm = min(cfg.BLOCK_H // 16, nw)
+    return {
+        "K_WIDTH": target.pieces.K_WIDTH,
+        # S tile [BLOCK_H, BLOCK_K]: warps over heads first, the rest over slots.
+        "MMA_QK": target.pieces.mma_layout([wm, nw // wm]),
+        # O tile [BLOCK_H, 512]: warps split the 512 output columns; P is read by all.
+        "MMA_PV": target.pieces.mma_layout([1, nw]),
+        # Gathers: 16-byte vectors per lane, one warp per row.
+        "GATHER": gl.BlockedLayout([1, 8], [1, ws], [nw, 1], [1, 0]),
+        "GATHER_PE": gl.BlockedLayout([1, 8], [ws // 8, 8], [nw, 1], [1, 0]),
+        "SMEM": target.pieces.shared_layout(),
+    }
+
+
+def kernel_constexprs(
+    cfg: GluonConfig,
+    target: Target,
+    *,
+    has_pe: bool,
+    has_sink: bool,
+    num_splits: int,
+    write_lse: bool,
+    use_buffer: bool,
+) -> dict[str, Any]:
+    """The constexprs ``_mla_fwd_kernel`` compiles with for a launch."""
+    return {
+        "ARCH": target.arch,
+        "BLOCK_H": cfg.BLOCK_H,
+        "BLOCK_K": cfg.BLOCK_K,
+        "HEAD_DIM": HEAD_DIM,
+        "PE_DIM": PE_DIM,
+        "DK": DK,
+        "HAS_PE": has_pe,
+        "HAS_SINK": has_sink,
+        "NUM_SPLITS": num_splits,
+        "WRITE_LSE": write_lse,
+        "USE_BUFFER": use_buffer and target.arch == "cdna4",
+        **_layouts(cfg, target),
+    }
+
+
+def _reduce_constexprs(num_heads, num_splits, has_sink, write_lse, target, num_warps=4):
+    return {
+        "BLOCK_H": 16 if num_heads >= 16 else triton.next_power_of_2(num_heads),
+        "HEAD_DIM": HEAD_DIM,
+        "NUM_SPLITS": num_splits,
+        "HAS_SINK": has_sink,
+        "WRITE_LSE": write_lse,
+        "LAYOUT": gl.BlockedLayout([1, 4], [1, target.warp_size], [num_warps, 1], [1, 0]),
+    }
+
+
+def _use_buffer(target: Target, *pools: torch.Tensor) -> bool:
+    """Buffer loads (32-bit offsets) only when every pool's byte span fits below 2^31."""
+    if target.arch != "cdna4":
+        return False
+    for t in pools:
+        if t.shape[0] == 0:
+            continue
+        span = ((t.shape[0] - 1) * t.stride(0) + t.shape[1]) * t.element_size()
+        if span > target.pieces.BUFFER_MAX_BYTES:
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# Cross-compiling (inspect, notebooks, CPU tests)
+# ----------------------------------------------------------------------------------------------
+
+_DTYPE_SIG = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict, dict]:
+    """What ``triton.compile(GluonASTSource(kernel, signature, constexprs), target, options)``
+    needs to compile one mode of the kernel for a target, without its GPU.
+
+    Args:
+        mode: "decode" (has_pe, q_pe/k_pe) or "prefill" (DSv4 sparse prefill, no PE).
+        target_name: "gfx950" or "sm90".
+        **shape: num_heads (default 64 decode / 64 prefill), dtype (torch.bfloat16),
+            index_dtype (torch.int32), has_sink (prefill: True), num_splits (1),
+            return_lse (decode: True), use_buffer (True: pool below 2 GiB), config
+            (a GluonConfig; default :func:`default_config`).
+
+    Returns:
+        (kernel, signature, constexprs, options): signature maps every parameter to its
+        Triton type ("constexpr" for constexprs); options has num_warps (and num_stages).
+        Pass ``attrs=compile_attrs(kernel, signature)`` to ``GluonASTSource`` (the gfx950
+        buffer loads need the aligned pointers), or call :func:`compile_for`.
+    """
+    if mode not in ("decode", "prefill"):
+        raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
+    target = get_target(target_name)
+    known = {"num_heads", "dtype", "index_dtype", "has_sink", "num_splits", "return_lse",
+             "use_buffer", "config"}  # fmt: skip
+    unknown = sorted(set(shape) - known)
+    if unknown:
+        raise ValueError(f"compile_args: unknown shape key(s) {unknown}; expected {sorted(known)}")
+    has_pe = mode == "decode"
+    num_heads = int(shape.get("num_heads", 64))
+    dtype = shape.get("dtype", torch.bfloat16)
+    if dtype not in _DTYPE_SIG:
+        raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+    index_dtype = shape.get("index_dtype", torch.int32)
+    if index_dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"index_dtype must be torch.int32 or torch.int64, got {index_dtype}")
+    cfg = shape.get("config") or default_config(num_heads, target)
+    cfg.validate()
+    constexprs = kernel_constexprs(
+        cfg,
+        target,
+        has_pe=has_pe,
+        has_sink=bool(shape.get("has_sink", not has_pe)),
+        num_splits=int(shape.get("num_splits", 1)),
+        write_lse=bool(shape.get("return_lse", has_pe)),
+        use_buffer=bool(shape.get("use_buffer", True)),
+    )
+    elem = "*" + _DTYPE_SIG[dtype]
+    idx = "*i64" if index_dtype == torch.int64 else "*i32"
+    signature = {
+        "q_ptr": elem, "qpe_ptr": elem, "kv_ptr": elem, "kpe_ptr": elem, "idx_ptr": idx,
+        "indptr_ptr": idx, "sink_ptr": "*fp32", "out_ptr": elem, "lse_ptr": "*fp32",
+        "opart_ptr": "*fp32", "lsepart_ptr": "*fp32",
+        "stride_qr": "i32", "stride_qh": "i32", "stride_qper": "i32", "stride_qpeh": "i32",
+        "stride_kvn": "i32", "stride_kpen": "i32", "stride_or": "i32", "stride_oh": "i32",
+        "num_heads": "i32", "num_kv": "i32", "qk_scale": "fp32",
+    }  # fmt: skip
+    signature.update({k: "constexpr" for k in constexprs})
+    options = {"num_warps": cfg.num_warps, "num_stages": 1}
+    return _mla_fwd_kernel, signature, constexprs, options
+
+
+def compile_attrs(kernel, signature: dict) -> dict:
+    """``attrs`` for ``GluonASTSource``: every pointer 16-byte aligned and the KV row strides
+    multiples of 16 elements, as the JIT specialises them for an engine's tensors. The gfx950
+    buffer loads into LDS need the aligned base pointer to use 16-byte ``buffer_load ... lds``."""
+    aligned = {"stride_kvn", "stride_kpen"}
+    attrs = {}
+    for i, name in enumerate(kernel.arg_names):
+        ty = signature.get(name)
+        if ty is not None and (ty.startswith("*") or name in aligned):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
+def compile_for(mode: str, target_name: str, **shape):
+    """Cross-compile one mode for a target: ``triton.compile`` of :func:`compile_args`."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel, signature, constexprs, options = compile_args(mode, target_name, **shape)
+    src = GluonASTSource(kernel, signature, constexprs, compile_attrs(kernel, signature))
+    return triton.compile(src, target=get_target(target_name).gpu_target(), options=options)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+
+_FLOAT_TYPES = (torch.float16, torch.bfloat16)
+_INDEX_TYPES = (torch.int32, torch.int64)
+
+
+def _check_pool(name, t, dim, dtype, ref_name):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dim() == 3 and t.shape[1] == 1:
+        t = t[:, 0, :]
+    if t.dim() != 2 or t.shape[1] != dim:
+        raise ValueError(f"{name} must be [N, {dim}] (or [N, 1, {dim}]), got {tuple(t.shape)}")
+    if t.dtype != dtype:
+        fp8 = (
+            " (an fp8 cache is not supported; dequantise it first)"
+            if "float8" in str(t.dtype)
+            else ""
+        )
+        raise TypeError(f"{name} dtype {t.dtype} must match {ref_name} dtype {dtype}{fp8}")
+    if t.shape[0] > 0 and t.stride(1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
+    if t.shape[0] > 0 and (t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16):
+        # The gathers copy 16 bytes per lane.
+        raise ValueError(f"{name} rows must start 16-byte aligned (base and row stride)")
+    return t
+
+
+def _check_query(name, t, dim):
+    if not isinstance(t, torch.Tensor) or t.dim() != 3:
+        raise ValueError(f"{name} must be a [R, H, {dim}] tensor, got {_desc(t)}")
+    if t.dtype not in _FLOAT_TYPES:
+        raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+    if t.shape[2] != dim:
+        raise ValueError(f"{name} last dim must be {dim}, got {t.shape[2]}")
+    if t.stride(2) != 1:
+        raise ValueError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
+
+
+def _desc(x) -> str:
+    return (
+        f"a tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+    )
+
+
+def _validate(q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, sink, out, splits):
+    _check_query("q_nope", q_nope, HEAD_DIM)
+    R, H, _ = q_nope.shape
+    kv_c = _check_pool("kv_c", kv_c, HEAD_DIM, q_nope.dtype, "q_nope")
+    named = [("kv_c", kv_c)]
+    if has_pe:
+        if q_pe is None or k_pe is None:
+            raise ValueError("has_pe=True needs q_pe [R, H, 64] and k_pe [N, 64]")
+        _check_query("q_pe", q_pe, PE_DIM)
+        if q_pe.shape[:2] != q_nope.shape[:2] or q_pe.dtype != q_nope.dtype:
+            raise ValueError(
+                f"q_pe must be [{R}, {H}, {PE_DIM}] in {q_nope.dtype}, got "
+                f"{tuple(q_pe.shape)} {q_pe.dtype}"
+            )
+        k_pe = _check_pool("k_pe", k_pe, PE_DIM, q_nope.dtype, "q_nope")
+        if k_pe.shape[0] != kv_c.shape[0]:
+            raise ValueError(f"k_pe has {k_pe.shape[0]} rows but kv_c has {kv_c.shape[0]}")
+        named += [("q_pe", q_pe), ("k_pe", k_pe)]
+    elif q_pe is not None or k_pe is not None:
+        raise ValueError("has_pe=False (sparse prefill) takes no q_pe/k_pe; pass None")
+    for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D tensor, got {_desc(t)}")
+        if t.dtype not in _INDEX_TYPES:
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+        named.append((name, t))
+    if kv_indptr.numel() != R + 1:
+        raise ValueError(f"kv_indptr must have R+1 = {R + 1} entries, got {kv_indptr.numel()}")
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    if not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    if sink is not None:
+        if not isinstance(sink, torch.Tensor) or sink.dtype != torch.float32:
+            raise TypeError(f"attn_sink must be a float32 tensor, got {_desc(sink)}")
+        if tuple(sink.shape) != (H,):
+            raise ValueError(f"attn_sink must have shape ({H},), got {tuple(sink.shape)}")
+        named.append(("attn_sink", sink.contiguous()))
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a tensor or None, got {type(out).__name__}")
+        if tuple(out.shape) != (R, H, HEAD_DIM) or out.dtype != q_nope.dtype:
+            raise ValueError(
+                f"out must be [{R}, {H}, {HEAD_DIM}] {q_nope.dtype}, got "
+                f"{tuple(out.shape)} {out.dtype}"
+            )
+        if out.numel() and out.stride(2) != 1:
+            raise ValueError(f"out must have last-dim stride 1, got strides {out.stride()}")
+        named.append(("out", out))
+    for name, t in named:
+        if t.device != q_nope.device:
+            raise ValueError(f"{name} is on {t.device} but q_nope is on {q_nope.device}")
+    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int)):
+        raise TypeError(f"num_kv_splits must be an int or None, got {type(splits).__name__}")
+    if splits is not None and not 1 <= splits <= 64:
+        raise ValueError(f"num_kv_splits must be in [1, 64], got {splits}")
+    return kv_c, k_pe
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry
+# ----------------------------------------------------------------------------------------------
+
+
+def mla_gluon(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor | None,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor | None,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    sm_scale: float,
+    *,
+    has_pe: bool = True,
+    attn_sink: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    num_kv_splits: int | None = None,
+    return_lse: bool = False,
+    target: str | None = None,
+    config: GluonConfig | None = None,
+):
+    """Unified MLA attention (Gluon): MLA decode with the RoPE part, or DSv4 sparse prefill.
+
+    Args:
+        q_nope: [R, H, 512] fp16/bf16 queries (R = decode requests, or prefill tokens).
+        q_pe: [R, H, 64] RoPE queries (decode); None when ``has_pe=False``.
+        kv_c: [N, 512] (or [N, 1, 512]) latent KV pool in q's dtype; K and V of the 512 part.
+        k_pe: [N, 64] RoPE keys (decode); None when ``has_pe=False``.
+        kv_indices: [nnz] int32/int64 pool slots (page size 1); s is valid iff 0 <= s < N,
+            any other slot is absent and its rows are never read.
+        kv_indptr: [R+1] CSR offsets: row r uses kv_indices[kv_indptr[r]:kv_indptr[r+1]].
+        sm_scale: logits = (q_nope·kv_c + q_pe·k_pe) * sm_scale.
+        has_pe: True: MLA decode; False: sparse prefill (the operator of DESIGN.md §2).
+        attn_sink: optional [H] fp32 sink logit, in the softmax denominator only.
+        out: optional [R, H, 512] output buffer (q's dtype, last-dim stride 1).
+        num_kv_splits: KV splits with a reduce step; None: :func:`choose_num_splits`.
+        return_lse: also return the [R, H] fp32 natural-log LSE of the softmax denominator
+            (sink included; -inf for a row with nothing to attend to).
+        target: "sm90" / "gfx950" to insist on a target; None: the local GPU.
+        config: tile override (:class:`GluonConfig`); None: :func:`default_config`.
+
+    Returns:
+        out [R, H, 512] in q's dtype (rows with no valid slot are zeros), or (out, lse).
+    """
+    kv2, kpe2 = _validate(
+        q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, attn_sink, out,
+        num_kv_splits,
+    )  # fmt: skip
+    if runtime.runs_interpreted(q_nope):
+        raise RuntimeError(
+            "mla_gluon needs a GPU: Gluon kernels do not run in Triton's interpreter; "
+            "use sparse_mla.gluon.compile_args to cross-compile on a CPU machine"
+        )
+    dev = q_nope.device.index or 0
+    local = runtime.arch(dev)
+    tgt = get_target(local)
+    if target is not None and get_target(target).name != tgt.name:
+        raise ValueError(f"target {target!r} does not match the local GPU ({local})")
+    cfg = config or default_config(q_nope.shape[1], tgt)
+    cfg.validate()
+    R, H, _ = q_nope.shape
+    N = kv2.shape[0]
+    if out is None:
+        out = torch.empty(R, H, HEAD_DIM, dtype=q_nope.dtype, device=q_nope.device)
+    lse = torch.empty(R, H, dtype=torch.float32, device=q_nope.device) if return_lse else None
+    if R == 0 or N == 0:
+        out.zero_()
+        if lse is not None:
+            if attn_sink is not None:
+                lse.copy_(attn_sink.expand(R, H))
+            else:
+                lse.fill_(-math.inf)
+        return (out, lse) if return_lse else out
+
+    splits = num_kv_splits or choose_num_splits(
+        R, H, kv_indices.numel(), cfg, _num_compute_units(dev)
+    )
+    pools = (kv2, kpe2) if has_pe else (kv2,)
+    cx = kernel_constexprs(
+        cfg, tgt, has_pe=has_pe, has_sink=attn_sink is not None, num_splits=splits,
+        write_lse=return_lse, use_buffer=_use_buffer(tgt, *pools),
+    )  # fmt: skip
+    qpe = q_pe if has_pe else q_nope
+    kpe = kpe2 if has_pe else kv2
+    sink = attn_sink.contiguous() if attn_sink is not None else lse_dummy(q_nope)
+    lse_arg = lse if lse is not None else lse_dummy(q_nope)
+    if splits > 1:
+        opart = torch.empty(R, splits, H, HEAD_DIM, dtype=torch.float32, device=q_nope.device)
+        lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
+    else:
+        opart = lsepart = lse_dummy(q_nope)
+    grid = (R, triton.cdiv(H, cfg.BLOCK_H), splits)
+    _mla_fwd_kernel[grid](
+        q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
+        q_nope.stride(0), q_nope.stride(1), qpe.stride(0), qpe.stride(1),
+        kv2.stride(0), kpe.stride(0), out.stride(0), out.stride(1),
+        H, N, float(sm_scale) * _LOG2E,
+        num_warps=cfg.num_warps, num_stages=1, **cx,
+    )  # fmt: skip
+    if splits > 1:
+        rcx = _reduce_constexprs(H, splits, attn_sink is not None, return_lse, tgt)
+        _mla_reduce_kernel[(R, triton.cdiv(H, rcx["BLOCK_H"]))](
+            opart, lsepart, sink, out, lse_arg, out.stride(0), out.stride(1), H,
+            num_warps=4, **rcx,
+        )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+def lse_dummy(like: torch.Tensor) -> torch.Tensor:
+    """A 1-element fp32 placeholder for pointer arguments a launch does not use."""
+    return torch.empty(1, dtype=torch.float32, device=like.device)

@@ -1,0 +1,305 @@
+"""Tests of the unified Gluon MLA kernel (sparse_mla.gluon) and the MLA decode reference.
+
+CPU: both modes cross-compile for gfx950 and sm90 (Gluon does not run in the interpreter), the
+gfx950 ISA has MFMA and buffer-to-LDS loads and no scratch, resources are reported; the decode
+reference matches a naive per-token loop. GPU (``-m gpu``): both modes match the fp32 references.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+import torch
+import triton
+
+from sparse_mla.gluon import GluonConfig, choose_num_splits, compile_args, compile_for, mla_gluon
+from sparse_mla.reference import error_report, mla_decode_ref, sparse_mla_prefill_ref
+
+# ----------------------------------------------------------------------------------------------
+# CPU: cross-compilation
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _compiled(mode: str, target: str, num_heads: int):
+    return compile_for(mode, target, num_heads=num_heads)
+
+
+def _amd_resources(asm: str) -> dict[str, int]:
+    res = {}
+    for key in ("NumVgprs", "NumAgprs", "TotalNumVgprs", "ScratchSize", "Occupancy"):
+        m = re.search(rf"; {key}: (\d+)", asm)
+        if m:
+            res[key] = int(m.group(1))
+    return res
+
+
+def _nvidia_resources(cubin: bytes) -> dict[str, int]:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run(
+            [tool, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    return {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text)}
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_gfx950_cross_compile_mfma_buffer_lds_no_scratch(mode):
+    k = _compiled(mode, "gfx950", 64)
+    asm = k.asm["amdgcn"]
+    assert re.search(r"v_mfma_f32_16x16x32_bf16", asm), "no CDNA4 MFMA in the gfx950 ISA"
+    assert re.search(r"buffer_load_dwordx4 .* lds", asm), "KV gather is not buffer -> LDS"
+    res = _amd_resources(asm)
+    assert {"NumVgprs", "TotalNumVgprs", "ScratchSize", "Occupancy"} <= set(res), res
+    assert res["ScratchSize"] == 0, f"scratch spills at the shipped launch: {res}"
+    assert 0 < res["TotalNumVgprs"] <= 512 and res["Occupancy"] >= 1, res
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_sm90_cross_compile_mma_cp_async(mode):
+    k = _compiled(mode, "sm90", 64)
+    ptx = k.asm["ptx"]
+    assert "mma.sync.aligned.m16n8k16" in ptx and ".bf16" in ptx
+    assert "cp.async" in ptx, "KV gather is not cp.async"
+    res = _nvidia_resources(k.asm["cubin"])
+    assert 0 < res["REG"] <= 255 and res["LOCAL"] == 0, res
+    assert k.metadata.shared > 0
+
+
+def test_compile_args_shapes_and_errors():
+    kernel, sig, cx, opts = compile_args("decode", "sm90", num_heads=16)
+    assert cx["HAS_PE"] is True and cx["BLOCK_H"] == 16 and opts["num_warps"] == 4
+    assert set(kernel.arg_names) == set(sig)
+    assert all(sig[k] == "constexpr" for k in cx)
+    _, _, cx, _ = compile_args("prefill", "gfx950", num_heads=128, index_dtype=torch.int64)
+    assert cx["HAS_PE"] is False and cx["ARCH"] == "cdna4" and cx["BLOCK_H"] == 64
+    with pytest.raises(ValueError, match="target"):
+        compile_args("decode", "gfx942")
+    with pytest.raises(ValueError, match="mode"):
+        compile_args("encode", "sm90")
+    with pytest.raises(ValueError, match="unknown"):
+        compile_args("decode", "sm90", heads=3)
+
+
+def test_split_rule():
+    cfg = GluonConfig(BLOCK_H=16, BLOCK_K=32, num_warps=4)
+    # A full grid needs no split.
+    assert choose_num_splits(200, 16, 200 * 4096, cfg, 132) == 1
+    # 4 requests x 1 head block: split to fill 132 SMs, capped at 16.
+    assert choose_num_splits(4, 16, 4 * 8192, cfg, 132) == 16
+    # Short rows: at least 2 tiles (64 slots) per split.
+    assert choose_num_splits(4, 16, 4 * 200, cfg, 132) == 3
+    assert choose_num_splits(4, 16, 4 * 10, cfg, 132) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU: input validation (nothing launches)
+# ----------------------------------------------------------------------------------------------
+
+
+def _decode_inputs(B, H, N, nnz, device="cpu", dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(0)
+    q_nope = torch.randn(B, H, 512, generator=g).to(device=device, dtype=dtype)
+    q_pe = torch.randn(B, H, 64, generator=g).to(device=device, dtype=dtype)
+    kv_c = torch.randn(N, 512, generator=g).to(device=device, dtype=dtype)
+    k_pe = torch.randn(N, 64, generator=g).to(device=device, dtype=dtype)
+    idx = torch.randint(0, N, (nnz,), generator=g, dtype=torch.int32).to(device)
+    indptr = torch.linspace(0, nnz, B + 1).round().to(torch.int32).to(device)
+    return q_nope, q_pe, kv_c, k_pe, idx, indptr
+
+
+def test_validation_errors_name_the_argument():
+    q_nope, q_pe, kv_c, k_pe, idx, indptr = _decode_inputs(2, 16, 8, 6)
+    with pytest.raises(TypeError, match="kv_c"):
+        mla_gluon(q_nope, q_pe, kv_c.half(), k_pe, idx, indptr, 0.1)
+    with pytest.raises(ValueError, match="q_pe"):
+        mla_gluon(q_nope, q_pe[:, :, :32], kv_c, k_pe, idx, indptr, 0.1)
+    with pytest.raises(ValueError, match="kv_indptr"):
+        mla_gluon(q_nope, q_pe, kv_c, k_pe, idx, indptr[:-1], 0.1)
+    with pytest.raises(TypeError, match="kv_indices"):
+        mla_gluon(q_nope, q_pe, kv_c, k_pe, idx.float(), indptr, 0.1)
+    with pytest.raises(ValueError, match="attn_sink"):
+        mla_gluon(q_nope, q_pe, kv_c, k_pe, idx, indptr, 0.1, attn_sink=torch.zeros(3))
+    with pytest.raises(ValueError, match="has_pe=False"):
+        mla_gluon(q_nope, q_pe, kv_c, k_pe, idx, indptr, 0.1, has_pe=False)
+    with pytest.raises(RuntimeError, match="GPU"):
+        mla_gluon(q_nope, q_pe, kv_c, k_pe, idx, indptr, 0.1)
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU: the decode reference against a naive per-token loop
+# ----------------------------------------------------------------------------------------------
+
+
+def _naive_decode(q_nope, q_pe, kv_c, k_pe, idx, indptr, scale, sink):
+    B, H, D = q_nope.shape
+    N = kv_c.shape[0]
+    out = torch.zeros(B, H, D, dtype=torch.float64)
+    lse = torch.full((B, H), -math.inf, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            logits, rows = [], []
+            for j in range(int(indptr[b]), int(indptr[b + 1])):
+                s = int(idx[j])
+                if 0 <= s < N:
+                    c = kv_c[s].double()
+                    logit = q_nope[b, h].double() @ c + q_pe[b, h].double() @ k_pe[s].double()
+                    logits.append(logit * scale)
+                    rows.append(c)
+            terms = list(logits) + ([float(sink[h])] if sink is not None else [])
+            if not terms:
+                continue
+            m = max(float(t) for t in terms)
+            den = sum(math.exp(float(t) - m) for t in terms)
+            lse[b, h] = m + math.log(den)
+            for logit, c in zip(logits, rows, strict=True):
+                out[b, h] += math.exp(float(logit) - m) / den * c
+    return out, lse
+
+
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_mla_decode_ref_matches_naive_loop(with_sink):
+    g = torch.Generator().manual_seed(1)
+    B, H, N = 4, 3, 10
+    q_nope = torch.randn(B, H, 512, generator=g)
+    q_pe = torch.randn(B, H, 64, generator=g)
+    kv_c = torch.randn(N, 512, generator=g)
+    k_pe = torch.randn(N, 64, generator=g)
+    kv_c[7] = float("nan")  # an unreferenced row: must not reach the output
+    idx = torch.tensor([0, 3, -1, 9, N, 2**31 - 1, 5, 5, 1, -1], dtype=torch.int64)
+    indptr = torch.tensor([0, 4, 4, 7, 10])  # request 1 is empty, request 3 has one invalid
+    sink = torch.randn(H, generator=g) if with_sink else None
+    out, lse = mla_decode_ref(
+        q_nope, q_pe, kv_c, k_pe, idx, indptr, 0.07, attn_sink=sink, return_lse=True
+    )
+    ref_out, ref_lse = _naive_decode(q_nope, q_pe, kv_c, k_pe, idx, indptr, 0.07, sink)
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+    assert torch.all(out[1] == 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: numerics against the fp32 references
+# ----------------------------------------------------------------------------------------------
+
+INVALID = (-1, "N", 2**31 - 1)
+
+
+def _gpu_case(R, H, N, *, has_pe, index_dtype, seed, max_len=300):
+    """Random bf16 inputs in engine style: pool inside a bigger NaN-filled buffer, every pool row
+    that no valid slot references set to NaN, ragged and empty rows, invalid slots mixed in."""
+    dev = "cuda"
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    lengths = torch.randint(0, max_len, (R,), generator=g)
+    lengths[0] = 0  # an empty row
+    if R > 2:
+        lengths[2] = 5  # a row of only invalid slots (set below)
+    indptr = torch.zeros(R + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(lengths, 0)
+    nnz = int(indptr[-1])
+    idx = torch.randint(0, N, (nnz,), generator=g, dtype=torch.int64)
+    bad = torch.rand(nnz, generator=g) < 0.1
+    big = 2**40 if index_dtype == torch.int64 else 2**31 - 1
+    choices = torch.tensor([-1, N, big], dtype=torch.int64)
+    idx[bad] = choices[torch.randint(0, 3, (int(bad.sum()),), generator=g)]
+    if R > 2:
+        idx[indptr[2] : indptr[3]] = torch.tensor([-1, N, big, -1, N])
+    pad = 64
+    buf = torch.full((N + 2 * pad, 512 + 64), float("nan"), dtype=torch.bfloat16)
+    pool = torch.randn(N, 512 + 64, generator=g).to(torch.bfloat16)
+    used = torch.zeros(N, dtype=torch.bool)
+    valid = (idx >= 0) & (idx < N)
+    used[idx[valid]] = True
+    pool[~used] = float("nan")
+    buf[pad : pad + N] = pool
+    buf = buf.to(dev)
+    kv_c = buf[pad : pad + N, :512]  # row stride 576: a view into a larger buffer
+    k_pe = buf[pad : pad + N, 512:]
+    q = torch.randn(R, H, 512 + 64, generator=g).to(torch.bfloat16).to(dev)
+    q_nope, q_pe = q[..., :512], q[..., 512:]
+    return dict(
+        q_nope=q_nope,
+        q_pe=q_pe if has_pe else None,
+        kv_c=kv_c,
+        k_pe=k_pe if has_pe else None,
+        kv_indices=idx.to(index_dtype).to(dev),
+        kv_indptr=indptr.to(torch.int32).to(dev),
+    )
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("H", [16, 64, 128])
+@pytest.mark.parametrize("splits", [1, 4, None])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_gpu_decode_matches_reference(H, splits, with_sink):
+    c = _gpu_case(6, H, 3000, has_pe=True, index_dtype=torch.int32, seed=H + 7 * (splits or 0))
+    sink = torch.randn(H, device="cuda") if with_sink else None
+    scale = (512 + 64) ** -0.5
+    out = torch.full((6, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    res, lse = mla_gluon(
+        **c, sm_scale=scale, attn_sink=sink, out=out, num_kv_splits=splits, return_lse=True
+    )
+    assert res is out
+    args = [c[k] for k in ("q_nope", "q_pe", "kv_c", "k_pe", "kv_indices", "kv_indptr")]
+    ref, ref_lse = mla_decode_ref(*args, scale, attn_sink=sink, return_lse=True)
+    base = mla_decode_ref(*args, scale, attn_sink=sink, upcast=False)
+    rep = error_report(out.float(), ref, base.float())
+    assert rep.ok, str(rep)
+    assert torch.all(out[0] == 0) and torch.all(out[2] == 0), "empty rows must be zeros"
+    torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("H", [16, 64, 128])
+@pytest.mark.parametrize("with_sink", [False, True])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gpu_prefill_matches_reference(H, with_sink, index_dtype, splits):
+    T = 40
+    c = _gpu_case(T, H, 5000, has_pe=False, index_dtype=index_dtype, seed=3 * H + splits)
+    sink = torch.randn(H, device="cuda") if with_sink else None
+    scale = 512**-0.5
+    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    mla_gluon(**c, sm_scale=scale, has_pe=False, attn_sink=sink, out=out, num_kv_splits=splits)
+    args = (c["q_nope"], c["kv_c"], c["kv_indices"], c["kv_indptr"], scale)
+    ref = sparse_mla_prefill_ref(*args, attn_sink=sink)
+    base = sparse_mla_prefill_ref(*args, attn_sink=sink, upcast=False)
+    rep = error_report(out.float(), ref, base.float())
+    assert rep.ok, str(rep)
+    assert torch.all(out[0] == 0) and torch.all(out[2] == 0), "empty rows must be zeros"
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_empty_pool_and_no_rows():
+    c = _gpu_case(3, 16, 50, has_pe=True, index_dtype=torch.int32, seed=5)
+    c["kv_c"], c["k_pe"] = c["kv_c"][:0], c["k_pe"][:0]
+    out, lse = mla_gluon(**c, sm_scale=0.1, return_lse=True)
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+@pytest.mark.parametrize("target", ["gfx950", "sm90"])
+def test_inspect_compiles_both_modes(mode, target):
+    from sparse_mla import inspect
+
+    res = inspect.compile_gluon(mode, target)
+    assert res.resources.spill_bytes == 0
+    assert res.resources.occupancy >= 1
+    key = "mfma" if target == "gfx950" else "mma"
+    assert res.mix[key] > 0, res.mix
+    rows = dict(res.resources.as_rows())
+    assert rows, "no resource rows"
