@@ -36,6 +36,264 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    """Sweep launch configs (compile-only resources or GPU timing); rows saved as CSV."""
+    import datetime
+    from pathlib import Path
+
+    from . import tune
+
+    grid = tune.parse_grid(args.grid or [])
+    targets = [t for item in args.target or ["local"] for t in item.split(",") if t.strip()]
+    heads = [h for item in args.heads or ["16"] for h in _int_list(item)]
+    dims = [d for item in args.head_dim or ["512"] for d in _int_list(item)]
+    workload: dict = {"name": args.workload}
+    for item in args.workload_arg or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--workload-arg: expected KEY=VALUE, got {item!r}")
+        workload[key.strip()] = tune._parse_value(value)
+    rows = tune.sweep(
+        grid,
+        [(h, d) for h in heads for d in dims],
+        targets,
+        mode=args.mode,
+        workload=workload,
+        jobs=args.jobs,
+        progress=not args.no_progress,
+        sample=args.sample,
+        seed=args.seed,
+        dtype=args.dtype,
+    )
+    out = args.out
+    if out is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = Path("data/sweeps") / f"{args.mode}_{'-'.join(sorted(set(targets)))}_{stamp}.csv"
+    path = tune.save_rows(rows, out)
+    timed = args.mode == "time"
+    metric = ["time_ms", "rel_l2"] if timed else ["spill_bytes", "occupancy", "registers"]
+    cols = ["target", "H", "D", *tune.LAUNCH_PARAMS, "status", *metric]
+    shown = [r for r in rows if r["rank"] is not None and r["rank"] <= args.top]
+    shown += [r for r in rows if r["status"] in ("error", "fail")][: args.top]
+    _print_table(shown, cols)
+    statuses = ("ok", "fail", "error", "invalid", "skipped")
+    counts = {s: sum(r["status"] == s for r in rows) for s in statuses}
+    print(", ".join(f"{n} {s}" for s, n in counts.items() if n) + f"; rows saved to {path}")
+    return 0 if counts["ok"] else 1
+
+
+def _print_table(rows: list[dict], cols: list[str]) -> None:
+    def fmt(v) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    """Merge a sweep's best config per shape into configs/<arch>/.../DEFAULT.json."""
+    from . import tune
+    from .targets import get_target
+
+    arch = get_target(args.arch).name
+    rows = [r for r in tune.load_rows(args.csv) if get_target(r["target"]).name == arch]
+    winners = tune.best_per_shape(rows)
+    if not winners:
+        print(f"export: {args.csv} has no ok row for {arch}", file=sys.stderr)
+        return 1
+    compiled = sorted(f"H{h}_D{d}" for (_, h, d), r in winners.items() if r["mode"] != "time")
+    if compiled and not args.allow_compile_only:
+        print(
+            f"export: {compiled} were ranked by compile-only resources, not timed; run a "
+            "--mode time sweep, or pass --allow-compile-only",
+            file=sys.stderr,
+        )
+        return 1
+    prov = {k: v for k, v in (("source", args.source), ("notes", args.notes)) if v}
+    diff = tune.export(
+        winners.values(), arch, root=args.root, provenance=prov, dry_run=args.dry_run
+    )
+    print(diff or "export: no change")
+    return 0
+
+
+def _cmd_capture(args: argparse.Namespace) -> int:
+    """Record calls made on a named workload into capture files (sparse_mla.capture)."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from . import capture, runtime, workloads
+
+    device = args.device or ("cuda" if runtime.has_gpu() else "cpu")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    overrides: dict = {"device": device, "dtype": dtype, "seed": args.seed}
+    for key, value in (("T", args.tokens), ("H", args.heads), ("D", args.head_dim)):
+        if value is not None:
+            overrides[key] = value
+    if args.num_requests is not None:
+        overrides["num_requests"] = args.num_requests
+    if args.big_buffer is not None:
+        overrides["big_buffer"] = args.big_buffer
+    for item in args.arg or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--arg: expected KEY=VALUE, got {item!r}")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = value
+    w = workloads.by_name(args.workload, **overrides)
+    out = Path(args.out)
+    if out.suffix == ".safetensors":
+        out_dir = out.parent
+        pattern = out.name if args.calls == 1 else f"{out.stem}_{{call:05d}}.safetensors"
+    else:
+        out_dir, pattern = out, f"{w.name}_{{call:05d}}.safetensors"
+    target = {"triton": None, "reference": "sparse_mla.reference:sparse_mla_prefill_ref"}[
+        args.kernel
+    ]
+    extra = {"workload": args.workload, **{k: v for k, v in w.meta.items() if k != "dtype"}}
+    rec = capture.Recorder(
+        out_dir,
+        target,
+        every=args.every,
+        first=args.first,
+        max_bytes=args.max_bytes,
+        filename=pattern,
+        source=f"sparse-mla capture --workload {args.workload} ({w.name})",
+        extra=extra,
+        strict=True,
+    )
+    import sparse_mla
+    from sparse_mla import reference
+
+    with rec:
+        # Looked up inside the block: the module attributes are the patched, recording ones.
+        if args.kernel == "triton":
+            fn = sparse_mla.sparse_mla_prefill
+        else:
+            fn = reference.sparse_mla_prefill_ref
+        for _ in range(args.calls):
+            fn(*w.args(), **w.kwargs())
+    for f in rec.files:
+        print(f"wrote {f} ({f.stat().st_size} bytes)")
+    print(
+        f"{w!r}: {rec.calls} calls, {len(rec.files)} recorded, "
+        f"{rec.skipped_for_size} skipped by the {args.max_bytes}-byte cap"
+    )
+    return 0 if rec.files else 1
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    """Replay capture files through a kernel (unreferenced pool rows NaN) against fp32."""
+    import json
+
+    from . import capture
+
+    status = 0
+    for path in args.files:
+        cap = capture.load_capture(path)
+        if args.info:
+            print(json.dumps(cap.metadata, indent=2, sort_keys=True))
+        if args.kernel == "reference":
+            from .reference import sparse_mla_prefill_ref as fn
+        else:
+            from .prefill import sparse_mla_prefill as fn
+        report = capture.replay(
+            cap, fn, device=args.device, big_buffer=args.big_buffer, time=args.time
+        )
+        print(report)
+        status |= 0 if report.ok else 1
+    return status
+
+
+def _parse_setting(text: str) -> tuple[str, object]:
+    """KEY=VAL with VAL an int, a bool (true/false/on/off), none/auto (None) or a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VAL, got {text!r}")
+    low = raw.strip().lower()
+    value: object
+    if low in ("none", "auto"):
+        value = None
+    elif low in ("true", "on", "yes"):
+        value = True
+    elif low in ("false", "off", "no"):
+        value = False
+    else:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = raw
+    return key.strip(), value
+
+
+def _cmd_isa(args: argparse.Namespace) -> int:
+    """Cross-compile the prefill kernel for a target; print resources, mix, ISA or a diff."""
+    from dataclasses import fields, replace
+
+    from . import inspect as si
+    from .prefill import PrefillConfig, resolve_config
+    from .targets import get_target
+
+    target = get_target(args.target)
+    cfg_names = {f.name for f in fields(PrefillConfig)}
+
+    def variant(settings: list[tuple[str, object]], base: PrefillConfig):
+        cfg_kw, opts = {}, {}
+        for key, value in settings:
+            if key in ("EVEN_HD", "USE_EXP2") and value in (0, 1):
+                value = bool(value)
+            (cfg_kw if key in cfg_names else opts)[key] = value
+        return replace(base, **cfg_kw), opts
+
+    base = resolve_config(args.heads, args.head_dim, None, target.name)
+    cfg, opts = variant(args.set or [], base)
+    shape = dict(
+        num_heads=args.heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+        has_sink=args.sink,
+        index_dtype=args.index_dtype,
+    )
+    res = si.compile_prefill(target, cfg, options=opts, **shape)
+    print(f"target: {target.name} ({target.description})")
+    print(res.label)
+    print(f"compiled in {res.compile_seconds:.2f} s")
+    print()
+    print(res.resources)
+    print()
+    print(si._table(["instructions", "count"], [[k, v] for k, v in res.mix.items()]))
+    if args.asm:
+        print()
+        print(res.isa if args.asm == "isa" else res.asm[args.asm])
+    if args.diff_against:
+        other_cfg, other_opts = variant(args.diff_against, cfg)
+        other = si.compile_prefill(target, other_cfg, options={**opts, **other_opts}, **shape)
+        d = si.diff(other, res)
+        print()
+        print("diff: a = the --diff-against variant, b = the variant above")
+        print(d.summary())
+        lines = d.isa_diff.splitlines()
+        shown = lines if args.diff_lines == 0 else lines[: args.diff_lines]
+        print()
+        print("\n".join(shown) if shown else "(ISA identical after normalising)")
+        if len(shown) < len(lines):
+            print(f"... {len(lines) - len(shown)} more lines (--diff-lines 0 shows all)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparse-mla", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -51,6 +309,107 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu", action="store_true", help="use the interpreter even with a GPU")
     p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("sweep", help="sweep launch configs: compile-only resources or GPU timing")
+    p.add_argument("--target", action="append", help="gfx942, gfx950, sm90, local (repeatable)")
+    p.add_argument("--heads", action="append", default=None, help="e.g. 8,16,64,128 (default 16)")
+    p.add_argument("--head-dim", action="append", default=None, help="e.g. 512 (default 512)")
+    p.add_argument("--grid", action="append", metavar="NAME=V1,V2", help="e.g. BLOCK_K=16,32")
+    p.add_argument("--mode", choices=["compile", "time"], default="compile")
+    p.add_argument("--sample", type=int, default=None, help="run N random configs of the grid")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workload", default="dsv4_csa", help="time mode: sparse_mla.workloads name")
+    p.add_argument("--workload-arg", action="append", metavar="KEY=VALUE", help="e.g. T=16384")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes")
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--out", default=None, help="CSV path (default data/sweeps/<mode>_...csv)")
+    p.add_argument("--top", type=int, default=5, help="rows shown per shape")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("export", help="merge a sweep's winners into configs/<arch>/ JSON")
+    p.add_argument("csv", help="rows saved by `sparse-mla sweep`")
+    p.add_argument("--arch", required=True, help="config file's arch id: sm90, gfx942, ...")
+    p.add_argument("--root", default=None, help="config root (default: the package's configs/)")
+    p.add_argument("--source", default=None, help="provenance: where the sweep came from")
+    p.add_argument("--notes", default=None, help="provenance: free text")
+    p.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    p.add_argument("--allow-compile-only", action="store_true")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("capture", help="record calls made on a named workload into captures")
+    p.add_argument("--workload", required=True, help="sparse_mla.workloads standard name")
+    p.add_argument("--out", required=True, help="FILE.safetensors or a folder")
+    p.add_argument("--tokens", type=int, default=None, help="override the workload's T")
+    p.add_argument("--heads", type=int, default=None, help="override the workload's H")
+    p.add_argument("--head-dim", type=int, default=None, help="override the workload's D")
+    p.add_argument("--num-requests", type=int, default=None)
+    p.add_argument(
+        "--arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="other generator argument, e.g. context=4096 (JSON value)",
+    )
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if any)")
+    p.add_argument("--big-buffer", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--kernel",
+        choices=["triton", "reference"],
+        default="triton",
+        help="the function called and recorded (reference: fast on CPU)",
+    )
+    p.add_argument("--calls", type=int, default=1, help="calls made")
+    p.add_argument("--every", type=int, default=1, help="record every n-th call")
+    p.add_argument("--first", type=int, default=None, help="only among the first k calls")
+    p.add_argument("--max-bytes", type=int, default=64 * 2**20, help="total bytes written")
+    p.set_defaults(func=_cmd_capture)
+
+    p = sub.add_parser("replay", help="replay captures through a kernel and compare with fp32")
+    p.add_argument("files", nargs="+", help="capture .safetensors files")
+    p.add_argument("--kernel", choices=["triton", "reference"], default="triton")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if any)")
+    p.add_argument(
+        "--big-buffer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pool inside a >2 GiB buffer (default: on GPU only)",
+    )
+    p.add_argument("--time", action="store_true", help="also time the kernel (GPU)")
+    p.add_argument("--info", action="store_true", help="print each capture's metadata")
+    p.set_defaults(func=_cmd_replay)
+    p = sub.add_parser("isa", help="cross-compile the prefill kernel: resources, ISA, diff")
+    p.add_argument("--target", default="gfx942", help="sm90, sm100, gfx942, gfx950 or local")
+    p.add_argument(
+        "--set",
+        action="append",
+        type=_parse_setting,
+        metavar="KEY=VAL",
+        help="PrefillConfig field or compiler option (repeatable), e.g. EVEN_HD=1 BLOCK_K=16",
+    )
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=512)
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--index-dtype", choices=["int32", "int64"], default="int32")
+    p.add_argument("--sink", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--asm",
+        nargs="?",
+        const="isa",
+        choices=["isa", "ttir", "ttgir", "llir", "ptx", "amdgcn"],
+        help="print the ISA (default) or an IR stage",
+    )
+    p.add_argument(
+        "--diff-against",
+        nargs="+",
+        type=_parse_setting,
+        metavar="KEY=VAL",
+        help="also compile with these settings changed and diff the two",
+    )
+    p.add_argument("--diff-lines", type=int, default=200, help="ISA diff lines shown (0: all)")
+    p.set_defaults(func=_cmd_isa)
+
     return parser
 
 
