@@ -294,6 +294,56 @@ def _cmd_isa(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Check then time the providers on named workloads against floors measured in the run."""
+    from pathlib import Path
+
+    import torch
+
+    from . import bench, runtime
+
+    if not args.cpu and not runtime.has_gpu():
+        print(
+            "sparse-mla bench: needs a GPU (torch sees no CUDA or ROCm device); "
+            "--cpu runs a tiny smoke test through Triton's interpreter instead",
+            file=sys.stderr,
+        )
+        return 2
+    device = torch.device("cpu" if args.cpu else "cuda")
+    default_names = ["csa_h8_topk512"] if args.cpu else list(bench.DEFAULT_WORKLOADS)
+    names = [n.strip() for n in (args.workloads or "").split(",") if n.strip()] or default_names
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    tokens = args.tokens if args.tokens is not None else (16 if args.cpu else 16384)
+    out = args.out
+    if out is None and not args.cpu:  # a smoke run saves rows only when --out is given
+        out = Path("data/bench") / f"{bench.device_slug(runtime.device_name())}.csv"
+    try:
+        rows = bench.run_bench(
+            names,
+            tokens=tokens,
+            providers=providers,
+            device=device,
+            ceilings=not args.no_ceilings and not args.cpu,
+            quick=args.quick,
+            check_tokens=args.check_tokens,
+            sink=args.sink,
+            seed=args.seed,
+            commit=args.commit,
+            out_path=out,
+        )
+    except ValueError as e:
+        print(f"sparse-mla bench: {e}", file=sys.stderr)
+        return 2
+    print()
+    print(bench.format_table(rows))
+    if out is not None:
+        print(f"{len(rows)} rows appended to {out}")
+    bad = [f"{r['workload']}/{r['provider']}" for r in rows if not r.get("ok")]
+    if bad:
+        print(f"FAILED (not timed): {', '.join(bad)}")
+    return 1 if bad else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparse-mla", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -409,6 +459,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--diff-lines", type=int, default=200, help="ISA diff lines shown (0: all)")
     p.set_defaults(func=_cmd_isa)
+
+    p = sub.add_parser("bench", help="check and time providers on workloads against the floor")
+    p.add_argument("--workloads", default=None, help="comma-separated names (default: the five)")
+    p.add_argument("--tokens", type=int, default=None, help="T (default 16384; --cpu: 16)")
+    p.add_argument("--providers", default="triton,gluon,torch", help="subset of triton,gluon,torch")
+    p.add_argument("--out", default=None, help="CSV appended to (default data/bench/<device>.csv)")
+    p.add_argument("--no-ceilings", action="store_true", help="skip the ceilings (no floor)")
+    p.add_argument("--quick", action="store_true", help="short timing windows, 64 checked tokens")
+    p.add_argument("--check-tokens", type=int, default=None, help="tokens checked (default 256)")
+    p.add_argument("--sink", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--commit", default=None, help="commit recorded (default: git rev-parse HEAD)")
+    p.add_argument("--cpu", action="store_true", help="tiny smoke run in the interpreter")
+    p.set_defaults(func=_cmd_bench)
 
     return parser
 

@@ -168,6 +168,8 @@ def _check_launch(arch: str, num_heads: int, head_dim: int, launch: Any):
         amd = [k for k in _AMD_ONLY if launch.get(k) is not None]
         if amd:
             raise ValueError(f"launch: {amd} are AMD compiler options, not valid for {arch}")
+    elif launch.get("maxnreg") is not None:
+        raise ValueError(f"launch: maxnreg is an NVIDIA compiler option, not valid for {arch}")
     if launch.get("kpack") not in (None, 1, 2):
         raise ValueError(f"launch: kpack must be 1 or 2, got {launch['kpack']!r}")
     if launch.get("waves_per_eu") is not None and not 0 <= launch["waves_per_eu"] <= 8:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .targets import AMD_ONLY_OPTIONS, Target, get_target, triton_target, validate_options
+from .targets import Target, get_target, triton_target, validate_options
 
 __all__ = [
     "CompileResult",
@@ -736,12 +736,9 @@ def compile_prefill(
             f"head_dim={head_dim}, BLOCK_D={consts['BLOCK_D']}, H={num_heads}, "
             f"BLOCK_H={cfg.BLOCK_H}"
         )
-    opts: dict[str, Any] = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    if t.is_amd:
-        opts.update({k: getattr(cfg, k) for k in ("kpack", "waves_per_eu")})
+    # A config's vendor-specific knobs are accepted everywhere and used on their vendor only.
+    opts: dict[str, Any] = cfg.compile_options("hip" if t.is_amd else "cuda")
     opts.update(options or {})
-    if not t.is_amd:  # AMD knobs in a config are accepted everywhere, used only on AMD
-        opts = {k: v for k, v in opts.items() if k not in AMD_ONLY_OPTIONS or k in (options or {})}
     el, ix = "*" + _DTYPES[dtype], "*" + _INDEX_DTYPES[index_dtype]
     sig = {
         "q_ptr": el,

@@ -180,6 +180,7 @@ def _sparse_mla_prefill_kernel(
 # ----------------------------------------------------------------------------------------------
 
 _AMD_ONLY = ("kpack", "waves_per_eu")
+_NVIDIA_ONLY = ("maxnreg",)
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,8 @@ class PrefillConfig:
     (a software pipeline of depth 2 in registers; costs the registers of one KV tile).
     ``EVEN_HD=None`` means "on whenever it is valid" (head_dim == BLOCK_D and
     num_heads % BLOCK_H == 0). ``kpack`` and ``waves_per_eu`` are AMD compiler options: accepted
-    everywhere, passed to the compiler only on AMD.
+    everywhere, passed to the compiler only on AMD; ``maxnreg`` (a register cap per thread)
+    likewise only on NVIDIA.
     """
 
     BLOCK_H: int = 16
@@ -202,6 +204,7 @@ class PrefillConfig:
     PREFETCH_KV: bool = False
     kpack: int | None = None
     waves_per_eu: int | None = None
+    maxnreg: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PrefillConfig:
@@ -216,6 +219,13 @@ class PrefillConfig:
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
+    def compile_options(self, backend: str) -> dict[str, Any]:
+        """Compiler options for ``backend`` ("cuda" or "hip"); the other vendor's are dropped."""
+        opts: dict[str, Any] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        own = _AMD_ONLY if backend == "hip" else _NVIDIA_ONLY
+        opts.update({k: getattr(self, k) for k in own if getattr(self, k) is not None})
+        return opts
+
     def validate(self) -> None:
         for name in ("BLOCK_H", "BLOCK_K"):
             v = getattr(self, name)
@@ -225,6 +235,10 @@ class PrefillConfig:
             raise ValueError(f"config: num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"config: num_stages must be an int >= 1, got {self.num_stages!r}")
+        if self.maxnreg is not None and not (
+            isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255
+        ):
+            raise ValueError(f"config: maxnreg must be an int in [24, 255], got {self.maxnreg!r}")
 
 
 def default_config(num_heads: int, head_dim: int, arch: str | None = None) -> PrefillConfig:
@@ -408,9 +422,7 @@ def sparse_mla_prefill(
 
     qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
     sink = attn_sink if attn_sink is not None else q.new_empty(0, dtype=torch.float32)
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    if not interpret and runtime.is_amd():
-        options.update({k: getattr(cfg, k) for k in _AMD_ONLY if getattr(cfg, k) is not None})
+    options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
     grid = (T, triton.cdiv(H, cfg.BLOCK_H))
     runtime.launch(
         _sparse_mla_prefill_kernel,

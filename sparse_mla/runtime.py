@@ -104,6 +104,11 @@ def _call_device_function(self: JITFunction, *args, **kwargs):
 @contextlib.contextmanager
 def interpreting():
     """Inside this block, device-function calls from an interpreted kernel are interpreted."""
+    # Gluon copies triton.language.math builtins when first imported; if that import happened
+    # while the interpreter has the language patched, Gluon would keep the patched copies for
+    # good and every later Gluon compile would fail. Import it before patching anything.
+    import triton.experimental.gluon.language  # noqa: F401
+
     with _shim_lock:
         original = JITFunction.__call__
         JITFunction.__call__ = _call_device_function

@@ -55,6 +55,7 @@ __all__ = [
 # PrefillConfig's fields, in order (a new kernel knob joins the grid and the CSV by itself).
 LAUNCH_PARAMS = tuple(configs.launch_types())
 _AMD_ONLY = ("kpack", "waves_per_eu")
+_NVIDIA_ONLY = ("maxnreg",)
 _BOOL_PARAMS = tuple(k for k, (t, _) in configs.launch_types().items() if t is bool)
 
 COLUMNS = (
@@ -203,10 +204,7 @@ def _precheck(target, H: int, D: int, params: dict[str, Any]) -> tuple[str, str 
 
 
 def _options(cfg, amd: bool) -> dict[str, Any]:
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    if amd:
-        opts.update({k: getattr(cfg, k) for k in _AMD_ONLY if getattr(cfg, k) is not None})
-    return opts
+    return cfg.compile_options("hip" if amd else "cuda")
 
 
 def _plan(grid, shapes, targets, sample, seed, dtype, mode) -> list[dict[str, Any]]:
@@ -219,8 +217,10 @@ def _plan(grid, shapes, targets, sample, seed, dtype, mode) -> list[dict[str, An
         seen = set()
         for H, D in _normalize_shapes(shapes):
             for params in combos:
-                # AMD compiler options mean nothing on NVIDIA: drop them (and the duplicates).
-                p = {k: v for k, v in params.items() if t.is_amd or k not in _AMD_ONLY}
+                # One vendor's compiler options mean nothing on the other's: drop them (and the
+                # duplicates that leaves).
+                other = _NVIDIA_ONLY if t.is_amd else _AMD_ONLY
+                p = {k: v for k, v in params.items() if k not in other}
                 key = (H, D, tuple(sorted(p.items(), key=lambda kv: kv[0])))
                 if key in seen:
                     continue
@@ -805,6 +805,10 @@ def _entry_from(key, value, arch: str, provenance: Mapping[str, Any] | None):
         from dataclasses import replace
 
         cfg = replace(cfg, kpack=None, waves_per_eu=None)
+    else:
+        from dataclasses import replace
+
+        cfg = replace(cfg, maxnreg=None)
     prov.setdefault("date", _dt.date.today().isoformat())
     prov.setdefault("time_ms", None)
     prov.setdefault("sweep_size", None)

@@ -302,3 +302,24 @@ def test_gpu_out_buffer_bit_for_bit_and_matches_cpu_interpreter():
 def test_prefetch_kv(dtype, H, D, even_hd):
     case = make_case(5, H, D, N=100, max_slots=45, dtype=dtype, seed=H + D)
     _run_and_check(case, config=PrefillConfig(BLOCK_K=16, EVEN_HD=even_hd, PREFETCH_KV=True))
+
+
+def test_compile_options_per_vendor():
+    cfg = PrefillConfig(num_warps=8, num_stages=3, kpack=2, waves_per_eu=1, maxnreg=128)
+    assert cfg.compile_options("cuda") == {"num_warps": 8, "num_stages": 3, "maxnreg": 128}
+    assert cfg.compile_options("hip") == {
+        "num_warps": 8, "num_stages": 3, "kpack": 2, "waves_per_eu": 1,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="maxnreg"):
+        PrefillConfig(maxnreg=300).validate()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [8, 16, 64, 128])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gpu_tuned_launch_from_configs(H, index_dtype):
+    # config=None: the launch comes from configs/<arch>/... when an entry exists.
+    case = make_case(
+        257, H, 512, N=4000, max_slots=700, device="cuda", seed=H, index_dtype=index_dtype
+    )
+    _run_and_check(case, config=None)

@@ -110,3 +110,22 @@ def test_gpu_path_compiles_without_the_cpu_fix():
     assert "-65536" not in ttir and "4294901760" not in ttir  # the rounding mask is absent
     fixed = _compile_prefill_ttir(True)
     assert any("tt.dot" in ln and "f32" in ln and "bf16" not in ln for ln in fixed.splitlines())
+
+
+def test_gluon_compiles_after_an_interpreted_launch():
+    # Run in a fresh process: Gluon must not be imported before the interpreted launch there.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "assert 'triton.experimental.gluon' not in sys.modules\n"
+        "import test_inspect, test_runtime\n"
+        "test_runtime.test_interpreted_fp16_dot_needs_no_fix()\n"
+        "k = test_inspect._gluon_kernel()\n"
+        "test_inspect.test_gluon_kernel_compiles_with_the_targets_warp_size(k, 'sm90')\n"
+        "print('ok', True)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "ok True" in res.stdout, res.stderr[-2000:]
