@@ -286,20 +286,35 @@ def _copy_rate(nbytes: int, device, gen, quick: bool) -> tuple[float, float]:
     return 2.0 * nbytes / (ms * 1e-3), ms
 
 
+# Launches tried for the gather ceiling: (rows per program, rows per load, warps). The ceiling
+# is the best of them, so a floor built on it is not loosened by one slow launch.
+_GATHER_LAUNCHES = [(r, b, w) for r in (64, 256) for b in (16, 32, 64) for w in (4, 8)]
+
+
 def _gather_rates(pool_bytes, gathered_rows: int, device, gen, quick: bool):
-    """Yield (pool size, bytes/s, ms, config) of :func:`gather_sum` over random 1 KiB rows of
-    bf16 pools of each size (prefixes of one random pool of the largest size)."""
+    """Yield (pool size, bytes/s, ms, config) of the fastest :func:`gather_sum` launch over
+    random 1 KiB rows of bf16 pools of each size (prefixes of one random pool)."""
     D, row_bytes = 512, 1024
     pool = torch.empty(max(pool_bytes) // row_bytes, D, device=device, dtype=torch.bfloat16)
     pool.normal_(generator=gen)
-    out = torch.empty(gathered_rows // 256, D, device=device, dtype=torch.float32)
+    launches = _GATHER_LAUNCHES[:4] if quick else _GATHER_LAUNCHES
     for size in sorted(pool_bytes):
         num = size // row_bytes
         slots = torch.randint(0, num, (gathered_rows,), device=device, generator=gen,
                               dtype=torch.int32)  # fmt: skip
         view = pool[:num]
-        ms = _do_bench(lambda v=view, s=slots: gather_sum(v, s, out=out), quick)
-        cfg = {"pool_bytes": size, "rows": gathered_rows, "row_bytes": row_bytes}
+        best = None
+        for rpp, block, warps in launches:
+            out = torch.empty(gathered_rows // rpp, D, device=device, dtype=torch.float32)
+
+            def fn(v=view, s=slots, o=out, r=rpp, b=block, w=warps):
+                gather_sum(v, s, rows_per_program=r, block=b, num_warps=w, out=o)
+
+            ms = _do_bench(fn, quick)
+            if best is None or ms < best[0]:
+                best = (ms, {"rows_per_program": rpp, "block": block, "num_warps": warps})
+        ms, launch = best
+        cfg = {"pool_bytes": size, "rows": gathered_rows, "row_bytes": row_bytes, **launch}
         yield size, (gathered_rows * row_bytes / (ms * 1e-3), ms, cfg)
 
 
