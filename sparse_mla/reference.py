@@ -47,6 +47,23 @@ def _slot_matrix(kv_indices, kv_indptr, t0, t1, num_kv):
     return torch.where(valid, slots, torch.zeros_like(slots)), valid
 
 
+def _softmax_with_sink(logits, valid, sink):
+    """Softmax over the valid columns of logits [t, H, L] plus an optional [H] sink column (in
+    the denominator only). Returns (p [t, H, L], row_max [t, H, 1], denom [t, H, 1]); a row
+    with nothing to attend to gets p = 0 and denom = 0 (or exp(sink - sink) with a sink)."""
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    row_max = logits.amax(dim=-1, keepdim=True)
+    if sink is not None:
+        row_max = torch.maximum(row_max, sink[None, :, None])
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    p = torch.exp(logits - row_max)
+    denom = p.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink[None, :, None] - row_max)
+    p = p / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return p, row_max, denom
+
+
 def sparse_mla_prefill_ref(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -97,16 +114,7 @@ def sparse_mla_prefill_ref(
         rows = torch.where(valid[..., None], rows, torch.zeros((), dtype=dtype, device=q.device))
         qc = q[t0:t1].to(dtype)
         logits = torch.einsum("thd,tld->thl", qc, rows).float() * softmax_scale  # [t, H, L]
-        logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
-        row_max = logits.amax(dim=-1, keepdim=True)  # [t, H, 1]
-        if sink is not None:
-            row_max = torch.maximum(row_max, sink[None, :, None])
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        p = torch.exp(logits - row_max)
-        denom = p.sum(dim=-1, keepdim=True)
-        if sink is not None:
-            denom = denom + torch.exp(sink[None, :, None] - row_max)
-        p = p / torch.where(denom > 0, denom, torch.ones_like(denom))
+        p, _, _ = _softmax_with_sink(logits, valid, sink)
         o = torch.einsum("thl,tld->thd", p.to(dtype), rows)
         has_any = valid.any(dim=1)  # [t]
         out[t0:t1] = torch.where(has_any[:, None, None], o, torch.zeros((), dtype=dtype))
@@ -245,16 +253,8 @@ def mla_decode_ref(
     sink = None if attn_sink is None else attn_sink.to(device=dev, dtype=torch.float32)
     if B == 0:
         return (out, lse) if return_lse else out
-    starts = kv_indptr[:-1].to(torch.int64)
-    lengths = kv_indptr[1:].to(torch.int64) - starts
-    width = int(lengths.max()) if lengths.numel() else 0
-    col = torch.arange(width, device=dev)
-    in_row = col[None, :] < lengths[:, None]  # [B, L]
-    pos = torch.where(in_row, starts[:, None] + col[None, :], torch.zeros_like(col[None, :]))
-    slots = kv_indices.to(torch.int64)[pos] if kv_indices.numel() else pos
-    valid = in_row & (slots >= 0) & (slots < N)
-    slots = torch.where(valid, slots, torch.zeros_like(slots))
-    if N == 0 or width == 0:
+    slots, valid = _slot_matrix(kv_indices, kv_indptr, 0, B, N)  # [B, L]
+    if N == 0 or slots.shape[1] == 0:
         if sink is not None:
             lse = sink[None, :].expand(B, H).clone()
         return (out, lse) if return_lse else out
@@ -265,17 +265,7 @@ def mla_decode_ref(
     rows_r = torch.where(valid[..., None], rows_r, zero)
     logits = torch.einsum("bhd,bld->bhl", q_nope.to(dtype), rows_c).float()
     logits = logits + torch.einsum("bhd,bld->bhl", q_pe.to(dtype), rows_r).float()
-    logits = logits * sm_scale
-    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))  # [B, H, L]
-    row_max = logits.amax(dim=-1, keepdim=True)
-    if sink is not None:
-        row_max = torch.maximum(row_max, sink[None, :, None])
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    p = torch.exp(logits - row_max)
-    denom = p.sum(dim=-1, keepdim=True)
-    if sink is not None:
-        denom = denom + torch.exp(sink[None, :, None] - row_max)
-    p = p / torch.where(denom > 0, denom, torch.ones_like(denom))
+    p, row_max, denom = _softmax_with_sink(logits * sm_scale, valid, sink)  # [B, H, L]
     o = torch.einsum("bhl,bld->bhd", p.to(dtype), rows_c)
     has_any = valid.any(dim=1)
     out = torch.where(has_any[:, None, None], o, zero)
