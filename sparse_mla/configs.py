@@ -24,6 +24,8 @@ Writing entries (atomically, under a file lock) is :func:`sparse_mla.tune.export
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as _dt
 import functools
 import json
@@ -47,11 +49,35 @@ __all__ = [
     "parse_entries",
     "parse_shape_key",
     "shape_key",
+    "use_root",
     "validate_all",
     "validate_file",
 ]
 
 CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
+# The root that lookups without an explicit ``root`` read: CONFIG_ROOT unless use_root() says
+# otherwise. A context variable, so a notebook's scratch root does not leak into other threads.
+_ACTIVE_ROOT: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "sparse_mla_config_root", default=None
+)
+
+
+@contextlib.contextmanager
+def use_root(root: str | Path):
+    """Inside the block, lookups (and so the launcher) and exports without ``root=`` use
+    ``root`` instead of the package's configs/."""
+    token = _ACTIVE_ROOT.set(Path(root))
+    try:
+        yield Path(root)
+    finally:
+        _ACTIVE_ROOT.reset(token)
+
+
+def _default_root() -> Path:
+    active = _ACTIVE_ROOT.get()
+    return active if active is not None else CONFIG_ROOT
+
+
 _OP_DIR = Path("triton/attention/sparse_attention_dsv4")
 _SHAPE_RE = re.compile(r"^H([1-9][0-9]*)_D([1-9][0-9]*)$")
 _AMD_ONLY = ("kpack", "waves_per_eu")
@@ -132,7 +158,7 @@ def config_path(arch: str, root: Path | str | None = None) -> Path:
     """Path of ``arch``'s DEFAULT.json under ``root`` (default: the package's configs/)."""
     if not isinstance(arch, str) or not re.fullmatch(r"[a-z]+[0-9a-z]*", arch):
         raise ValueError(f"arch must be an id like 'gfx942' or 'sm90', got {arch!r}")
-    return Path(root if root is not None else CONFIG_ROOT) / arch / _OP_DIR / "DEFAULT.json"
+    return Path(root if root is not None else _default_root()) / arch / _OP_DIR / "DEFAULT.json"
 
 
 def _is_amd_arch(arch: str) -> bool:
@@ -263,7 +289,7 @@ def validate_file(path: Path | str, arch: str | None = None) -> dict[str, Config
 
 def validate_all(root: Path | str | None = None) -> dict[str, dict[str, ConfigEntry]]:
     """Validate every arch's DEFAULT.json under ``root``: {arch: {shape key: entry}}."""
-    root = Path(root if root is not None else CONFIG_ROOT)
+    root = Path(root if root is not None else _default_root())
     found = {}
     for path in sorted(root.glob(f"*/{_OP_DIR.as_posix()}/DEFAULT.json")):
         found[_arch_of(path)] = validate_file(path)

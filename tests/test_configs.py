@@ -144,3 +144,20 @@ def test_shape_keys():
             configs.parse_shape_key(bad)
     with pytest.raises(ValueError, match="arch"):
         configs.config_path("../etc")
+
+
+def test_use_root_redirects_lookup_and_restores(tmp_path):
+    from sparse_mla import configs as cfgmod
+
+    path = cfgmod.config_path("sm90", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        '{"H24_D64": {"launch": {"BLOCK_H": 32, "BLOCK_K": 16, "num_warps": 2, "num_stages": 1},'
+        ' "provenance": {"device": "t", "triton": "3.6.0", "date": "2026-11-29", "workload": "w",'
+        ' "time_ms": null, "sweep_size": null}}}'
+    )
+    assert cfgmod.lookup("sm90", 24, 64) is None
+    with cfgmod.use_root(tmp_path):
+        hit = cfgmod.lookup("sm90", 24, 64)
+        assert hit is not None and hit.BLOCK_H == 32 and hit.num_warps == 2
+    assert cfgmod.lookup("sm90", 24, 64) is None

@@ -1,0 +1,522 @@
+"""Notebook 02's constexpr explorer: widgets -> recompile -> resources, mix, ISA, error, time.
+
+:class:`ExplorerPanel` holds one widget per launch choice of the Triton prefill kernel (target,
+``EVEN_HD``, ``USE_EXP2``, ``BLOCK_H``, ``BLOCK_K``, ``num_warps``, ``num_stages``, the AMD-only
+``kpack`` / ``waves_per_eu``, and the shape H x D). Every change
+
+1. checks the combination at once (``PrefillConfig.validate``, the ``EVEN_HD`` rule,
+   :func:`sparse_mla.targets.validate_options`) and says why an invalid one is invalid;
+2. cross-compiles the kernel for the target (:func:`sparse_mla.inspect.compile_prefill`) in a
+   worker thread while a progress bar and a label say what is running; the panel never blocks;
+3. runs the kernel at a small size (Triton's interpreter on CPU, the GPU when there is one)
+   against the fp32 reference, and times it when the target is this machine's GPU.
+
+Results of an older widget state are dropped when they arrive late. ``panel.update(wait=True)``
+(or ``panel.wait()`` after setting widget values) is the synchronous mode the tests use.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import html
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .. import inspect as _inspect
+from .. import runtime, targets
+from ..prefill import PrefillConfig, default_config, launch_constexprs, sparse_mla_prefill
+from ..reference import error_report, sparse_mla_prefill_ref
+from .figures import error_figure, html_table, mix_figure, pre_block, to_png
+
+__all__ = ["ExplorerPanel", "PanelState", "check_state", "error_run"]
+
+NAMED_TARGETS = ("gfx950", "gfx942", "sm90", "sm100")
+HEADS = (8, 16, 32, 64, 128)
+HEAD_DIMS = (128, 256, 512, 576)
+
+
+@dataclass(frozen=True)
+class PanelState:
+    """Everything one compile depends on: a target name, the shape and the launch config."""
+
+    target: str
+    num_heads: int
+    head_dim: int
+    config: PrefillConfig
+
+    @property
+    def is_amd(self) -> bool:
+        return targets.get_target(self.target).is_amd
+
+    def label(self) -> str:
+        c = self.config
+        bits = [f"BLOCK_H={c.BLOCK_H}", f"BLOCK_K={c.BLOCK_K}", f"EVEN_HD={c.EVEN_HD}",
+                f"USE_EXP2={c.USE_EXP2}", f"num_warps={c.num_warps}",
+                f"num_stages={c.num_stages}"]  # fmt: skip
+        if self.is_amd:
+            bits += [f"kpack={c.kpack}", f"waves_per_eu={c.waves_per_eu}"]
+        return f"{self.target} H={self.num_heads} D={self.head_dim}: " + " ".join(bits)
+
+
+def check_state(state: PanelState) -> str | None:
+    """Why this combination cannot compile (one sentence), or None when it can."""
+    cfg = state.config
+    try:
+        cfg.validate()
+    except ValueError as e:
+        return str(e)
+    consts = launch_constexprs(state.num_heads, state.head_dim, torch.bfloat16, cfg, has_sink=True)
+    block_d = consts["BLOCK_D"]
+    if cfg.EVEN_HD and (state.head_dim != block_d or state.num_heads % cfg.BLOCK_H):
+        why = []
+        if state.head_dim != block_d:
+            why.append(f"head_dim {state.head_dim} is not a power of two (BLOCK_D={block_d})")
+        if state.num_heads % cfg.BLOCK_H:
+            why.append(f"H={state.num_heads} is not a multiple of BLOCK_H={cfg.BLOCK_H}")
+        return "EVEN_HD=True needs head_dim == BLOCK_D and H % BLOCK_H == 0: " + "; ".join(why)
+    opts: dict[str, Any] = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if state.is_amd:
+        opts.update(kpack=cfg.kpack, waves_per_eu=cfg.waves_per_eu)
+    try:
+        targets.validate_options(state.target, opts)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@dataclass(frozen=True)
+class ErrorRun:
+    """One small run of the kernel against the fp32 reference (and plain PyTorch in bf16)."""
+
+    out: torch.Tensor
+    ref: torch.Tensor
+    baseline: torch.Tensor
+    report: Any  # reference.ErrorReport
+    device: str
+    seconds: float
+
+
+def error_run(
+    state: PanelState, *, tokens: int = 2, slots: int = 64, pool: int = 256, seed: int = 0
+) -> ErrorRun:
+    """Run the kernel with ``state.config`` on random inputs (10% invalid slots, a sink) at
+    [tokens, H, D]: on the GPU when there is one, else in Triton's interpreter."""
+    from ..workloads import flashmla_uniform
+
+    device = "cuda" if runtime.has_gpu() else "cpu"
+    w = flashmla_uniform(
+        tokens, state.num_heads, slots, pool, invalid_frac=0.1, D=state.head_dim, sink=True,
+        seed=seed, device=device,
+    )  # fmt: skip
+    out = torch.full_like(w.q, float("nan"))  # an unwritten tile shows as NaN
+    t0 = time.perf_counter()
+    sparse_mla_prefill(*w.args(), **w.kwargs(), out=out, config=state.config)
+    seconds = time.perf_counter() - t0
+    ref = sparse_mla_prefill_ref(*w.args(), **w.kwargs())
+    base = sparse_mla_prefill_ref(*w.args(), **w.kwargs(), upcast=False)
+    return ErrorRun(out.cpu(), ref.cpu(), base.cpu(), error_report(out, ref, base), device, seconds)
+
+
+def _time_on_gpu(state: PanelState) -> float:
+    """Median ms of a DSv4 CSA call (T=4096, top-k 512 + window 128) with this config."""
+    import triton.testing
+
+    from ..workloads import dsv4_csa
+
+    w = dsv4_csa(4096, state.num_heads, D=state.head_dim, device="cuda", big_buffer=True)
+    out = torch.empty_like(w.q)
+    fn = lambda: sparse_mla_prefill(*w.args(), **w.kwargs(), out=out, config=state.config)  # noqa: E731
+    fn()
+    return float(triton.testing.do_bench(fn, return_mode="median"))
+
+
+def _status(text: str, color: str = "#333") -> str:
+    return f"<span class='sml-status' style='color:{color}'>{html.escape(text)}</span>"
+
+
+class ExplorerPanel:
+    """The constexpr explorer (module docstring). Display it with ``display(panel)`` or
+    ``panel.widget``; read the latest results from ``result`` (a CompileResult), ``invalid``
+    (why the current combination is invalid, or None), ``error`` (an ErrorRun) and
+    ``time_ms``.
+
+    Args:
+        target: initial target name (``"local"`` is offered when a GPU is present).
+        num_heads, head_dim: initial shape.
+        run_errors: run the kernel against fp32 after each compile.
+        error_tokens, error_slots: size of that run (the interpreter costs ~30 ms per program
+            per tile at D=512).
+        time_gpu: time on the GPU (default: when a GPU is present).
+    """
+
+    def __init__(
+        self,
+        target: str = "gfx950",
+        num_heads: int = 16,
+        head_dim: int = 512,
+        *,
+        run_errors: bool = True,
+        error_tokens: int = 2,
+        error_slots: int = 64,
+        time_gpu: bool | None = None,
+        start: bool = True,
+    ):
+        import ipywidgets as W
+
+        self.run_errors = run_errors
+        self.error_tokens, self.error_slots = error_tokens, error_slots
+        self.time_gpu = runtime.has_gpu() if time_gpu is None else time_gpu
+        self.result: _inspect.CompileResult | None = None
+        self.pinned: _inspect.CompileResult | None = None
+        self.invalid: str | None = None
+        self.failure: str | None = None
+        self.error: ErrorRun | None = None
+        self.time_ms: float | None = None
+        self.dropped = 0  # results that arrived after a newer widget state
+        self._gen = 0
+        self._lock = threading.Lock()
+        self._future: cf.Future | None = None
+        self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sml-explorer")
+        self._error_cache: dict[tuple, ErrorRun] = {}
+
+        choices = list(NAMED_TARGETS) + (["local"] if runtime.has_gpu() else [])
+        if target not in choices:
+            raise ValueError(f"target must be one of {choices}, got {target!r}")
+        cfg = default_config(num_heads, head_dim)
+        style = {"description_width": "88px"}
+        lay = W.Layout(width="220px")
+        self.w_target = W.Dropdown(options=choices, value=target, description="target",
+                                   style=style, layout=lay)  # fmt: skip
+        self.w_heads = W.Dropdown(options=sorted({*HEADS, num_heads}), value=num_heads,
+                                  description="H (heads)", style=style, layout=lay)  # fmt: skip
+        self.w_dim = W.Dropdown(options=sorted({*HEAD_DIMS, head_dim}), value=head_dim,
+                                description="D (head dim)", style=style, layout=lay)  # fmt: skip
+        self.w_even = W.Checkbox(value=True, description="EVEN_HD", indent=False)
+        self.w_exp2 = W.Checkbox(value=cfg.USE_EXP2, description="USE_EXP2", indent=False)
+        self.w_prefetch = W.Checkbox(value=cfg.PREFETCH_KV, description="PREFETCH_KV",
+                                     indent=False)  # fmt: skip
+        self.w_block_h = W.Dropdown(options=[16, 32, 64, 128], value=cfg.BLOCK_H,
+                                    description="BLOCK_H", style=style, layout=lay)  # fmt: skip
+        self.w_block_k = W.Dropdown(options=[16, 32, 64, 128], value=cfg.BLOCK_K,
+                                    description="BLOCK_K", style=style, layout=lay)  # fmt: skip
+        self.w_warps = W.Dropdown(options=[1, 2, 4, 8, 16], value=cfg.num_warps,
+                                  description="num_warps", style=style, layout=lay)  # fmt: skip
+        self.w_stages = W.Dropdown(options=[1, 2, 3, 4], value=cfg.num_stages,
+                                   description="num_stages", style=style, layout=lay)  # fmt: skip
+        self.w_kpack = W.Dropdown(options=[1, 2], value=1, description="kpack", style=style,
+                                  layout=lay)  # fmt: skip
+        self.w_waves = W.Dropdown(options=list(range(0, 9)), value=0,
+                                  description="waves_per_eu", style=style, layout=lay)  # fmt: skip
+        self.w_pin = W.Button(description="pin as baseline", icon="thumb-tack",
+                              tooltip="diff later variants against this compile")  # fmt: skip
+        self.w_unpin = W.Button(description="unpin")
+        self.progress = W.IntProgress(value=0, min=0, max=3, description="",
+                                      layout=W.Layout(width="220px"))  # fmt: skip
+        self.status = W.HTML(_status("idle"))
+        self.resources = W.HTML()
+        self.resources.add_class("sml-resources")
+        self.mix_image = W.Image(format="png", layout=W.Layout(max_width="520px"))
+        self.isa = W.HTML()
+        self.diff_view = W.HTML(_status("pin a compile to diff against it"))
+        self.error_image = W.Image(format="png", layout=W.Layout(max_width="900px"))
+        self.error_text = W.HTML()
+        self.time_text = W.HTML()
+
+        self.controls = [self.w_target, self.w_heads, self.w_dim, self.w_even, self.w_exp2,
+                         self.w_prefetch, self.w_block_h, self.w_block_k, self.w_warps,
+                         self.w_stages, self.w_kpack, self.w_waves]  # fmt: skip
+        for w in self.controls:
+            w.observe(self._on_change, names="value")
+        self.w_pin.on_click(lambda _: self.pin())
+        self.w_unpin.on_click(lambda _: self.unpin())
+
+        left = W.VBox([self.w_target, self.w_heads, self.w_dim, self.w_block_h, self.w_block_k])
+        mid = W.VBox([self.w_warps, self.w_stages, self.w_kpack, self.w_waves,
+                      W.HBox([self.w_even, self.w_exp2])])  # fmt: skip
+        right = W.VBox([self.w_prefetch, self.w_pin, self.w_unpin, self.progress, self.status])
+        tabs = W.Tab(children=[self.isa, self.diff_view])
+        tabs.set_title(0, "ISA")
+        tabs.set_title(1, "diff vs pinned")
+        self.widget = W.VBox([
+            W.HBox([left, mid, right]),
+            W.HBox([self.resources, self.mix_image]),
+            self.time_text,
+            self.error_text,
+            self.error_image,
+            tabs,
+        ])  # fmt: skip
+        self.widget.add_class("sml-explorer")
+        self._sync_visibility()
+        if start:
+            self.update()
+
+    # -- state -----------------------------------------------------------------------------
+
+    def state(self) -> PanelState:
+        """The widgets' current values as a PanelState."""
+        amd = targets.get_target(self.w_target.value).is_amd
+        cfg = PrefillConfig(
+            BLOCK_H=self.w_block_h.value,
+            BLOCK_K=self.w_block_k.value,
+            num_warps=self.w_warps.value,
+            num_stages=self.w_stages.value,
+            EVEN_HD=self.w_even.value,
+            USE_EXP2=self.w_exp2.value,
+            PREFETCH_KV=self.w_prefetch.value,
+            kpack=self.w_kpack.value if amd else None,
+            waves_per_eu=self.w_waves.value if amd else None,
+        )
+        return PanelState(self.w_target.value, self.w_heads.value, self.w_dim.value, cfg)
+
+    def set(self, **values: Any) -> None:
+        """Set several widgets at once with a single update, e.g. ``set(BLOCK_K=64,
+        num_warps=8)``; keys are the widget descriptions."""
+        by_name = {w.description.split(" ")[0]: w for w in self.controls}
+        by_name.update(H=self.w_heads, D=self.w_dim)
+        unknown = sorted(set(values) - set(by_name))
+        if unknown:
+            raise ValueError(f"set: unknown control(s) {unknown}; expected {sorted(by_name)}")
+        with self._hold():
+            for k, v in values.items():
+                by_name[k].value = v
+        self.update()
+
+    def _hold(self):
+        panel = self
+
+        class _Hold:
+            def __enter__(self):
+                panel._held = True
+
+            def __exit__(self, *exc):
+                panel._held = False
+
+        return _Hold()
+
+    _held = False
+
+    def _sync_visibility(self) -> None:
+        amd = targets.get_target(self.w_target.value).is_amd
+        for w in (self.w_kpack, self.w_waves):
+            w.layout.display = None if amd else "none"
+
+    def _on_change(self, change) -> None:
+        if change["owner"] is self.w_target:
+            self._sync_visibility()
+        if not self._held:
+            self.update()
+
+    # -- running -----------------------------------------------------------------------------
+
+    def update(self, wait: bool = False, timeout: float = 600.0) -> cf.Future | None:
+        """Recompile for the widgets' state in the worker thread (``wait``: block until done)."""
+        state = self.state()
+        with self._lock:
+            self._gen += 1
+            gen = self._gen
+        self.invalid = check_state(state)
+        if self.invalid is not None:
+            self.result = None
+            self.error = None
+            self.progress.value = 0
+            self.progress.bar_style = "danger"
+            self.status.value = _status("invalid combination", "#b00")
+            self.resources.value = (
+                "<div class='sml-invalid' style='color:#b00;max-width:520px'><b>Invalid "
+                f"combination.</b> {html.escape(self.invalid)}</div>"
+            )
+            self.mix_image.value = b""
+            self.isa.value = ""
+            self._future = None
+            return None
+        self.progress.value = 0
+        self.progress.bar_style = "info"
+        self.status.value = _status(f"compiling for {state.target} ...", "#06c")
+        self._future = self._executor.submit(self._job, gen, state)
+        if wait:
+            self.wait(timeout)
+        return self._future
+
+    def wait(self, timeout: float = 600.0) -> None:
+        """Block until the latest update has finished (re-raises a bug in the panel itself)."""
+        fut = self._future
+        if fut is not None:
+            fut.result(timeout=timeout)
+
+    def _current(self, gen: int) -> bool:
+        with self._lock:
+            current = gen == self._gen
+        if not current:
+            self.dropped += 1
+        return current
+
+    def _job(self, gen: int, state: PanelState) -> None:
+        if not self._current(gen):
+            return
+        t0 = time.perf_counter()
+        try:
+            res = _inspect.compile_prefill(
+                state.target, state.config, num_heads=state.num_heads, head_dim=state.head_dim,
+                dtype="bf16", has_sink=True,
+            )  # fmt: skip
+            failure = None
+        except Exception as e:  # a compiler failure is a result to show, not a crash
+            res, failure = None, f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:400]}"
+        if not self._current(gen):
+            return
+        self.failure = failure
+        if res is None:
+            self.result = None
+            self.progress.bar_style = "danger"
+            self.status.value = _status("compile failed", "#b00")
+            self.resources.value = (
+                f"<div class='sml-invalid' style='color:#b00'>{html.escape(failure or '')}</div>"
+            )
+            return
+        self.result = res
+        self._show_compile(state, res, time.perf_counter() - t0)
+        self.progress.value = 1
+
+        if self.run_errors:
+            self.status.value = _status("running against fp32 ...", "#06c")
+            key = (state.num_heads, state.head_dim, *launch_constexprs(
+                state.num_heads, state.head_dim, torch.bfloat16, state.config, has_sink=True
+            ).items())  # fmt: skip
+            run = self._error_cache.get(key)
+            if run is None:
+                run = error_run(state, tokens=self.error_tokens, slots=self.error_slots)
+                self._error_cache[key] = run
+            if not self._current(gen):
+                return
+            self.error = run
+            self._show_error(run)
+        self.progress.value = 2
+
+        self.time_ms = None
+        if self.time_gpu and state.target == "local":
+            self.status.value = _status("timing on the GPU ...", "#06c")
+            ms = _time_on_gpu(state)
+            if not self._current(gen):
+                return
+            self.time_ms = ms
+        self._show_time(state)
+        self.progress.value = 3
+        self.progress.bar_style = "success"
+        self.status.value = _status(f"done: {state.target}, compile {res.compile_seconds:.2f} s")
+
+    # -- views -------------------------------------------------------------------------------
+
+    def resource_rows(self) -> list[tuple[str, Any, Any]]:
+        """(name, current, pinned) rows of the resource table."""
+        res = self.result
+        if res is None:
+            return []
+        pin = self.pinned if (self.pinned and self.pinned.target.backend == res.target.backend) \
+            else None  # fmt: skip
+
+        def rows(r: _inspect.CompileResult) -> list[tuple[str, Any]]:
+            c = r.constexprs
+            out = [("target", r.target.name),
+                   ("constexprs", " ".join(f"{k}={c[k]}" for k in
+                                           ("BLOCK_H", "BLOCK_K", "BLOCK_D", "EVEN_HD",
+                                            "USE_EXP2", "PREFETCH_KV"))),
+                   ("options", " ".join(f"{k}={v}" for k, v in r.options.items()))]  # fmt: skip
+            out += list(r.resources.as_rows())
+            out += [("occupancy", f"{r.resources.occupancy} {r.target.occupancy_unit}"),
+                    ("spill bytes", r.resources.spill_bytes),
+                    ("instructions", r.mix.get("total"))]  # fmt: skip
+            return out
+
+        cur = rows(res)
+        old = dict(rows(pin)) if pin else {}
+        return [(k, v, old.get(k) if pin else None) for k, v in cur]
+
+    def _show_compile(self, state: PanelState, res: _inspect.CompileResult, secs: float) -> None:
+        pin = self.pinned is not None and self.pinned.target.backend == res.target.backend
+        header = ["resource", "current", "pinned"] if pin else ["resource", "value"]
+        rows = [r if pin else r[:2] for r in self.resource_rows()]
+        self.resources.value = html_table(rows, header, cls="sml-resource-table")
+        base = self.pinned.mix if pin else None
+        self.mix_image.value = to_png(mix_figure(res.mix, base))
+        kind = "SASS" if res.target.backend == "cuda" else "AMDGCN"
+        self.isa.value = (
+            f"<div>{kind} for {html.escape(res.label)} ({len(res.isa.splitlines())} lines)</div>"
+            + pre_block(res.isa, cls="sml-isa")
+        )
+        self._show_diff()
+
+    def _show_diff(self) -> None:
+        res, pin = self.result, self.pinned
+        if pin is None or res is None:
+            self.diff_view.value = _status("pin a compile to diff against it")
+            return
+        if pin.target.backend != res.target.backend:
+            self.diff_view.value = _status(
+                f"pinned {pin.target.name} and current {res.target.name} are different backends"
+            )
+            return
+        d = _inspect.diff(pin, res)
+        self.diff_view.value = (
+            f"<div>a = pinned: {html.escape(pin.label)}<br>b = current: "
+            f"{html.escape(res.label)}</div>" + pre_block(str(d), cls="sml-diff", max_height="30em")
+        )
+
+    def _show_error(self, run: ErrorRun) -> None:
+        r = run.report
+        color = "#070" if r.ok else "#b00"
+        where = "Triton interpreter (CPU)" if run.device == "cpu" else run.device
+        self.error_text.value = (
+            f"<div class='sml-error' style='color:{color}'>error vs fp32, {tuple(run.out.shape)} "
+            f"on {html.escape(where)} ({run.seconds:.2f} s): {html.escape(str(r))}</div>"
+        )
+        self.error_image.value = to_png(error_figure(run.out, run.ref, run.baseline))
+
+    def _show_time(self, state: PanelState) -> None:
+        if self.time_ms is not None:
+            text = (f"time on {html.escape(runtime.device_name())}: {self.time_ms:.3f} ms "
+                    f"(DSv4 CSA, T=4096, H={state.num_heads}, top-k 512 + window 128)")  # fmt: skip
+        elif not runtime.has_gpu():
+            text = "time: no GPU on this machine (compile and interpreter results only)"
+        else:
+            text = "time: pick target 'local' to time on this machine's GPU"
+        self.time_text.value = f"<div class='sml-time'>{text}</div>"
+
+    # -- pinning -----------------------------------------------------------------------------
+
+    def pin(self) -> None:
+        """Keep the current compile as the baseline for the diff and the table's second column."""
+        if self.result is None:
+            self.status.value = _status("nothing compiled to pin", "#b00")
+            return
+        self.pinned = self.result
+        self._show_compile(self.state(), self.result, 0.0)
+
+    def unpin(self) -> None:
+        self.pinned = None
+        if self.result is not None:
+            self._show_compile(self.state(), self.result, 0.0)
+        else:
+            self._show_diff()
+
+    def close(self) -> None:
+        """Stop the worker thread (pending results are dropped)."""
+        with self._lock:
+            self._gen += 1
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def __repr__(self) -> str:
+        return f"ExplorerPanel({self.state().label()})"
+
+    def with_config(self, **changes: Any) -> PanelState:
+        """The current state with config fields replaced (no widget change)."""
+        s = self.state()
+        return replace(s, config=replace(s.config, **changes))

@@ -1,0 +1,127 @@
+"""Notebook 03's figures and helpers: sweep heatmaps, winner tables and a scratch config root.
+
+The sweep itself is :func:`sparse_mla.tune.sweep` (rows, one per target x shape x config), the
+winners :func:`sparse_mla.tune.best_per_shape`, the export :func:`sparse_mla.tune.export`.
+:func:`heatmaps` draws one metric per panel over two launch parameters; :func:`scratch_config_root`
+points the launcher's config lookup at a temporary copy of configs/ so a notebook (or a test)
+can export and reload without touching the repository's files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from .figures import html_table
+
+__all__ = ["heatmaps", "rows_html", "scratch_config_root"]
+
+METRIC_LABELS = {
+    "time_ms": "time (ms, lower is better)",
+    "registers": "registers (VGPRs / per thread)",
+    "occupancy": "occupancy (waves/SIMD or warps/SM)",
+    "spill_bytes": "spill bytes",
+}
+
+
+def _reduce(values: list[float], metric: str) -> float:
+    # Several configs share a cell when the grid has more axes than the plot: show the best.
+    if not values:
+        return math.nan
+    return max(values) if metric == "occupancy" else min(values)
+
+
+def heatmaps(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    target: str,
+    H: int,
+    D: int,
+    x: str = "BLOCK_K",
+    y: str = "BLOCK_H",
+    metrics: Sequence[str] = ("time_ms", "registers", "occupancy"),
+) -> Figure:
+    """One heatmap per metric over (``y``, ``x``) for ``target`` and shape (H, D); cells hold
+    the best value over the grid's other axes; configs that did not run are blank. A metric
+    with no value anywhere (time on a CPU-only sweep) says so instead of a heatmap."""
+    sel = [r for r in rows if r.get("target") == target and r.get("H") == H and r.get("D") == D]
+    if not sel:
+        raise ValueError(f"no rows for target={target!r} H={H} D={D}")
+    xs = sorted({r[x] for r in sel if r.get(x) is not None})
+    ys = sorted({r[y] for r in sel if r.get(y) is not None})
+    fig = Figure(figsize=(3.8 * len(metrics), 3.0))
+    for i, metric in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), i + 1)
+        grid = [[math.nan] * len(xs) for _ in ys]
+        for yi, yv in enumerate(ys):
+            for xi, xv in enumerate(xs):
+                vals = [float(r[metric]) for r in sel
+                        if r.get(x) == xv and r.get(y) == yv and r.get("status") == "ok"
+                        and r.get(metric) is not None]  # fmt: skip
+                grid[yi][xi] = _reduce(vals, metric)
+        if all(math.isnan(v) for row in grid for v in row):
+            ax.text(0.5, 0.5, f"no {metric}\n(compile-only sweep:\nno GPU here)",
+                    ha="center", va="center", transform=ax.transAxes)  # fmt: skip
+            ax.set_xticks([])
+            ax.set_yticks([])
+        else:
+            cmap = "viridis" if metric == "occupancy" else "viridis_r"
+            im = ax.imshow(grid, cmap=cmap, aspect="auto")
+            fig.colorbar(im, ax=ax, fraction=0.046)
+            for yi in range(len(ys)):
+                for xi in range(len(xs)):
+                    v = grid[yi][xi]
+                    text = "-" if math.isnan(v) else (f"{v:.3g}" if metric == "time_ms" else
+                                                      f"{v:.0f}")  # fmt: skip
+                    ax.text(
+                        xi,
+                        yi,
+                        text,
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        bbox={"facecolor": "white", "alpha": 0.7, "pad": 1, "lw": 0},
+                    )
+            ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+            ax.set_yticks(range(len(ys)), [str(v) for v in ys])
+            ax.set_xlabel(x)
+            ax.set_ylabel(y)
+        ax.set_title(METRIC_LABELS.get(metric, metric), fontsize=9)
+    fig.suptitle(f"{target}, H={H}, D={D}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def rows_html(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """An HTML table of selected columns of sweep rows."""
+    return html_table([[r.get(c) for c in columns] for r in rows], list(columns),
+                      cls="sml-sweep-table")  # fmt: skip
+
+
+@contextlib.contextmanager
+def scratch_config_root(copy_existing: bool = True):
+    """A temporary config root (a copy of configs/ when ``copy_existing``) that the launcher's
+    lookup uses inside the block; the repository's configs/ is never written. Yields the root.
+
+    Uses :func:`sparse_mla.configs.use_root`, which the launcher's lookup and export honour."""
+    from .. import configs
+
+    original = configs.CONFIG_ROOT
+    tmp = Path(tempfile.mkdtemp(prefix="sparse_mla_configs_"))
+    root = tmp / "configs"
+    if copy_existing and Path(original).is_dir():
+        shutil.copytree(original, root, ignore=shutil.ignore_patterns("*.lock"))
+    else:
+        root.mkdir()
+    try:
+        with configs.use_root(root):
+            yield root
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,269 @@
+"""Widget and figure logic of sparse_mla.lab, driven from Python (no browser)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sparse_mla import check_against_reference, sparse_mla_prefill
+from sparse_mla.lab import figures
+from sparse_mla.lab import softmax as lab
+from sparse_mla.lab.explorer import ExplorerPanel, PanelState, check_state
+from sparse_mla.prefill import PrefillConfig
+
+# ------------------------------------------------------------------------------------------------
+# Notebook 01 helpers
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_exp2", [False, True])
+@pytest.mark.parametrize("block_k", [1, 5, 8, 64])
+def test_online_softmax_matches_dense(block_k, use_exp2):
+    tok = lab.make_token(num_slots=37, pool=50, head_dim=16, num_invalid=6, seed=3)
+    dense = lab.dense_attention(tok)
+    steps = lab.online_softmax(tok, block_k, use_exp2=use_exp2)
+    assert len(steps) == math.ceil(37 / block_k) + 1  # tiles + the sink
+    assert steps[-1].tile == -1
+    assert steps[-1].err < 1e-12
+    assert abs(steps[-1].lse - dense.lse) < 1e-12
+    torch.testing.assert_close(steps[-1].out, dense.out, rtol=1e-12, atol=1e-12)
+    ms = [s.m_i for s in steps]
+    assert ms == sorted(ms), "the running max never decreases"
+
+
+def test_dense_attention_ignores_invalid_slots_and_sums_to_one():
+    tok = lab.make_token(num_slots=20, pool=30, head_dim=8, num_invalid=4, seed=1)
+    d = lab.dense_attention(tok)
+    assert int((~tok.valid).sum()) == 4
+    assert (d.p[~tok.valid] == 0).all()
+    assert abs(float(d.p.sum()) + d.p_sink - 1.0) < 1e-12
+    no_sink = lab.dense_attention(tok, with_sink=False)
+    torch.testing.assert_close(d.out, no_sink.out * (1 - d.p_sink), rtol=1e-12, atol=1e-12)
+
+
+def test_empty_token_gives_zeros():
+    tok = lab.make_token(num_slots=6, pool=10, head_dim=8, num_invalid=6, sink=0.5)
+    assert not tok.valid.any()
+    assert (lab.dense_attention(tok).out == 0).all()
+    assert (lab.online_softmax(tok, 4)[-1].out == 0).all()
+
+
+def test_exp_vs_exp2_folds_log2e():
+    tok = lab.make_token(seed=2)
+    r = lab.exp_vs_exp2(tok)
+    assert r["qk_scale under USE_EXP2 (scale * log2 e)"] == pytest.approx(tok.scale * lab.LOG2E)
+    assert r["max |out_exp - out_exp2|"] < 1e-12
+
+
+def test_tile_stepper_slider_redraws():
+    tok = lab.make_token(num_slots=24, seed=0)
+    box = lab.tile_stepper(tok, block_k=8)
+    assert box.slider.max == len(box.steps) == 4
+    first_png, first_info = box.image.value, box.info.value
+    box.slider.value = 3
+    assert box.image.value != first_png
+    assert box.info.value != first_info and "tile 2" in box.info.value
+    box.slider.value = 4
+    assert "sink" in box.info.value
+
+
+def test_invalid_and_empty_batch_through_the_kernel():
+    b = lab.invalid_and_empty_batch(num_heads=16, head_dim=64)
+    assert b["kv"].isnan().any(), "unreferenced rows must be poisoned"
+    out = torch.full_like(b["q"], float("nan"))
+    args = (b["q"], b["kv"], b["kv_indices"], b["kv_indptr"], b["softmax_scale"])
+    sparse_mla_prefill(*args, attn_sink=b["attn_sink"], out=out)
+    assert not out.isnan().any()
+    assert (out[2] == 0).all()
+    assert check_against_reference(out, *args, attn_sink=b["attn_sink"]).ok
+
+
+def test_figures_draw():
+    tok = lab.make_token(seed=4)
+    steps = lab.online_softmax(tok)
+    for fig in (lab.dense_figure(tok), lab.sink_figure(tok), lab.online_figure(tok, steps, 2)):
+        assert figures.to_png(fig)[:4] == b"\x89PNG"
+    out = torch.randn(2, 4, 8)
+    assert figures.to_png(figures.error_figure(out + 1e-3, out, out + 2e-3))[:4] == b"\x89PNG"
+
+
+def test_html_helpers_escape():
+    t = figures.html_table([("<b>", None)], ["a&b", "c"])
+    assert "&lt;b&gt;" in t and "a&amp;b" in t and ">-<" in t
+    p = figures.pre_block("x < y")
+    assert "x &lt; y" in p and "overflow:auto" in p and "max-height" in p
+
+
+# ------------------------------------------------------------------------------------------------
+# Notebook 02: the explorer panel
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def panel():
+    p = ExplorerPanel("gfx950", 16, 512, error_tokens=1, error_slots=32, start=False)
+    yield p
+    p.close()
+
+
+def test_check_state_reasons():
+    ok = PanelState("gfx950", 16, 512, PrefillConfig(EVEN_HD=True))
+    assert check_state(ok) is None
+    why = check_state(PanelState("gfx950", 8, 512, PrefillConfig(BLOCK_H=16, EVEN_HD=True)))
+    assert "H % BLOCK_H" in why and "H=8" in why
+    why = check_state(PanelState("gfx950", 16, 576, PrefillConfig(EVEN_HD=True)))
+    assert "576" in why
+    assert "kpack" in check_state(PanelState("gfx950", 16, 512, PrefillConfig(kpack=2)))
+    assert check_state(PanelState("gfx942", 16, 512, PrefillConfig(kpack=2))) is None
+    assert "BLOCK_K" in check_state(PanelState("sm90", 16, 512, PrefillConfig(BLOCK_K=8)))
+
+
+def test_panel_even_hd_toggle_updates_table_and_plots(panel):
+    panel.update(wait=True)
+    assert panel.invalid is None and panel.result is not None
+    table = panel.resources.value
+    assert "sml-resource-table" in table and "arch VGPRs" in table and "occupancy" in table
+    assert "next step" in table
+    assert panel.result.resources.occupancy >= 1
+    assert panel.mix_image.value[:4] == b"\x89PNG"
+    assert "sml-isa" in panel.isa.value and "v_mfma" in panel.isa.value
+    assert panel.error is not None and panel.error.report.ok
+    assert panel.error_image.value[:4] == b"\x89PNG"
+    assert "no GPU" in panel.time_text.value or "time" in panel.time_text.value
+    assert "done" in panel.status.value and panel.progress.value == panel.progress.max
+    mix_before, isa_before = panel.mix_image.value, panel.isa.value
+
+    panel.w_even.value = False  # the observer starts a recompile
+    panel.wait()
+    assert panel.result.constexprs["EVEN_HD"] is False
+    assert panel.resources.value != table
+    assert "EVEN_HD=False" in panel.resources.value
+    assert panel.mix_image.value != mix_before and panel.isa.value != isa_before
+
+
+def test_panel_invalid_combination_says_why(panel):
+    panel.update(wait=True)
+    panel.w_heads.value = 8  # EVEN_HD stays ticked: H=8 is not a multiple of BLOCK_H=16
+    panel.wait()
+    assert panel.result is None
+    assert "sml-invalid" in panel.resources.value
+    assert "H % BLOCK_H" in panel.resources.value
+    assert "Traceback" not in panel.resources.value
+    panel.w_even.value = False  # now valid again
+    panel.wait()
+    assert panel.result is not None and "sml-resource-table" in panel.resources.value
+    panel.w_kpack.value = 2
+    assert "kpack=2 is a gfx942 option" in panel.resources.value
+
+
+def test_panel_amd_only_controls_follow_target(panel):
+    assert panel.w_kpack.layout.display is None and panel.w_waves.layout.display is None
+    panel.w_target.value = "sm90"
+    panel.wait()
+    assert panel.w_kpack.layout.display == "none" and panel.w_waves.layout.display == "none"
+    assert panel.state().config.kpack is None
+    assert "registers" in panel.resources.value and "warps/SM" in panel.resources.value
+    assert "sml-isa" in panel.isa.value
+
+
+def test_panel_pin_and_diff(panel):
+    panel.update(wait=True)
+    assert "pin a compile" in panel.diff_view.value
+    panel.pin()
+    panel.set(BLOCK_K=16)
+    panel.wait()
+    assert "pinned" in panel.resources.value  # the table gains a pinned column
+    assert "a = pinned" in panel.diff_view.value and "sml-diff" in panel.diff_view.value
+    assert "BLOCK_K=32" in panel.diff_view.value and "BLOCK_K=16" in panel.diff_view.value
+    panel.unpin()
+    assert "pin a compile" in panel.diff_view.value
+
+
+def test_panel_drops_stale_results(panel):
+    panel.run_errors = False
+    panel.update()
+    panel.w_block_k.value = 16
+    panel.w_warps.value = 8  # three states queued; only the last may be shown
+    panel.wait()
+    assert panel.result.constexprs["BLOCK_K"] == 16
+    assert panel.result.options["num_warps"] == 8
+    assert panel.dropped >= 1
+    assert "num_warps=8" in panel.resources.value
+
+
+def test_panel_set_rejects_unknown(panel):
+    with pytest.raises(ValueError, match="unknown control"):
+        panel.set(BLOCK_Q=3)
+
+
+# ------------------------------------------------------------------------------------------------
+# Notebooks 03-05 helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def test_slot_pattern_helpers():
+    from sparse_mla.lab.captures import neighbour_overlap, slot_heatmap, slots_per_token
+
+    idx = torch.tensor([0, 1, -1, 1, 2, 9, 5])  # N = 5: -1 and 9 are invalid
+    ptr = torch.tensor([0, 3, 6, 7, 7])
+    valid, invalid = slots_per_token(idx, ptr, 5)
+    assert valid.tolist() == [2, 2, 0, 0] and invalid.tolist() == [1, 1, 1, 0]
+    heat = slot_heatmap(idx, ptr, 5)
+    assert heat.shape == (4, 5) and heat.sum() == 4 and heat[1, 2] == 1
+    ov = neighbour_overlap(idx, ptr, 5)
+    assert ov.tolist() == pytest.approx([1 / 3, 0.0, 1.0])
+
+
+def test_slot_pattern_figure_of_a_capture():
+    from pathlib import Path
+
+    from sparse_mla.capture import load_capture
+    from sparse_mla.lab.captures import slot_pattern_figure
+
+    paths = sorted((Path(__file__).parent.parent / "data" / "captures").glob("glm_*.safetensors"))
+    if not paths:
+        pytest.skip("no GLM capture in data/captures")
+    png = figures.to_png(slot_pattern_figure(load_capture(paths[0])))
+    assert png[:4] == b"\x89PNG"
+
+
+def test_sweep_heatmaps_and_scratch_root():
+    from sparse_mla import configs
+    from sparse_mla.lab.sweep import heatmaps, scratch_config_root
+
+    rows = [
+        {"target": "gfx950", "H": 16, "D": 512, "BLOCK_H": bh, "BLOCK_K": bk, "status": "ok",
+         "time_ms": None, "registers": 100 + bk, "occupancy": 2 if bk == 16 else 1}
+        for bh in (16, 32) for bk in (16, 32)
+    ]  # fmt: skip
+    assert figures.to_png(heatmaps(rows, target="gfx950", H=16, D=512))[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="no rows"):
+        heatmaps(rows, target="sm90", H=16, D=512)
+    original = configs.CONFIG_ROOT
+    with scratch_config_root() as root:
+        assert root == configs._default_root() and root != original
+        path = configs.config_path("gfx950")
+        assert str(path).startswith(str(root))
+    assert original == configs.CONFIG_ROOT == configs._default_root()
+    assert not root.exists()
+
+
+def test_gluon_layout_ownership():
+    from triton.experimental.gluon import language as gl
+
+    from sparse_mla.lab.gluon import ownership
+
+    mfma = gl.amd.AMDMFMALayout(version=4, instr_shape=[16, 16, 32], transposed=True,
+                                warps_per_cta=[1, 4])  # fmt: skip
+    own = ownership(mfma, (16, 64))
+    assert (own["copies"] == 1).all()
+    # Transposed MFMA: lane l owns row l % 16 and 4 consecutive columns from 4 * (l // 16).
+    assert own["lane"][3, 0] == 3 and own["lane"][3, 4] == 19 and own["lane"][3, 12] == 51
+    assert own["warp"][:, :16].eq(0).all() and own["warp"][:, 48:].eq(3).all()
+    nv = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+    own = ownership(nv, (16, 64))
+    assert (own["copies"] == 1).all()
+    assert own["lane"][0, :8].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert own["lane"][8, 0] == 0 and own["reg"][8, 0] != own["reg"][0, 0]
