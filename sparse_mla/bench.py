@@ -445,7 +445,7 @@ def _provider(name: str, w, device: torch.device) -> tuple[Callable[[torch.Tenso
         from .gluon import choose_num_splits, default_config, mla_gluon
         from .gluon.launch import get_target
 
-        gcfg = default_config(H, get_target(runtime.arch(device.index or 0)))
+        gcfg = default_config(H, get_target(runtime.arch(device.index or 0)), has_pe=False)
         sms = torch.cuda.get_device_properties(device.index or 0).multi_processor_count
         splits = choose_num_splits(q.shape[0], H, idx.numel(), gcfg, sms)
         cfg = {**asdict(gcfg), "num_kv_splits": splits}

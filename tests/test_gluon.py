@@ -19,6 +19,7 @@ import torch
 import triton
 
 from sparse_mla.gluon import GluonConfig, choose_num_splits, compile_args, compile_for, mla_gluon
+from sparse_mla.gluon.launch import default_config, get_target, use_wgmma
 from sparse_mla.reference import error_report, mla_decode_ref, sparse_mla_prefill_ref
 
 # ----------------------------------------------------------------------------------------------
@@ -63,15 +64,46 @@ def test_gfx950_cross_compile_mfma_buffer_lds_no_scratch(mode):
     assert 0 < res["TotalNumVgprs"] <= 512 and res["Occupancy"] >= 1, res
 
 
-@pytest.mark.parametrize("mode", ["decode", "prefill"])
-def test_sm90_cross_compile_mma_cp_async(mode):
-    k = _compiled(mode, "sm90", 64)
+@pytest.mark.parametrize(
+    "mode, config, instr",
+    [
+        ("decode", None, "mma.sync.aligned.m16n8k16"),
+        ("prefill", GluonConfig(64, 32, 8, wgmma=False), "mma.sync.aligned.m16n8k16"),
+        ("prefill", None, "wgmma.mma_async.sync.aligned.m64n256k16"),
+        ("prefill", GluonConfig(64, 32, 8, num_stages=4), "wgmma.mma_async.sync.aligned.m64n256"),
+    ],
+)
+def test_sm90_cross_compile_mma_cp_async(mode, config, instr):
+    k = compile_for(mode, "sm90", num_heads=64, config=config)
     ptx = k.asm["ptx"]
-    assert "mma.sync.aligned.m16n8k16" in ptx and ".bf16" in ptx
+    assert instr in ptx and ".bf16" in ptx, f"no {instr}"
     assert "cp.async" in ptx, "KV gather is not cp.async"
     res = _nvidia_resources(k.asm["cubin"])
     assert 0 < res["REG"] <= 255 and res["LOCAL"] == 0, res
-    assert k.metadata.shared > 0
+    assert 0 < k.metadata.shared <= 227 * 1024
+
+
+def test_wgmma_dispatch_rule():
+    sm90, sm80 = get_target("sm90"), get_target("sm80")
+    cfg64 = GluonConfig(BLOCK_H=64, BLOCK_K=32, num_warps=8)
+    assert use_wgmma(cfg64, sm90, has_pe=False)
+    assert not use_wgmma(cfg64, sm90, has_pe=True)  # decode keeps the shared algorithm
+    assert not use_wgmma(cfg64, sm80, has_pe=False)  # no wgmma before sm90
+    assert not use_wgmma(GluonConfig(16, 32, 4), sm90, has_pe=False)
+    # A ring too large for shared memory falls back, or is refused when asked for.
+    assert not use_wgmma(GluonConfig(64, 64, 8, num_stages=3), sm90, has_pe=False)
+    with pytest.raises(ValueError, match="wgmma"):
+        use_wgmma(GluonConfig(64, 64, 8, wgmma=True, num_stages=3), sm90, has_pe=False)
+    with pytest.raises(ValueError, match="wgmma"):
+        use_wgmma(GluonConfig(16, 32, 4, wgmma=True), sm90, has_pe=False)
+    with pytest.raises(ValueError, match="num_stages"):
+        GluonConfig(64, 32, 8, num_stages=1).validate()
+    # Defaults: sm90 prefill at H >= 64 is the wgmma kernel, BLOCK_K 64 x 2 stages.
+    pre = default_config(128, sm90, has_pe=False)
+    assert (pre.BLOCK_K, pre.num_stages) == (64, 2) and use_wgmma(pre, sm90, has_pe=False)
+    assert default_config(128, sm90, has_pe=True).BLOCK_K == 32
+    assert default_config(128, get_target("gfx950"), has_pe=False).BLOCK_K == 32
+    assert not use_wgmma(default_config(16, sm90, has_pe=False), sm90, has_pe=False)
 
 
 def test_compile_args_shapes_and_errors():
@@ -284,6 +316,32 @@ def test_gpu_prefill_matches_reference(H, with_sink, index_dtype, splits):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize(
+    "config",
+    [
+        GluonConfig(64, 32, 8, wgmma=True, num_stages=4),
+        GluonConfig(64, 32, 8, wgmma=True, num_stages=3),
+        GluonConfig(64, 32, 8, wgmma=False),
+    ],
+    ids=["wgmma_k32_s4", "wgmma_k32_s3", "mma"],
+)
+def test_gpu_prefill_variants_match_reference(config):
+    T, H = 40, 128
+    c = _gpu_case(T, H, 5000, has_pe=False, index_dtype=torch.int64, seed=11, max_len=700)
+    sink = torch.randn(H, device="cuda")
+    scale = 512**-0.5
+    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    mla_gluon(**c, sm_scale=scale, has_pe=False, attn_sink=sink, out=out, config=config)
+    args = (c["q_nope"], c["kv_c"], c["kv_indices"], c["kv_indptr"], scale)
+    ref = sparse_mla_prefill_ref(*args, attn_sink=sink)
+    base = sparse_mla_prefill_ref(*args, attn_sink=sink, upcast=False)
+    rep = error_report(out.float(), ref, base.float())
+    assert rep.ok, str(rep)
+    assert torch.all(out[0] == 0) and torch.all(out[2] == 0), "empty rows must be zeros"
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_empty_pool_and_no_rows():
     c = _gpu_case(3, 16, 50, has_pe=True, index_dtype=torch.int32, seed=5)
     c["kv_c"], c["k_pe"] = c["kv_c"][:0], c["k_pe"][:0]
@@ -299,7 +357,8 @@ def test_inspect_compiles_both_modes(mode, target):
     res = inspect.compile_gluon(mode, target)
     assert res.resources.spill_bytes == 0
     assert res.resources.occupancy >= 1
-    key = "mfma" if target == "gfx950" else "mma"
+    # sm90 prefill at H=64 is the wgmma kernel (HGMMA); decode is mma.sync (HMMA).
+    key = "mfma" if target == "gfx950" else ("wgmma" if mode == "prefill" else "mma")
     assert res.mix[key] > 0, res.mix
     rows = dict(res.resources.as_rows())
     assert rows, "no resource rows"

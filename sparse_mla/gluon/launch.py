@@ -18,8 +18,9 @@ import triton
 from triton.experimental.gluon import language as gl
 
 from .. import runtime
-from . import cdna4, hopper
+from . import cdna4, hopper, hopper_prefill
 from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
+from .hopper_prefill import _prefill_wgmma_kernel
 
 __all__ = [
     "GluonConfig",
@@ -29,12 +30,14 @@ __all__ = [
     "compile_for",
     "default_config",
     "mla_gluon",
+    "use_wgmma",
 ]
 
 HEAD_DIM = 512
 PE_DIM = 64
 DK = 64  # width of one Q/K chunk of S = Q K^T
 MAX_SPLITS = 16
+SMEM_LIMIT = 227 * 1024  # sm90 shared memory per block
 _LOG2E = 1.4426950408889634
 
 
@@ -93,11 +96,19 @@ def _num_compute_units(device_index: int) -> int:
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """Tile sizes and warps of one launch: BLOCK_H heads x BLOCK_K slots per tile."""
+    """Tile sizes and warps of one launch: BLOCK_H heads x BLOCK_K slots per tile.
+
+    ``wgmma`` picks the sm90 sparse-prefill kernel (``hopper_prefill.py``: wgmma, a ring of
+    ``num_stages`` cp.async KV tiles); None: it serves every sm90 prefill launch with
+    BLOCK_H = 64 and 8 warps, the shared algorithm serves the rest. ``num_stages`` is used by
+    that kernel only.
+    """
 
     BLOCK_H: int = 16
     BLOCK_K: int = 32
     num_warps: int = 4
+    wgmma: bool | None = None
+    num_stages: int = 4
 
     def validate(self) -> None:
         if self.BLOCK_H not in (16, 32, 64):
@@ -106,13 +117,54 @@ class GluonConfig:
             raise ValueError(f"config: BLOCK_K must be 16, 32 or 64, got {self.BLOCK_K!r}")
         if self.num_warps not in (4, 8):
             raise ValueError(f"config: num_warps must be 4 or 8, got {self.num_warps!r}")
+        if self.wgmma not in (None, True, False):
+            raise ValueError(f"config: wgmma must be None, True or False, got {self.wgmma!r}")
+        if not 2 <= self.num_stages <= 8:
+            raise ValueError(f"config: num_stages must be in [2, 8], got {self.num_stages!r}")
 
 
-def default_config(num_heads: int, target: Target) -> GluonConfig:
+def _wgmma_shape_ok(cfg: GluonConfig) -> bool:
+    return (
+        cfg.BLOCK_H == 64
+        and cfg.num_warps == 8
+        and cfg.BLOCK_K in (32, 64)
+        and _wgmma_smem_bytes(cfg) <= SMEM_LIMIT
+    )
+
+
+def _wgmma_smem_bytes(cfg: GluonConfig) -> int:
+    """Q + the KV ring + P, bf16/fp16 (the kernel's shared-memory allocations)."""
+    return 2 * (cfg.BLOCK_H * HEAD_DIM + cfg.num_stages * cfg.BLOCK_K * HEAD_DIM
+                + cfg.BLOCK_H * cfg.BLOCK_K)  # fmt: skip
+
+
+def use_wgmma(cfg: GluonConfig, target: Target, *, has_pe: bool) -> bool:
+    """Whether a launch runs the sm90 wgmma prefill kernel (see :class:`GluonConfig`)."""
+    able = target.arch == "hopper" and target.arch_id == 90 and not has_pe
+    if cfg.wgmma is None:
+        return able and _wgmma_shape_ok(cfg)
+    if cfg.wgmma and not (able and _wgmma_shape_ok(cfg)):
+        raise ValueError(
+            "config: wgmma=True needs an sm90 prefill (has_pe=False) with BLOCK_H=64, "
+            f"num_warps=8, BLOCK_K 32 or 64 and <= {SMEM_LIMIT} bytes of shared memory "
+            f"({_wgmma_smem_bytes(cfg)} at num_stages={cfg.num_stages}); got {cfg} on "
+            f"{target.name}"
+        )
+    return bool(cfg.wgmma)
+
+
+def default_config(num_heads: int, target: Target, *, has_pe: bool = True) -> GluonConfig:
     """BLOCK_H covers the heads up to 64 (a KV row is gathered once per 64 heads); 8 warps at
-    BLOCK_H=64 keep the [64, 512] fp32 accumulator at 64 registers per lane (Hopper: 128)."""
+    BLOCK_H=64 keep the [64, 512] fp32 accumulator at 64 registers per lane (Hopper: 128).
+
+    sm90 prefill (``has_pe=False``) at BLOCK_H=64 runs the wgmma kernel with BLOCK_K=64 and a
+    2-deep ring (205 KB of shared memory): on the H200 at T=16384 it measured 4.80 ms (CSA H=64,
+    topk 512) and 14.5 ms (H=128, topk 1024) against 5.95 / 18.4 ms for BLOCK_K=32 with 3 or 4
+    stages (docs/PERF_NOTES.md)."""
     block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
     num_warps = 8 if block_h == 64 else 4
+    if block_h == 64 and not has_pe and target.arch == "hopper" and target.arch_id == 90:
+        return GluonConfig(BLOCK_H=64, BLOCK_K=64, num_warps=8, num_stages=2)
     return GluonConfig(BLOCK_H=block_h, BLOCK_K=32, num_warps=num_warps)
 
 
@@ -172,6 +224,22 @@ def kernel_constexprs(
         "WRITE_LSE": write_lse,
         "USE_BUFFER": use_buffer and target.arch == "cdna4",
         **_layouts(cfg, target),
+    }
+
+
+def wgmma_constexprs(
+    cfg: GluonConfig, *, has_sink: bool, num_splits: int, write_lse: bool
+) -> dict[str, Any]:
+    """The constexprs ``_prefill_wgmma_kernel`` compiles with for a launch."""
+    return {
+        "BLOCK_H": cfg.BLOCK_H,
+        "BLOCK_K": cfg.BLOCK_K,
+        "HEAD_DIM": HEAD_DIM,
+        "STAGES": cfg.num_stages,
+        "HAS_SINK": has_sink,
+        "NUM_SPLITS": num_splits,
+        "WRITE_LSE": write_lse,
+        **hopper_prefill.layouts(cfg.BLOCK_H, cfg.BLOCK_K, HEAD_DIM, cfg.num_warps),
     }
 
 
@@ -240,8 +308,26 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
     index_dtype = shape.get("index_dtype", torch.int32)
     if index_dtype not in (torch.int32, torch.int64):
         raise TypeError(f"index_dtype must be torch.int32 or torch.int64, got {index_dtype}")
-    cfg = shape.get("config") or default_config(num_heads, target)
+    cfg = shape.get("config") or default_config(num_heads, target, has_pe=has_pe)
     cfg.validate()
+    elem = "*" + _DTYPE_SIG[dtype]
+    idx = "*i64" if index_dtype == torch.int64 else "*i32"
+    if use_wgmma(cfg, target, has_pe=has_pe):
+        constexprs = wgmma_constexprs(
+            cfg,
+            has_sink=bool(shape.get("has_sink", True)),
+            num_splits=int(shape.get("num_splits", 1)),
+            write_lse=bool(shape.get("return_lse", False)),
+        )
+        signature = {
+            "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
+            "sink_ptr": "*fp32", "out_ptr": elem, "lse_ptr": "*fp32", "opart_ptr": "*fp32",
+            "lsepart_ptr": "*fp32", "stride_qr": "i32", "stride_qh": "i32", "stride_kvn": "i32",
+            "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32", "num_kv": "i32",
+            "qk_scale": "fp32",
+        }  # fmt: skip
+        signature.update({k: "constexpr" for k in constexprs})
+        return _prefill_wgmma_kernel, signature, constexprs, {"num_warps": 8, "num_stages": 1}
     constexprs = kernel_constexprs(
         cfg,
         target,
@@ -251,8 +337,6 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
         write_lse=bool(shape.get("return_lse", has_pe)),
         use_buffer=bool(shape.get("use_buffer", True)),
     )
-    elem = "*" + _DTYPE_SIG[dtype]
-    idx = "*i64" if index_dtype == torch.int64 else "*i32"
     signature = {
         "q_ptr": elem, "qpe_ptr": elem, "kv_ptr": elem, "kpe_ptr": elem, "idx_ptr": idx,
         "indptr_ptr": idx, "sink_ptr": "*fp32", "out_ptr": elem, "lse_ptr": "*fp32",
@@ -453,7 +537,7 @@ def mla_gluon(
     tgt = get_target(local)
     if target is not None and get_target(target).name != tgt.name:
         raise ValueError(f"target {target!r} does not match the local GPU ({local})")
-    cfg = config or default_config(q_nope.shape[1], tgt)
+    cfg = config or default_config(q_nope.shape[1], tgt, has_pe=has_pe)
     cfg.validate()
     R, H, _ = q_nope.shape
     N = kv2.shape[0]
@@ -473,12 +557,6 @@ def mla_gluon(
         R, H, kv_indices.numel(), cfg, _num_compute_units(dev)
     )
     pools = (kv2, kpe2) if has_pe else (kv2,)
-    cx = kernel_constexprs(
-        cfg, tgt, has_pe=has_pe, has_sink=attn_sink is not None, num_splits=splits,
-        write_lse=return_lse, use_buffer=_use_buffer(tgt, *pools),
-    )  # fmt: skip
-    qpe = q_pe if has_pe else q_nope
-    kpe = kpe2 if has_pe else kv2
     sink = attn_sink.contiguous() if attn_sink is not None else lse_dummy(q_nope)
     lse_arg = lse if lse is not None else lse_dummy(q_nope)
     if splits > 1:
@@ -486,14 +564,22 @@ def mla_gluon(
         lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
     else:
         opart = lsepart = lse_dummy(q_nope)
-    grid = (R, triton.cdiv(H, cfg.BLOCK_H), splits)
-    _mla_fwd_kernel[grid](
-        q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
-        q_nope.stride(0), q_nope.stride(1), qpe.stride(0), qpe.stride(1),
-        kv2.stride(0), kpe.stride(0), out.stride(0), out.stride(1),
-        H, N, float(sm_scale) * _LOG2E,
-        num_warps=cfg.num_warps, num_stages=1, **cx,
-    )  # fmt: skip
+    if use_wgmma(cfg, tgt, has_pe=has_pe):
+        wcx = wgmma_constexprs(
+            cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse
+        )
+        _prefill_wgmma_kernel[(R * triton.cdiv(H, cfg.BLOCK_H), splits)](
+            q_nope, kv2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
+            q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
+            H, N, float(sm_scale) * _LOG2E,
+            num_warps=cfg.num_warps, num_stages=1, **wcx,
+        )  # fmt: skip
+    else:
+        _launch_shared(
+            cfg, tgt, q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sink, out, lse_arg, opart,
+            lsepart, sm_scale, has_pe=has_pe, has_sink=attn_sink is not None, splits=splits,
+            write_lse=return_lse, use_buffer=_use_buffer(tgt, *pools),
+        )  # fmt: skip
     if splits > 1:
         rcx = _reduce_constexprs(H, splits, attn_sink is not None, return_lse, tgt)
         _mla_reduce_kernel[(R, triton.cdiv(H, rcx["BLOCK_H"]))](
@@ -501,6 +587,28 @@ def mla_gluon(
             num_warps=4, **rcx,
         )  # fmt: skip
     return (out, lse) if return_lse else out
+
+
+def _launch_shared(
+    cfg, tgt, q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
+    sm_scale, *, has_pe, has_sink, splits, write_lse, use_buffer,
+):  # fmt: skip
+    """Launch the shared algorithm's ``_mla_fwd_kernel`` (decode, gfx950, sm80, H <= 32)."""
+    R, H, _ = q_nope.shape
+    cx = kernel_constexprs(
+        cfg, tgt, has_pe=has_pe, has_sink=has_sink, num_splits=splits, write_lse=write_lse,
+        use_buffer=use_buffer,
+    )  # fmt: skip
+    qpe = q_pe if has_pe else q_nope
+    kpe = kpe2 if has_pe else kv2
+    grid = (R, triton.cdiv(H, cfg.BLOCK_H), splits)
+    _mla_fwd_kernel[grid](
+        q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
+        q_nope.stride(0), q_nope.stride(1), qpe.stride(0), qpe.stride(1),
+        kv2.stride(0), kpe.stride(0), out.stride(0), out.stride(1),
+        H, kv2.shape[0], float(sm_scale) * _LOG2E,
+        num_warps=cfg.num_warps, num_stages=1, **cx,
+    )  # fmt: skip
 
 
 def lse_dummy(like: torch.Tensor) -> torch.Tensor:
