@@ -267,3 +267,16 @@ def test_gluon_layout_ownership():
     assert (own["copies"] == 1).all()
     assert own["lane"][0, :8].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert own["lane"][8, 0] == 0 and own["reg"][8, 0] != own["reg"][0, 0]
+
+
+@pytest.mark.gpu
+def test_panel_times_and_checks_on_the_local_gpu():
+    # The GPU branch of the explorer: compile for this GPU, run the error check there, time it.
+    p = ExplorerPanel("local", 16, 512, error_tokens=4, start=False)
+    try:
+        p.update(wait=True)
+        assert p.invalid is None and p.result is not None
+        assert p.error is not None and p.error.device == "cuda" and p.error.report.ok
+        assert "time on" in p.time_text.value and " ms " in p.time_text.value
+    finally:
+        p.close()
