@@ -30,7 +30,6 @@ should not (an invalid slot clamped into range, a wrong offset) produces NaN and
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import importlib
@@ -39,13 +38,14 @@ import os
 import platform
 import struct
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ._files import atomic_write as _atomic_write
 
 __all__ = [
     "Capture",
@@ -256,22 +256,6 @@ def encode_capture(
     meta[_HASH_KEY] = _content_hash(tensors, meta)
     data = save(tensors, metadata={_META_KEY: json.dumps(meta, sort_keys=True)})
     return data, meta
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder; nothing partial remains."""
-    # A hidden, unique name beside the target; "x" mode gives normal (umask) permissions.
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def save_capture(

@@ -32,13 +32,13 @@ import multiprocessing as mp
 import os
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from . import configs
+from ._files import atomic_write
 
 __all__ = [
     "COLUMNS",
@@ -873,17 +873,7 @@ def export(
         new_text = configs.dump_entries(merged)
         configs.parse_entries(json.loads(new_text), arch, label)
         if not dry_run and new_text != old_text:
-            fd, tmp = tempfile.mkstemp(prefix=".DEFAULT.", suffix=".tmp", dir=path.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(new_text)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+            atomic_write(path, new_text.encode())
     try:
         rel = path.resolve().relative_to(Path.cwd().resolve())
         a, b = f"a/{rel}", f"b/{rel}"

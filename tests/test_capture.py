@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import sparse_mla
+from sparse_mla import _files as files
 from sparse_mla import capture as cap
 from sparse_mla import reference
 from sparse_mla.prefill import sparse_mla_prefill
@@ -232,7 +233,7 @@ def test_failed_write_leaves_nothing_partial(tmp_path, monkeypatch):
     q, kv, idx, ptr, scale, s = _call()
     target = tmp_path / "x.safetensors"
     real_open = open
-    monkeypatch.setattr(cap, "open", lambda *a, **k: _FailingFile(real_open(*a, **k)),
+    monkeypatch.setattr(files, "open", lambda *a, **k: _FailingFile(real_open(*a, **k)),
                         raising=False)  # fmt: skip
     with pytest.raises(OSError, match="No space"):
         cap.save_capture(target, q, kv, idx, ptr, scale, s)
@@ -245,7 +246,7 @@ def test_failed_write_leaves_nothing_partial(tmp_path, monkeypatch):
     def bad_fsync(fd):
         raise OSError(5, "I/O error")
 
-    monkeypatch.setattr(cap.os, "fsync", bad_fsync)
+    monkeypatch.setattr(files.os, "fsync", bad_fsync)
     with pytest.raises(OSError, match="I/O error"):
         cap.save_capture(target, q, kv, idx, ptr, scale, s, source="new")
     assert [p.name for p in tmp_path.iterdir()] == ["x.safetensors"]
