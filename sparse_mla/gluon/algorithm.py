@@ -86,6 +86,50 @@ def _issue_tile(
 
 
 @gluon.jit
+def _epilogue(
+    acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
+    stride_or, stride_oh, num_heads,
+    BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_SINK: gl.constexpr,
+    NUM_SPLITS: gl.constexpr, WRITE_LSE: gl.constexpr,
+    ROW_S: gl.constexpr, ROW_O: gl.constexpr, COL_O: gl.constexpr,
+):  # fmt: skip
+    """The end of every forward kernel, after the last tile: fold in the sink, normalise, store
+    the output (and LSE), or with NUM_SPLITS > 1 store this split's normalised partial output
+    and base-2 LSE for the reduce kernel. ``m_i``/``l_i`` are per-head (layout ROW_S, base 2),
+    ``acc`` the unnormalised [BLOCK_H, HEAD_DIM] output (rows ROW_O, columns COL_O)."""
+    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_S)
+    h_ok = offs_h < num_heads
+    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_O)
+    offs_do = gl.arange(0, HEAD_DIM, layout=COL_O)
+    o_mask = (offs_ho < num_heads)[:, None]
+    if NUM_SPLITS == 1:
+        m_fin = m_i
+        if HAS_SINK:
+            # The sink: a virtual column with logit sink_h and a zero value vector.
+            sink = gl.load(sink_ptr + offs_h, mask=h_ok, other=0.0) * LOG2E
+            m_fin = gl.where(m_i > float("-inf"), gl.maximum(m_i, sink), sink)
+            alpha = gl.exp2(m_i - m_fin)
+            l_i = l_i * alpha + gl.exp2(sink - m_fin)
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        # A row with no valid slot has acc == 0: keep it 0 (not 0/0), with or without a sink.
+        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / gl.convert_layout(l_safe, ROW_O)[:, None]
+        o_ptrs = out_ptr + pid_r * stride_or + offs_ho[:, None] * stride_oh + offs_do[None, :]
+        gl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+        if WRITE_LSE:
+            lse = gl.where(l_i > 0.0, (m_fin + gl.log2(l_safe)) * LN2, float("-inf"))
+            gl.store(lse_ptr + pid_r * num_heads + offs_h, lse, mask=h_ok)
+    else:
+        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / gl.convert_layout(l_safe, ROW_O)[:, None]
+        part = pid_r * NUM_SPLITS + pid_s  # int64
+        o_ptrs = opart_ptr + (part * num_heads + offs_ho[:, None]) * HEAD_DIM + offs_do[None, :]
+        gl.store(o_ptrs, o, mask=o_mask)
+        lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
+        gl.store(lsepart_ptr + part * num_heads + offs_h, lse2, mask=h_ok)
+
+
+@gluon.jit
 def _mla_fwd_kernel(
     q_ptr,  # [R, H, HEAD_DIM]
     qpe_ptr,  # [R, H, PE_DIM] (unused without HAS_PE)
@@ -229,37 +273,11 @@ def _mla_fwd_kernel(
         valid = valid_n
     _wait(0, ARCH)
 
-    # ---- Epilogue.
-    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_QK)
-    h_ok = offs_h < num_heads
-    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_PV)
-    offs_do = gl.arange(0, HEAD_DIM, layout=COL_PV)
-    o_mask = (offs_ho < num_heads)[:, None]
-    if NUM_SPLITS == 1:
-        m_fin = m_i
-        if HAS_SINK:
-            # The sink: a virtual column with logit sink_h and a zero value vector.
-            sink = gl.load(sink_ptr + offs_h, mask=h_ok, other=0.0) * LOG2E
-            m_fin = gl.where(m_i > float("-inf"), gl.maximum(m_i, sink), sink)
-            alpha = gl.exp2(m_i - m_fin)
-            l_i = l_i * alpha + gl.exp2(sink - m_fin)
-            acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
-        # A row with no valid slot has acc == 0: keep it 0 (not 0/0), with or without a sink.
-        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-        o = acc / gl.convert_layout(l_safe, ROW_PV)[:, None]
-        o_ptrs = out_ptr + pid_r * stride_or + offs_ho[:, None] * stride_oh + offs_do[None, :]
-        gl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
-        if WRITE_LSE:
-            lse = gl.where(l_i > 0.0, (m_fin + gl.log2(l_safe)) * LN2, float("-inf"))
-            gl.store(lse_ptr + pid_r * num_heads + offs_h, lse, mask=h_ok)
-    else:
-        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-        o = acc / gl.convert_layout(l_safe, ROW_PV)[:, None]
-        part = pid_r * NUM_SPLITS + pid_s  # int64
-        o_ptrs = opart_ptr + (part * num_heads + offs_ho[:, None]) * HEAD_DIM + offs_do[None, :]
-        gl.store(o_ptrs, o, mask=o_mask)
-        lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
-        gl.store(lsepart_ptr + part * num_heads + offs_h, lse2, mask=h_ok)
+    _epilogue(
+        acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
+        stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS, WRITE_LSE,
+        ROW_QK, ROW_PV, COL_PV,
+    )  # fmt: skip
 
 
 @gluon.jit

@@ -15,9 +15,10 @@ token and block of 64 heads, online softmax in base 2, sink, empty rows zero) bu
   cp.async copies 0 bytes and zero-fills, so those V rows are 0 and never read from the pool;
   their logits are -inf.
 
-Kept apart from ``algorithm.py`` because the wgmma operands must stay in shared memory in the
-NVMMA layout (no register operand chunks) and the ring depth changes the loop's structure;
-the gfx950 instantiation keeps the shared algorithm.
+The epilogue (sink, empty rows, stores, split partials) is ``algorithm._epilogue``, shared
+with the other instantiations. The main loop is kept apart from ``algorithm.py`` because the
+wgmma operands must stay in shared memory in the NVMMA layout (no register operand chunks)
+and the ring depth changes the loop's structure; gfx950 keeps the shared algorithm.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-LOG2E = gl.constexpr(1.4426950408889634)
-LN2 = gl.constexpr(0.6931471805599453)
+from .algorithm import _epilogue
 
 
 def layouts(block_h: int, block_k: int, head_dim: int, num_warps: int) -> dict:
@@ -184,34 +184,8 @@ def _prefill_wgmma_kernel(
         acc = warpgroup_mma(p_smem, kv_tile, acc)
     cp.wait_group(0)
 
-    # ---- Epilogue.
-    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_S)
-    h_ok = offs_h < num_heads
-    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_O)
-    offs_do = gl.arange(0, HEAD_DIM, layout=COL_O)
-    o_mask = (offs_ho < num_heads)[:, None]
-    if NUM_SPLITS == 1:
-        m_fin = m_i
-        if HAS_SINK:
-            # The sink: a virtual column with logit sink_h and a zero value vector.
-            sink = gl.load(sink_ptr + offs_h, mask=h_ok, other=0.0) * LOG2E
-            m_fin = gl.where(m_i > float("-inf"), gl.maximum(m_i, sink), sink)
-            alpha = gl.exp2(m_i - m_fin)
-            l_i = l_i * alpha + gl.exp2(sink - m_fin)
-            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        # A row with no valid slot has acc == 0: keep it 0 (not 0/0), with or without a sink.
-        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-        o = acc / gl.convert_layout(l_safe, ROW_O)[:, None]
-        o_ptrs = out_ptr + pid_r * stride_or + offs_ho[:, None] * stride_oh + offs_do[None, :]
-        gl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
-        if WRITE_LSE:
-            lse = gl.where(l_i > 0.0, (m_fin + gl.log2(l_safe)) * LN2, float("-inf"))
-            gl.store(lse_ptr + pid_r * num_heads + offs_h, lse, mask=h_ok)
-    else:
-        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
-        o = acc / gl.convert_layout(l_safe, ROW_O)[:, None]
-        part = pid_r * NUM_SPLITS + pid_s  # int64
-        o_ptrs = opart_ptr + (part * num_heads + offs_ho[:, None]) * HEAD_DIM + offs_do[None, :]
-        gl.store(o_ptrs, o, mask=o_mask)
-        lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
-        gl.store(lsepart_ptr + part * num_heads + offs_h, lse2, mask=h_ok)
+    _epilogue(
+        acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
+        stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS, WRITE_LSE,
+        ROW_S, ROW_O, COL_O,
+    )  # fmt: skip
