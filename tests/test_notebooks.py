@@ -70,3 +70,45 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     ran = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in ran), "a code cell did not run"
     assert os.environ["SPARSE_MLA_SMALL"] == "1"
+
+
+def _load_runner():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "run_notebooks.py"
+    spec = importlib.util.spec_from_file_location("run_notebooks", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_run_notebooks_script_keeps_outputs_and_reports_failures(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    runner = _load_runner()
+    cells = [
+        "print('hello', 6 * 7)",
+        "from IPython.display import HTML\n"
+        "HTML('<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>&lt;2</td></tr></table>')",
+    ]
+    good = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    bad = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("print('before')"),
+               nbformat.v4.new_code_cell("raise ValueError('planted failure')")]
+    )  # fmt: skip
+    nbformat.write(good, tmp_path / "good.ipynb")
+    nbformat.write(bad, tmp_path / "bad.ipynb")
+    out = tmp_path / "out"
+    assert runner.main([str(tmp_path / "good.ipynb"), "--out", str(out), "--timeout", "120"]) == 0
+    digest = (out / "digest.md").read_text()
+    assert "good.ipynb: ok" in digest and "hello 42" in digest and "a | b" in digest
+    assert "1 | <2" in digest
+    executed = nbformat.read(out / "good.ipynb", as_version=4)
+    assert executed.cells[0].outputs, "the executed copy keeps its outputs"
+    assert nbformat.read(tmp_path / "good.ipynb", as_version=4).cells[0].outputs == []
+
+    rc = runner.main([str(tmp_path / "bad.ipynb"), "--out", str(out), "--timeout", "120"])
+    digest = (out / "digest.md").read_text()
+    assert rc == 1 and "bad.ipynb: FAILED" in digest
+    assert "planted failure" in digest and "before" in digest
+    with pytest.raises(SystemExit):
+        runner.main([str(tmp_path / "missing.ipynb"), "--out", str(out)])

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The workbook's GPU side, on a machine with a GPU and no browser:
+#   1. the lab and notebook tests (their `gpu` tests included; notebooks at small sizes, where
+#      their GPU branches run: timed sweep, GPU replay, Hopper run, the panel on 'local'),
+#   2. notebooks 02-05 at full size through scripts/run_notebooks.py (executed copies and a
+#      digest of their outputs under OUTDIR/full).
+# Usage: scripts/gpu_workbook.sh OUTDIR [tests|notebooks|all]   (needs ipywidgets, nbclient,
+# ipykernel importable; the repository root on PYTHONPATH or the package installed)
+set -uo pipefail
+out=${1:?usage: scripts/gpu_workbook.sh OUTDIR [tests|notebooks|all]}
+what=${2:-all}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+python3 -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' | tee "$out/env.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$out/env.txt"
+rc=0
+if [[ $what == tests || $what == all ]]; then
+  python3 -m pytest -q -p no:cacheprovider tests/test_lab.py tests/test_notebooks.py \
+    2>&1 | tee "$out/lab_notebook_tests.log" || rc=1
+fi
+if [[ $what == notebooks || $what == all ]]; then
+  env -u SPARSE_MLA_SMALL python3 scripts/run_notebooks.py notebooks/0[2-5]_*.ipynb \
+    --out "$out/full" 2>&1 | tee "$out/run_notebooks.log" || rc=1
+fi
+exit $rc
