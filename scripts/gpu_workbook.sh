@@ -12,7 +12,7 @@ what=${2:-all}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 python3 -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' | tee "$out/env.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$out/env.txt"
+echo "commit ${SPARSE_MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" | tee -a "$out/env.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_lab.py tests/test_notebooks.py \

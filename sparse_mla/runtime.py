@@ -14,6 +14,12 @@ from an interpreted kernel (our helpers and ``tl.zeros``, ``tl.max`` and friends
 ``triton.language.standard``) are ``JITFunction`` objects too, whose ``__call__`` refuses to run
 outside a compiled kernel; during an interpreted launch :func:`interpreting` routes those calls
 to the interpreter, and restores everything afterwards so later compiles are unaffected.
+
+During an interpreted launch the shim also mends one numpy incompatibility of Triton 3.6's
+interpreter: it turns a tensor into a Python int (``range`` over a runtime bound such as a
+slot count loaded through a pointer) with ``int(array)`` on a 1-element array of rank 1, which
+numpy 2.3 and later refuse. The shim takes the element instead, so the CPU path works with any
+numpy the installed torch accepts.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import threading
 
 import torch
 import triton
+from triton.runtime import interpreter as _interpreter
 from triton.runtime.interpreter import InterpretedFunction, _patch_lang
 from triton.runtime.jit import JITFunction
 
@@ -101,6 +108,20 @@ def _call_device_function(self: JITFunction, *args, **kwargs):
         scope.restore()
 
 
+def _tensor_index(self) -> int:
+    # Triton 3.6: ``int(self.handle.data)``, which numpy >= 2.3 refuses for shape (1,).
+    data = self.handle.data
+    return int(data.item() if getattr(data, "size", 0) == 1 else data)
+
+
+_original_patch_lang_tensor = _interpreter._patch_lang_tensor
+
+
+def _patch_lang_tensor(tensor, scope) -> None:
+    _original_patch_lang_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", _tensor_index)  # restored with the rest of the scope
+
+
 @contextlib.contextmanager
 def interpreting():
     """Inside this block, device-function calls from an interpreted kernel are interpreted."""
@@ -112,10 +133,12 @@ def interpreting():
     with _shim_lock:
         original = JITFunction.__call__
         JITFunction.__call__ = _call_device_function
+        _interpreter._patch_lang_tensor = _patch_lang_tensor
         try:
             yield
         finally:
             JITFunction.__call__ = original
+            _interpreter._patch_lang_tensor = _original_patch_lang_tensor
 
 
 def launch(kernel: JITFunction, grid, *args, interpret: bool, **kwargs):

@@ -129,3 +129,34 @@ def test_gluon_compiles_after_an_interpreted_launch():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "ok True" in res.stdout, res.stderr[-2000:]
+
+
+@triton.jit
+def _loop_kernel(N_PTR, X, Y, BLOCK: tl.constexpr):
+    # A loop bound loaded through a pointer: the interpreter turns it into an int with
+    # __index__ on a 1-element array of rank 1 (numpy >= 2.3 refuses int() on that).
+    n = tl.load(N_PTR)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in range(0, n, BLOCK):
+        offs = k + tl.arange(0, BLOCK)
+        acc += tl.load(X + offs, mask=offs < n, other=0.0)
+    tl.store(Y + tl.arange(0, BLOCK), acc)
+
+
+def test_interpreted_range_over_a_loaded_bound_with_any_numpy():
+    import warnings
+
+    x = torch.randn(37)
+    y = torch.full((8,), float("nan"))
+    n = torch.tensor([37], dtype=torch.int32)
+    with warnings.catch_warnings():
+        # numpy 2.2 only warns where 2.3+ raises: make the warning an error so the test fails
+        # on every numpy version if the shim stops taking the element.
+        warnings.simplefilter("error", DeprecationWarning)
+        runtime.launch(_loop_kernel, (1,), n, x, y, BLOCK=8, interpret=True)
+    expect = torch.nn.functional.pad(x, (0, 3)).view(-1, 8).sum(0)
+    torch.testing.assert_close(y, expect)
+    # The patch is undone after the launch: Triton's own __index__ is back outside it.
+    assert not hasattr(tl.core.tensor, "__index__") or (
+        tl.core.tensor.__index__ is not runtime._tensor_index
+    )
