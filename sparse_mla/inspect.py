@@ -658,16 +658,13 @@ def compile(
             "stderr)"
         ) from e
     name = ck.metadata.name
-    num_warps = ck.metadata.num_warps
     if t.is_amd:
         binary = ck.asm.get("hsaco", b"")
         isa = _amd_code(ck.asm["amdgcn"], name)
-        res = _amd_resources(ck.asm["amdgcn"], str(t.arch), num_warps, ck.metadata.shared)
     else:
         binary = ck.asm["cubin"]
         isa = _clean_sass(_cuobjdump(binary, "--dump-sass"))
-        usage = _cuobjdump(binary, "--dump-resource-usage")
-        res = _nvidia_resources(usage, int(t.arch), num_warps, ck.metadata.shared)
+    res = resources_of(ck, t)
     seconds = time.perf_counter() - start
     result = CompileResult(
         kernel_name=name,
@@ -686,6 +683,18 @@ def compile(
     with _cache_lock:
         _cache[key] = result
     return result
+
+
+def resources_of(ck, target: str | Target = "local") -> Resources:
+    """Registers, shared memory, spills and occupancy of a kernel Triton has compiled: a
+    ``CompiledKernel`` as ``triton.compile`` or ``JITFunction.warmup`` return it (the time
+    sweep reads its rows' resources this way from the kernel it launches)."""
+    t = target if isinstance(target, Target) else get_target(target)
+    num_warps = ck.metadata.num_warps
+    if t.is_amd:
+        return _amd_resources(ck.asm["amdgcn"], str(t.arch), num_warps, ck.metadata.shared)
+    usage = _cuobjdump(ck.asm["cubin"], "--dump-resource-usage")
+    return _nvidia_resources(usage, int(t.arch), num_warps, ck.metadata.shared)
 
 
 _DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}

@@ -270,7 +270,16 @@ def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
         )
     except Exception as e:  # compile errors of any kind become a row
         return {"status": "error", "reason": _reason(e), "compile_s": time.perf_counter() - t0}
-    r = res.resources
+    return {
+        "status": "ok",
+        "reason": None,
+        **_resource_columns(res.resources),
+        "compile_s": getattr(res, "compile_seconds", None) or time.perf_counter() - t0,
+    }
+
+
+def _resource_columns(r) -> dict[str, Any]:
+    """The sweep's resource columns of an ``inspect.Resources`` (AMD or NVIDIA)."""
     registers = getattr(r, "total_vgprs", None)
     if registers is None:
         registers = getattr(r, "registers", None)
@@ -278,13 +287,10 @@ def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
     if shared is None:
         shared = getattr(r, "lds_bytes", None)
     return {
-        "status": "ok",
-        "reason": None,
         "occupancy": getattr(r, "occupancy", None),
         "spill_bytes": getattr(r, "spill_bytes", None),
         "registers": registers,
         "shared_bytes": shared,
-        "compile_s": getattr(res, "compile_seconds", None) or time.perf_counter() - t0,
     }
 
 
@@ -385,6 +391,7 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
     """Correctness gate then do_bench median for one config on this worker's GPU."""
     import torch
 
+    from . import inspect as _inspect
     from . import prefill
     from .prefill import PrefillConfig
     from .reference import error_report
@@ -408,9 +415,13 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": desc}
     try:
         t0 = time.perf_counter()
-        if device != "cpu":
-            _compile_only(fn)
+        compiled = _compile_only(fn) if device != "cpu" else None
         row["compile_s"] = time.perf_counter() - t0
+        if compiled is not None:
+            # The launched kernel's own registers / occupancy, as in compile mode; a resource
+            # read that fails leaves those columns empty.
+            with contextlib.suppress(Exception):
+                row.update(_resource_columns(_inspect.resources_of(compiled, job["target"])))
         with lock:
             fn()
             _sync(device)
@@ -427,18 +438,23 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _compile_only(fn) -> None:
+def _compile_only(fn):
     """Call ``fn`` with kernel launches replaced by Triton's JIT warmup: compile, don't run.
 
     The compiled kernel lands in the JIT cache, so the next real call launches at once. A
-    failure here is left for that call to report.
+    failure here is left for that call to report. Returns the last kernel compiled (a
+    ``CompiledKernel``), or None.
     """
     from . import runtime
 
     real = runtime.launch
+    compiled = []
 
     def warm(kernel, grid, *args, interpret, **kw):
-        return None if interpret else kernel.warmup(*args, grid=grid, **kw)
+        if interpret:
+            return None
+        compiled.append(kernel.warmup(*args, grid=grid, **kw))
+        return None
 
     runtime.launch = warm
     try:
@@ -447,6 +463,7 @@ def _compile_only(fn) -> None:
         pass
     finally:
         runtime.launch = real
+    return compiled[-1] if compiled else None
 
 
 def _sync(device: str) -> None:

@@ -374,3 +374,24 @@ def test_cli_isa_rejects_a_bad_setting(capsys):
     with pytest.raises(SystemExit):
         cli.main(["isa", "--set", "BLOCK_K"])
     assert "expected KEY=VAL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx950"])
+def test_resources_of_a_compiled_kernel_match_compile(target, monkeypatch):
+    # The time sweep reads resources from the kernel it launched; they must be what
+    # inspect.compile reports for the same compile.
+    import triton
+
+    captured = []
+    real = triton.compile
+
+    def spy(*args, **kwargs):
+        captured.append(real(*args, **kwargs))
+        return captured[-1]
+
+    monkeypatch.setattr(triton, "compile", spy)
+    si.clear_cache()
+    res = si.compile_prefill(target, None, num_heads=16, head_dim=512)
+    assert len(captured) == 1
+    assert si.resources_of(captured[0], target) == res.resources
+    assert res.resources.occupancy > 0

@@ -151,6 +151,9 @@ def test_time_sweep_on_gpu(tmp_path):
     )  # fmt: skip
     assert [r["status"] for r in rows] == ["ok", "ok"], [r["reason"] for r in rows]
     assert rows[0]["time_ms"] <= rows[1]["time_ms"] and rows[0]["rank"] == 1
+    for r in rows:  # resources of the launched kernel, as compile mode reports them
+        assert r["registers"] > 0 and r["occupancy"] > 0 and r["spill_bytes"] == 0, r
+        assert r["shared_bytes"] > 0
     diff = tune.export(tune.best_per_shape(rows).values(), rows[0]["target"], root=tmp_path)
     assert "H16_D512" in diff
 
