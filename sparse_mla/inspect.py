@@ -15,7 +15,9 @@ widget that flips a constexpr back gets its answer at once. Triton's on-disk cac
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
 import os
 import re
 import subprocess
@@ -683,6 +685,25 @@ def compile(
     with _cache_lock:
         _cache[key] = result
     return result
+
+
+def failure_reason(e: BaseException, limit: int = 300) -> str:
+    """One line saying why a compile failed: the assembler's own complaint when there is one
+    (Triton ends a failed ``ptxas`` run's message with the repro command), else the last
+    line of the message, after the exception's type."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    said = [ln for ln in lines if ln.startswith("ptxas") and ("fatal" in ln or "error" in ln)]
+    text = said[0] if said else (lines[-1] if lines else "")
+    return f"{type(e).__name__}: {text}"[:limit]
+
+
+@contextlib.contextmanager
+def compiler_quiet():
+    """Keep what the compiler prints out of the caller's output: Triton 3.6 prints the whole
+    PTX to stdout when ptxas fails (thousands of lines); :func:`failure_reason` keeps the
+    assembler's message. Redirects ``sys.stdout`` of the whole process while it lasts."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 def resources_of(ck, target: str | Target = "local") -> Resources:

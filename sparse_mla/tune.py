@@ -249,9 +249,15 @@ def _full_params(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _reason(e: BaseException) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    text = lines[-1] if lines else ""
-    return f"{type(e).__name__}: {text}"[:300]
+    from .inspect import failure_reason
+
+    return failure_reason(e)
+
+
+def _compiler_quiet():
+    from .inspect import compiler_quiet
+
+    return compiler_quiet()
 
 
 def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -261,13 +267,14 @@ def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     try:
-        res = _inspect.compile_prefill(
-            job["target"],
-            PrefillConfig.from_dict(job["_params"]),
-            num_heads=job["H"],
-            head_dim=job["D"],
-            dtype=job["dtype"],
-        )
+        with _compiler_quiet():
+            res = _inspect.compile_prefill(
+                job["target"],
+                PrefillConfig.from_dict(job["_params"]),
+                num_heads=job["H"],
+                head_dim=job["D"],
+                dtype=job["dtype"],
+            )
     except Exception as e:  # compile errors of any kind become a row
         return {"status": "error", "reason": _reason(e), "compile_s": time.perf_counter() - t0}
     return {
@@ -415,7 +422,8 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": desc}
     try:
         t0 = time.perf_counter()
-        compiled = _compile_only(fn) if device != "cpu" else None
+        with _compiler_quiet():
+            compiled = _compile_only(fn) if device != "cpu" else None
         row["compile_s"] = time.perf_counter() - t0
         if compiled is not None:
             # The launched kernel's own registers / occupancy, as in compile mode; a resource
@@ -423,7 +431,8 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 row.update(_resource_columns(_inspect.resources_of(compiled, job["target"])))
         with lock:
-            fn()
+            with _compiler_quiet():  # a compile that failed above fails here again
+                fn()
             _sync(device)
             rep = error_report(out[out.shape[0] - n :], ref, base)
             row.update(rel_l2=rep.rel_l2, max_abs=rep.max_abs)

@@ -160,12 +160,39 @@ def test_panel_invalid_combination_says_why(panel):
 
 def test_panel_amd_only_controls_follow_target(panel):
     assert panel.w_kpack.layout.display is None and panel.w_waves.layout.display is None
+    assert panel.w_maxnreg.layout.display == "none"
+    panel.w_maxnreg.value = 128  # hidden on AMD and ignored there
+    panel.wait()
+    assert panel.state().config.maxnreg is None
     panel.w_target.value = "sm90"
     panel.wait()
     assert panel.w_kpack.layout.display == "none" and panel.w_waves.layout.display == "none"
-    assert panel.state().config.kpack is None
+    assert panel.w_maxnreg.layout.display is None
+    assert panel.state().config.kpack is None and panel.state().config.maxnreg == 128
+    # Hiding the AMD-only controls hides only them.
+    shown = [w for w in panel.controls if w not in (panel.w_kpack, panel.w_waves)]
+    assert all(w.layout.display is None for w in shown), [w.description for w in shown]
     assert "registers" in panel.resources.value and "warps/SM" in panel.resources.value
     assert "sml-isa" in panel.isa.value
+
+
+def test_panel_maxnreg_caps_registers_and_a_refused_cap_says_why(panel, capsys):
+    panel.run_errors = False
+    panel.set(target="sm90")
+    panel.wait()
+    free = panel.result.resources.registers
+    assert panel.result.options.get("maxnreg") is None and free > 128
+    panel.set(maxnreg=128)
+    panel.wait()
+    assert panel.result.options["maxnreg"] == 128 and panel.result.resources.registers <= 128
+    assert "maxnreg=128" in panel.state().label()
+    # 64 heads x 512 columns of fp32 accumulator in 4 warps cannot fit under 128 registers:
+    # ptxas refuses, and the panel shows ptxas's line, not Triton's PTX dump.
+    panel.set(H=64, BLOCK_H=64)
+    panel.wait()
+    assert panel.result is None and panel.failure.startswith("PTXASError: ptxas")
+    assert "registers" in panel.resources.value and "compile failed" in panel.status.value
+    assert ".entry" not in capsys.readouterr().out
 
 
 def test_panel_pin_and_diff(panel):

@@ -2,7 +2,8 @@
 
 :class:`ExplorerPanel` holds one widget per launch choice of the Triton prefill kernel (target,
 ``EVEN_HD``, ``USE_EXP2``, ``BLOCK_H``, ``BLOCK_K``, ``num_warps``, ``num_stages``, the AMD-only
-``kpack`` / ``waves_per_eu``, and the shape H x D). Every change
+``kpack`` / ``waves_per_eu``, the NVIDIA-only register cap ``maxnreg``, and the shape H x D).
+Every change
 
 1. checks the combination at once (``PrefillConfig.validate``, the ``EVEN_HD`` rule,
    :func:`sparse_mla.targets.validate_options`) and says why an invalid one is invalid;
@@ -59,7 +60,13 @@ class PanelState:
                 f"num_stages={c.num_stages}"]  # fmt: skip
         if self.is_amd:
             bits += [f"kpack={c.kpack}", f"waves_per_eu={c.waves_per_eu}"]
+        elif c.maxnreg is not None:
+            bits.append(f"maxnreg={c.maxnreg}")
         return f"{self.target} H={self.num_heads} D={self.head_dim}: " + " ".join(bits)
+
+
+# Register caps offered on NVIDIA targets (ptxas takes 24..255 per thread).
+MAXNREG = (64, 96, 128, 168, 200, 255)
 
 
 def check_state(state: PanelState) -> str | None:
@@ -81,6 +88,8 @@ def check_state(state: PanelState) -> str | None:
     opts: dict[str, Any] = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if state.is_amd:
         opts.update(kpack=cfg.kpack, waves_per_eu=cfg.waves_per_eu)
+    elif cfg.maxnreg is not None:
+        opts["maxnreg"] = cfg.maxnreg
     try:
         targets.validate_options(state.target, opts)
     except ValueError as e:
@@ -188,29 +197,38 @@ class ExplorerPanel:
             raise ValueError(f"target must be one of {choices}, got {target!r}")
         cfg = default_config(num_heads, head_dim)
         style = {"description_width": "88px"}
-        lay = W.Layout(width="220px")
+
+        # One Layout per widget: hiding a vendor-only control sets its layout.display, and a
+        # shared Layout would hide every control that shares it.
+        def lay():
+            return W.Layout(width="220px")
+
         self.w_target = W.Dropdown(options=choices, value=target, description="target",
-                                   style=style, layout=lay)  # fmt: skip
+                                   style=style, layout=lay())  # fmt: skip
         self.w_heads = W.Dropdown(options=sorted({*HEADS, num_heads}), value=num_heads,
-                                  description="H (heads)", style=style, layout=lay)  # fmt: skip
+                                  description="H (heads)", style=style, layout=lay())  # fmt: skip
         self.w_dim = W.Dropdown(options=sorted({*HEAD_DIMS, head_dim}), value=head_dim,
-                                description="D (head dim)", style=style, layout=lay)  # fmt: skip
+                                description="D (head dim)", style=style, layout=lay())  # fmt: skip
         self.w_even = W.Checkbox(value=True, description="EVEN_HD", indent=False)
         self.w_exp2 = W.Checkbox(value=cfg.USE_EXP2, description="USE_EXP2", indent=False)
         self.w_prefetch = W.Checkbox(value=cfg.PREFETCH_KV, description="PREFETCH_KV",
                                      indent=False)  # fmt: skip
         self.w_block_h = W.Dropdown(options=[16, 32, 64, 128], value=cfg.BLOCK_H,
-                                    description="BLOCK_H", style=style, layout=lay)  # fmt: skip
+                                    description="BLOCK_H", style=style, layout=lay())  # fmt: skip
         self.w_block_k = W.Dropdown(options=[16, 32, 64, 128], value=cfg.BLOCK_K,
-                                    description="BLOCK_K", style=style, layout=lay)  # fmt: skip
+                                    description="BLOCK_K", style=style, layout=lay())  # fmt: skip
         self.w_warps = W.Dropdown(options=[1, 2, 4, 8, 16], value=cfg.num_warps,
-                                  description="num_warps", style=style, layout=lay)  # fmt: skip
+                                  description="num_warps", style=style, layout=lay())  # fmt: skip
         self.w_stages = W.Dropdown(options=[1, 2, 3, 4], value=cfg.num_stages,
-                                   description="num_stages", style=style, layout=lay)  # fmt: skip
+                                   description="num_stages", style=style, layout=lay())  # fmt: skip
         self.w_kpack = W.Dropdown(options=[1, 2], value=1, description="kpack", style=style,
-                                  layout=lay)  # fmt: skip
+                                  layout=lay())  # fmt: skip
         self.w_waves = W.Dropdown(options=list(range(0, 9)), value=0,
-                                  description="waves_per_eu", style=style, layout=lay)  # fmt: skip
+                                  description="waves_per_eu", style=style,
+                                  layout=lay())  # fmt: skip
+        self.w_maxnreg = W.Dropdown(options=[("off", 0)] + [(str(n), n) for n in MAXNREG],
+                                    value=cfg.maxnreg or 0, description="maxnreg", style=style,
+                                    layout=lay())  # fmt: skip
         self.w_pin = W.Button(description="pin as baseline", icon="thumb-tack",
                               tooltip="diff later variants against this compile")  # fmt: skip
         self.w_unpin = W.Button(description="unpin")
@@ -228,15 +246,18 @@ class ExplorerPanel:
 
         self.controls = [self.w_target, self.w_heads, self.w_dim, self.w_even, self.w_exp2,
                          self.w_prefetch, self.w_block_h, self.w_block_k, self.w_warps,
-                         self.w_stages, self.w_kpack, self.w_waves]  # fmt: skip
+                         self.w_stages, self.w_kpack, self.w_waves, self.w_maxnreg]  # fmt: skip
         for w in self.controls:
             w.observe(self._on_change, names="value")
         self.w_pin.on_click(lambda _: self.pin())
         self.w_unpin.on_click(lambda _: self.unpin())
 
-        left = W.VBox([self.w_target, self.w_heads, self.w_dim, self.w_block_h, self.w_block_k])
-        mid = W.VBox([self.w_warps, self.w_stages, self.w_kpack, self.w_waves,
-                      W.HBox([self.w_even, self.w_exp2])])  # fmt: skip
+        # Columns no narrower than their 220px controls (a flex box would shrink and clip them).
+        left = W.VBox([self.w_target, self.w_heads, self.w_dim, self.w_block_h, self.w_block_k],
+                      layout=W.Layout(min_width="236px"))  # fmt: skip
+        mid = W.VBox([self.w_warps, self.w_stages, self.w_kpack, self.w_waves, self.w_maxnreg,
+                      W.HBox([self.w_even, self.w_exp2])],
+                     layout=W.Layout(min_width="236px"))  # fmt: skip
         right = W.VBox([self.w_prefetch, self.w_pin, self.w_unpin, self.progress, self.status])
         tabs = W.Tab(children=[self.isa, self.diff_view])
         tabs.set_title(0, "ISA")
@@ -269,6 +290,7 @@ class ExplorerPanel:
             PREFETCH_KV=self.w_prefetch.value,
             kpack=self.w_kpack.value if amd else None,
             waves_per_eu=self.w_waves.value if amd else None,
+            maxnreg=None if amd else (self.w_maxnreg.value or None),
         )
         return PanelState(self.w_target.value, self.w_heads.value, self.w_dim.value, cfg)
 
@@ -303,6 +325,7 @@ class ExplorerPanel:
         amd = targets.get_target(self.w_target.value).is_amd
         for w in (self.w_kpack, self.w_waves):
             w.layout.display = None if amd else "none"
+        self.w_maxnreg.layout.display = "none" if amd else None
 
     def _on_change(self, change) -> None:
         if change["owner"] is self.w_target:
@@ -359,13 +382,14 @@ class ExplorerPanel:
             return
         t0 = time.perf_counter()
         try:
-            res = _inspect.compile_prefill(
-                state.target, state.config, num_heads=state.num_heads, head_dim=state.head_dim,
-                dtype="bf16", has_sink=True,
-            )  # fmt: skip
+            with _inspect.compiler_quiet():  # a failed ptxas run prints all the PTX
+                res = _inspect.compile_prefill(
+                    state.target, state.config, num_heads=state.num_heads,
+                    head_dim=state.head_dim, dtype="bf16", has_sink=True,
+                )  # fmt: skip
             failure = None
         except Exception as e:  # a compiler failure is a result to show, not a crash
-            res, failure = None, f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:400]}"
+            res, failure = None, _inspect.failure_reason(e, limit=400)
         if not self._current(gen):
             return
         self.failure = failure
