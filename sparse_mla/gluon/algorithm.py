@@ -86,6 +86,33 @@ def _issue_tile(
 
 
 @gluon.jit
+def _split_range(indptr_ptr, pid_r, pid_s, NUM_SPLITS: gl.constexpr, BLOCK_K: gl.constexpr):
+    """This split's slot range [lo, hi) of row pid_r's CSR list (int64 positions; splits take
+    whole tiles) and its number of BLOCK_K tiles."""
+    start = gl.load(indptr_ptr + pid_r).to(gl.int64)
+    end = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
+    chunk = gl.cdiv(gl.cdiv(end - start, NUM_SPLITS), BLOCK_K) * BLOCK_K
+    lo = start + pid_s * chunk
+    hi = gl.minimum(end, lo + chunk)
+    num_tiles = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_K).to(gl.int32)
+    return lo, hi, num_tiles
+
+
+@gluon.jit
+def _softmax_step(qk, m_i, l_i):
+    """One tile of the online softmax in base 2: ``qk`` holds scaled logits (-inf where
+    masked); returns the tile's probabilities p, the rescale factor alpha for the running
+    output, and the new running max and denominator."""
+    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    # A head with no valid slot yet keeps m = -inf: shift by 0 so exp2 sees -inf, not NaN.
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_shift)
+    p = gl.exp2(qk - m_shift[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
 def _epilogue(
     acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
     stride_or, stride_oh, num_heads,
@@ -204,12 +231,7 @@ def _mla_fwd_kernel(
         pe_smem = kv_smem
 
     # ---- This split's slot range [lo, hi) of the row's CSR list (int64 positions).
-    start = gl.load(indptr_ptr + pid_r).to(gl.int64)
-    end = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
-    chunk = gl.cdiv(gl.cdiv(end - start, NUM_SPLITS), BLOCK_K) * BLOCK_K
-    lo = start + pid_s * chunk
-    hi = gl.minimum(end, lo + chunk)
-    num_tiles = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_K).to(gl.int32)
+    lo, hi, num_tiles = _split_range(indptr_ptr, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW_QK)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_QK)
@@ -252,13 +274,7 @@ def _mla_fwd_kernel(
 
         valid_qk = gl.convert_layout(valid, COL_QK)
         qk = gl.where(valid_qk[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_K]
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
-        # A head with no valid slot yet keeps m = -inf: shift by 0 so exp2 sees -inf, not NaN.
-        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_shift)
-        p = gl.exp2(qk - m_shift[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
 
         acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
         p_op = gl.convert_layout(p.to(dtype), DOT_A_PV)  # [BLOCK_H, BLOCK_K]

@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .algorithm import _epilogue
+from .algorithm import _epilogue, _softmax_step, _split_range
 
 
 def layouts(block_h: int, block_k: int, head_dim: int, num_warps: int) -> dict:
@@ -125,12 +125,7 @@ def _prefill_wgmma_kernel(
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_K], SMEM_P)
 
     # ---- This split's slot range [lo, hi) of the row's CSR list (int64 positions).
-    start = gl.load(indptr_ptr + pid_r).to(gl.int64)
-    end = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
-    chunk = gl.cdiv(gl.cdiv(end - start, NUM_SPLITS), BLOCK_K) * BLOCK_K
-    lo = start + pid_s * chunk
-    hi = gl.minimum(end, lo + chunk)
-    num_tiles = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_K).to(gl.int32)
+    lo, hi, num_tiles = _split_range(indptr_ptr, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
 
     # ---- Prologue: gathers of tiles 0 .. STAGES-2 in flight (past hi they copy nothing).
     offs_k = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, GATHER))
@@ -167,13 +162,7 @@ def _prefill_wgmma_kernel(
 
         qk = warpgroup_mma(q_smem, kv_tile.permute((1, 0)), s_zero, use_acc=False)
         qk = gl.where(valid_c[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_K]
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
-        # A head with no valid slot yet keeps m = -inf: shift by 0 so exp2 sees -inf, not NaN.
-        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_shift)
-        p = gl.exp2(qk - m_shift[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
 
         # P through shared memory: both warpgroups need all of it as the A operand of O.
         p_smem.store(p.to(dtype))
