@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import configs
+from . import inspect as _inspect
 from ._files import atomic_write
 
 __all__ = [
@@ -248,26 +249,13 @@ def _full_params(p: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
-def _reason(e: BaseException) -> str:
-    from .inspect import failure_reason
-
-    return failure_reason(e)
-
-
-def _compiler_quiet():
-    from .inspect import compiler_quiet
-
-    return compiler_quiet()
-
-
 def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
     """Cross-compile one config; the resource columns of its row."""
-    from . import inspect as _inspect
     from .prefill import PrefillConfig
 
     t0 = time.perf_counter()
     try:
-        with _compiler_quiet():
+        with _inspect.compiler_quiet():
             res = _inspect.compile_prefill(
                 job["target"],
                 PrefillConfig.from_dict(job["_params"]),
@@ -276,7 +264,8 @@ def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
                 dtype=job["dtype"],
             )
     except Exception as e:  # compile errors of any kind become a row
-        return {"status": "error", "reason": _reason(e), "compile_s": time.perf_counter() - t0}
+        reason = _inspect.failure_reason(e)
+        return {"status": "error", "reason": reason, "compile_s": time.perf_counter() - t0}
     return {
         "status": "ok",
         "reason": None,
@@ -398,7 +387,6 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
     """Correctness gate then do_bench median for one config on this worker's GPU."""
     import torch
 
-    from . import inspect as _inspect
     from . import prefill
     from .prefill import PrefillConfig
     from .reference import error_report
@@ -413,7 +401,7 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
             )
             out = torch.full_like(args[0], float("nan"))
     except Exception as e:
-        return {"status": "error", "reason": "workload: " + _reason(e)}
+        return {"status": "error", "reason": "workload: " + _inspect.failure_reason(e)}
     cfg = PrefillConfig.from_dict(job["_params"])
 
     def fn():
@@ -422,7 +410,7 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": desc}
     try:
         t0 = time.perf_counter()
-        with _compiler_quiet():
+        with _inspect.compiler_quiet():
             compiled = _compile_only(fn) if device != "cpu" else None
         row["compile_s"] = time.perf_counter() - t0
         if compiled is not None:
@@ -431,7 +419,7 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 row.update(_resource_columns(_inspect.resources_of(compiled, job["target"])))
         with lock:
-            with _compiler_quiet():  # a compile that failed above fails here again
+            with _inspect.compiler_quiet():  # a compile that failed above fails here again
                 fn()
             _sync(device)
             rep = error_report(out[out.shape[0] - n :], ref, base)
@@ -441,7 +429,7 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
                 return row
             row["time_ms"] = _bench(fn)
     except Exception as e:
-        row.update(status="error", reason=_reason(e))
+        row.update(status="error", reason=_inspect.failure_reason(e))
         return row
     row.update(status="ok", reason=None)
     return row
@@ -620,7 +608,7 @@ def _run_compile(todo, jobs, bar) -> None:
             try:
                 r.update(fut.result())
             except Exception as e:  # a worker that died (e.g. a crash inside LLVM)
-                r.update(status="error", reason="worker: " + _reason(e))
+                r.update(status="error", reason="worker: " + _inspect.failure_reason(e))
             bar.update(r["status"])
 
 
@@ -677,7 +665,7 @@ def _run_time(todo, jobs, bar) -> None:
                 try:
                     r.update(fut.result())
                 except Exception as e:  # the worker died (e.g. an illegal memory access)
-                    r.update(status="error", reason="worker: " + _reason(e))
+                    r.update(status="error", reason="worker: " + _inspect.failure_reason(e))
                     pools[i].shutdown(wait=False, cancel_futures=True)
                     pools[i] = new_pool(slots[i])
                 bar.update(r["status"])
