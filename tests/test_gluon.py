@@ -293,6 +293,20 @@ def test_gpu_decode_matches_reference(H, splits, with_sink):
     torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=1e-3)
 
 
+def _check_prefill(c, sink, **launch):
+    """Run the Gluon prefill into a NaN-poisoned output and check it against the fp32
+    reference (2x rule); rows 0 and 2 of ``_gpu_case`` are empty and must come out zero."""
+    scale = 512**-0.5
+    out = torch.full(c["q_nope"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    mla_gluon(**c, sm_scale=scale, has_pe=False, attn_sink=sink, out=out, **launch)
+    args = (c["q_nope"], c["kv_c"], c["kv_indices"], c["kv_indptr"], scale)
+    ref = sparse_mla_prefill_ref(*args, attn_sink=sink)
+    base = sparse_mla_prefill_ref(*args, attn_sink=sink, upcast=False)
+    rep = error_report(out.float(), ref, base.float())
+    assert rep.ok, str(rep)
+    assert torch.all(out[0] == 0) and torch.all(out[2] == 0), "empty rows must be zeros"
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("H", [16, 64, 128])
@@ -303,15 +317,7 @@ def test_gpu_prefill_matches_reference(H, with_sink, index_dtype, splits):
     T = 40
     c = _gpu_case(T, H, 5000, has_pe=False, index_dtype=index_dtype, seed=3 * H + splits)
     sink = torch.randn(H, device="cuda") if with_sink else None
-    scale = 512**-0.5
-    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    mla_gluon(**c, sm_scale=scale, has_pe=False, attn_sink=sink, out=out, num_kv_splits=splits)
-    args = (c["q_nope"], c["kv_c"], c["kv_indices"], c["kv_indptr"], scale)
-    ref = sparse_mla_prefill_ref(*args, attn_sink=sink)
-    base = sparse_mla_prefill_ref(*args, attn_sink=sink, upcast=False)
-    rep = error_report(out.float(), ref, base.float())
-    assert rep.ok, str(rep)
-    assert torch.all(out[0] == 0) and torch.all(out[2] == 0), "empty rows must be zeros"
+    _check_prefill(c, sink, num_kv_splits=splits)
 
 
 @pytest.mark.gpu
@@ -329,15 +335,7 @@ def test_gpu_prefill_variants_match_reference(config):
     T, H = 40, 128
     c = _gpu_case(T, H, 5000, has_pe=False, index_dtype=torch.int64, seed=11, max_len=700)
     sink = torch.randn(H, device="cuda")
-    scale = 512**-0.5
-    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    mla_gluon(**c, sm_scale=scale, has_pe=False, attn_sink=sink, out=out, config=config)
-    args = (c["q_nope"], c["kv_c"], c["kv_indices"], c["kv_indptr"], scale)
-    ref = sparse_mla_prefill_ref(*args, attn_sink=sink)
-    base = sparse_mla_prefill_ref(*args, attn_sink=sink, upcast=False)
-    rep = error_report(out.float(), ref, base.float())
-    assert rep.ok, str(rep)
-    assert torch.all(out[0] == 0) and torch.all(out[2] == 0), "empty rows must be zeros"
+    _check_prefill(c, sink, config=config)
 
 
 @pytest.mark.gpu
