@@ -18,9 +18,10 @@ import triton
 from triton.experimental.gluon import language as gl
 
 from .. import runtime
-from . import cdna4, hopper, hopper_prefill
+from . import cdna4, hopper, hopper_prefill, hopper_ws
 from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
 from .hopper_prefill import _prefill_wgmma_kernel
+from .hopper_ws import _prefill_ws_kernel
 
 __all__ = [
     "GluonConfig",
@@ -30,6 +31,7 @@ __all__ = [
     "compile_for",
     "default_config",
     "mla_gluon",
+    "use_warp_specialized",
     "use_wgmma",
 ]
 
@@ -102,6 +104,11 @@ class GluonConfig:
     ``num_stages`` cp.async KV tiles); None: it serves every sm90 prefill launch with
     BLOCK_H = 64 and 8 warps, the shared algorithm serves the rest. ``num_stages`` is used by
     that kernel only.
+
+    ``warp_specialized`` picks the sm90 warp-specialised prefill kernel (``hopper_ws.py``: a
+    producer warpgroup and two consumer warpgroups, 64 heads x 64 slots, no KV splits, no LSE);
+    None: it serves every sm90 prefill launch it can (BLOCK_H = BLOCK_K = 64, 8 warps, one KV
+    split, no LSE) unless ``wgmma`` is set, which asks for the wgmma kernel.
     """
 
     BLOCK_H: int = 16
@@ -109,6 +116,7 @@ class GluonConfig:
     num_warps: int = 4
     wgmma: bool | None = None
     num_stages: int = 4
+    warp_specialized: bool | None = None
 
     def validate(self) -> None:
         if self.BLOCK_H not in (16, 32, 64):
@@ -121,6 +129,11 @@ class GluonConfig:
             raise ValueError(f"config: wgmma must be None, True or False, got {self.wgmma!r}")
         if not 2 <= self.num_stages <= 8:
             raise ValueError(f"config: num_stages must be in [2, 8], got {self.num_stages!r}")
+        if self.warp_specialized not in (None, True, False):
+            raise ValueError(
+                "config: warp_specialized must be None, True or False, got "
+                f"{self.warp_specialized!r}"
+            )
 
 
 def _wgmma_shape_ok(cfg: GluonConfig) -> bool:
@@ -151,6 +164,31 @@ def use_wgmma(cfg: GluonConfig, target: Target, *, has_pe: bool) -> bool:
             f"{target.name}"
         )
     return bool(cfg.wgmma)
+
+
+def use_warp_specialized(
+    cfg: GluonConfig, target: Target, *, has_pe: bool, num_splits: int = 1, write_lse: bool = False
+) -> bool:
+    """Whether a launch runs the sm90 warp-specialised prefill kernel (see :class:`GluonConfig`)."""
+    able = (
+        target.arch == "hopper"
+        and target.arch_id == 90
+        and not has_pe
+        and hopper_ws.BLOCK_H.value == cfg.BLOCK_H
+        and hopper_ws.BLOCK_K.value == cfg.BLOCK_K
+        and cfg.num_warps == 8
+        and num_splits == 1
+        and not write_lse
+    )
+    if cfg.warp_specialized is None:
+        return able and cfg.wgmma is None
+    if cfg.warp_specialized and not able:
+        raise ValueError(
+            "config: warp_specialized=True needs an sm90 prefill (has_pe=False) with BLOCK_H=64, "
+            f"BLOCK_K=64, num_warps=8, one KV split and no LSE; got {cfg} on {target.name} "
+            f"with num_kv_splits={num_splits}, return_lse={write_lse}"
+        )
+    return bool(cfg.warp_specialized)
 
 
 def default_config(num_heads: int, target: Target, *, has_pe: bool = True) -> GluonConfig:
@@ -312,6 +350,18 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
     cfg.validate()
     elem = "*" + _DTYPE_SIG[dtype]
     idx = "*i64" if index_dtype == torch.int64 else "*i32"
+    num_splits = int(shape.get("num_splits", 1))
+    write_lse = bool(shape.get("return_lse", has_pe))
+    if use_warp_specialized(cfg, target, has_pe=has_pe, num_splits=num_splits, write_lse=write_lse):
+        # No sink constexpr: a launch without a sink passes -inf logits (see mla_gluon).
+        constexprs: dict[str, Any] = {}
+        signature = {
+            "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
+            "sink_ptr": "*fp32", "out_ptr": elem, "stride_qr": "i32", "stride_qh": "i32",
+            "stride_kvn": "i32", "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32",
+            "num_kv": "i32", "qk_scale": "fp32",
+        }  # fmt: skip
+        return _prefill_ws_kernel, signature, constexprs, {"num_warps": 4, "num_stages": 1}
     if use_wgmma(cfg, target, has_pe=has_pe):
         constexprs = wgmma_constexprs(
             cfg,
@@ -564,6 +614,20 @@ def mla_gluon(
         lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
     else:
         opart = lsepart = lse_dummy(q_nope)
+    if use_warp_specialized(cfg, tgt, has_pe=has_pe, num_splits=splits, write_lse=return_lse):
+        # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
+        if q_nope.data_ptr() % 16 or q_nope.stride(0) % 8 or q_nope.stride(1) % 8:
+            q_nope = q_nope.contiguous()
+        # No sink: logits of -inf, which add 2^-inf = 0 to the denominator.
+        if attn_sink is None:
+            sink = torch.full((H,), -math.inf, dtype=torch.float32, device=q_nope.device)
+        # 4 warps here (consumer 0) + 8 in the kernel's worker partitions.
+        _prefill_ws_kernel[(R, triton.cdiv(H, hopper_ws.BLOCK_H.value))](
+            q_nope, kv2, kv_indices, kv_indptr, sink, out,
+            q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
+            H, N, float(sm_scale) * _LOG2E, num_warps=4, num_stages=1,
+        )  # fmt: skip
+        return out
     if use_wgmma(cfg, tgt, has_pe=has_pe):
         wcx = wgmma_constexprs(
             cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse

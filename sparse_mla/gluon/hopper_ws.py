@@ -1,0 +1,419 @@
+"""Hopper (sm90) sparse prefill, warp-specialised: one producer and two consumer warpgroups.
+
+One program per (token, block of 64 heads), 12 warps in three partitions:
+
+- **producer** (4 warps, few registers): cp.async-gathers Q once and then the token's KV rows,
+  64 slots a tile, into two shared-memory tile buffers. Each buffer is filled and released in
+  two halves of 256 columns (``L`` = D[0:256], ``R`` = D[256:512]); each half has a ``ready``
+  mbarrier (the producer's 128 lanes arrive when their copies land) and a ``free`` one (the
+  consumer that reads it last arrives). Absent slots (< 0, >= N, past the list's end) copy
+  nothing and are zero-filled, so their V rows are 0 and the pool is never read for them.
+- **consumer 0** (the default partition) computes S = Q K^T of the even tiles (buffer 0) and
+  owns O[:, 0:256]; **consumer 1** computes S of the odd tiles (buffer 1) and owns O[:, 256:512].
+  Both S tiles are [64, 64] wgmma (M = 64 heads, N = 64 slots, K = 512) with Q and K in shared
+  memory, so each warpgroup's wgmma reads whole 64-wide operands.
+- Both halves of O need both tiles' P: a consumer applies its own P from registers
+  (wgmma with A in registers) and the other consumer's P from shared memory.
+- The two must share one running max. Per pair of tiles: consumer 0 takes m0 = max(m, rowmax
+  S0) and publishes it; consumer 1 takes m1 = max(m0, rowmax S1) and publishes it; consumer 0
+  rescales its P0 (and O, l) by 2^(m0 - m1) before publishing P0. After the pair both hold
+  m = m1 and their O halves and partial sums are in the same base. The two partial sums are
+  added at the end.
+
+Every hand-off between the partitions is an mbarrier; each is used once per pair of tiles, so
+its phase is the pair's parity (a producer's first wait on a ``free`` barrier passes at once).
+The kernel is FlashMLA's sm90 sparse-prefill schedule (DeepSeek, csrc/sm90/prefill/sparse)
+re-derived in Gluon; see docs/PERF_NOTES.md for what each step bought.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+BLOCK_H = gl.constexpr(64)  # heads per program: the M of every wgmma
+BLOCK_K = gl.constexpr(64)  # slots per tile
+HEAD_DIM = gl.constexpr(512)
+HALF = gl.constexpr(HEAD_DIM // 2)
+NUM_WARPS = 4  # the default partition (consumer 0); the kernel runs 12 warps in all
+PRODUCER_REGS = gl.constexpr(48)
+CONSUMER_REGS = gl.constexpr(232)
+M_INIT = gl.constexpr(
+    -1.0e30
+)  # running max before any valid slot: finite, so 2^(m_old - m_new) is never NaN
+LOG2E = gl.constexpr(1.4426950408889634)
+
+# Barrier slots in the [NUM_BARS, 1] mbarrier array.
+READY = gl.constexpr(0)  # + 2 * buffer + half: a half tile has landed (producer's 128 lanes arrive)
+FREE = gl.constexpr(4)  # + 2 * buffer + half: its last reader is done (one arrival)
+Q_READY = gl.constexpr(8)  # Q has landed
+M0 = gl.constexpr(9)  # consumer 0 published m0 (its max after tile 2j)
+M1 = gl.constexpr(10)  # consumer 1 published m1 (the pair's max)
+P0 = gl.constexpr(11)  # consumer 0 stored P0 (rescaled to m1)
+P1 = gl.constexpr(12)  # consumer 1 stored P1
+L0 = gl.constexpr(13)  # epilogue: consumer 0 stored its partial sum
+L1 = gl.constexpr(14)
+NUM_BARS = gl.constexpr(15)
+
+
+# S tile [64 heads, 64 slots] of one warpgroup.
+MMA_S = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+)
+# O half [64 heads, 256 columns] of one warpgroup.
+MMA_O = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+)
+ROW_S = gl.constexpr(gl.SliceLayout(1, MMA_S.value))
+ROW_O = gl.constexpr(gl.SliceLayout(1, MMA_O.value))
+DOT_P = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_O.value, k_width=2))
+# Copies of [64, 256] half tiles by one warpgroup: 8 lanes cover 128 contiguous bytes of a row
+# (one swizzle row of the destination), a lane holds 4 rows x 4 16-byte vectors, so it needs
+# only 4 slot ids per tile.
+GATHER = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+VEC = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+
+
+@gluon.jit
+def _row_range(indptr_ptr):
+    """This program's token, head block and CSR slot range [lo, hi) with its tile count."""
+    pid_h = gl.program_id(1)
+    pid_r = gl.program_id(0).to(gl.int64)
+    lo = gl.load(indptr_ptr + pid_r).to(gl.int64)
+    hi = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
+    hi = gl.maximum(hi, lo)
+    num_tiles = ((hi - lo + BLOCK_K - 1) // BLOCK_K).to(gl.int32)
+    return pid_r, pid_h, lo, hi, num_tiles
+
+
+@gluon.jit
+def _slots(idx_ptr, pos0, hi, num_kv):
+    """[64] slot ids at CSR positions pos0 .. pos0+63 as int32, -1 where absent (past the list,
+    < 0 or >= N: a valid id is < N < 2^31), one per gathered row of the producer's layout."""
+    offs = pos0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, GATHER))
+    in_list = offs < hi
+    slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
+    return gl.where(in_list & (slot >= 0) & (slot < num_kv), slot, -1).to(gl.int32)
+
+
+@gluon.jit
+def _gather_half(dst, kv_ptr, slot, stride_kvn, col0):
+    """cp.async the columns [col0, col0 + 256) of the KV rows ``slot`` ([64], -1: absent) into
+    ``dst`` ([64, 256]); absent rows copy nothing and are zero-filled."""
+    offs_c = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
+    rows = gl.maximum(slot, 0).to(gl.int64) * stride_kvn
+    ptrs = kv_ptr + rows[:, None] + offs_c[None, :]
+    # Rows start 16-byte aligned (checked on the host): 16-byte cp.async per lane.
+    ptrs = gl.max_contiguous(gl.multiple_of(ptrs, [16, 16]), [1, 8])
+    cp.async_copy_global_to_shared(dst, ptrs, mask=(slot >= 0)[:, None], cache_modifier=".cg")
+
+
+@gluon.jit
+def _producer(
+    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
+    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
+    q_smem, kv_smem, p_smem, vec_smem, bars,
+):  # fmt: skip
+    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr)
+
+    # Q [64, 512] of this head block, rows past num_heads zero-filled.
+    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
+    offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
+    for half in gl.static_range(2):
+        q_ptrs = (
+            q_ptr + pid_r * stride_qr + offs_h[:, None] * stride_qh + half * HALF + offs_c[None, :]
+        )
+        q_ptrs = gl.max_contiguous(gl.multiple_of(q_ptrs, [16, 16]), [1, 8])
+        cp.async_copy_global_to_shared(
+            q_smem.index(0).slice(half * HALF, HALF, dim=1),
+            q_ptrs,
+            mask=(offs_h < num_heads)[:, None],
+            cache_modifier=".cg",
+        )
+    cp.mbarrier_arrive(bars.index(Q_READY), increment_count=False)
+
+    num_pairs = (num_tiles + 1) // 2
+    for j in range(num_pairs):
+        ph = (j & 1) ^ 1  # a fresh barrier's "previous phase" counts as complete
+        # Both tiles' ids first: their load latency hides behind the wait for a free buffer.
+        slot0 = _slots(idx_ptr, lo + (2 * j) * BLOCK_K, hi, num_kv)
+        slot1 = _slots(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
+        # In the order the consumers release them: 0L (consumer 0's own PV), 1R (consumer 1's
+        # own PV), 0R (consumer 1's PV with P0), 1L (consumer 0's PV with P1).
+        mbarrier.wait(bars.index(FREE + 0), ph)
+        _gather_half(kv_smem.index(0).slice(0, HALF, dim=1), kv_ptr, slot0, stride_kvn, 0)
+        cp.mbarrier_arrive(bars.index(READY + 0), increment_count=False)
+        mbarrier.wait(bars.index(FREE + 3), ph)
+        _gather_half(kv_smem.index(1).slice(HALF, HALF, dim=1), kv_ptr, slot1, stride_kvn, HALF)
+        cp.mbarrier_arrive(bars.index(READY + 3), increment_count=False)
+        mbarrier.wait(bars.index(FREE + 1), ph)
+        _gather_half(kv_smem.index(0).slice(HALF, HALF, dim=1), kv_ptr, slot0, stride_kvn, HALF)
+        cp.mbarrier_arrive(bars.index(READY + 1), increment_count=False)
+        mbarrier.wait(bars.index(FREE + 2), ph)
+        _gather_half(kv_smem.index(1).slice(0, HALF, dim=1), kv_ptr, slot1, stride_kvn, 0)
+        cp.mbarrier_arrive(bars.index(READY + 2), increment_count=False)
+    # No copy may still be in flight when the program ends.
+    cp.commit_group()
+    cp.wait_group(0)
+
+
+@gluon.jit
+def _valid_cols(idx_ptr, pos0, hi, num_kv):
+    """[64] per-slot validity of the tile at CSR position pos0, in S's column layout."""
+    offs = pos0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, MMA_S))
+    in_list = offs < hi
+    slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
+    return in_list & (slot >= 0) & (slot < num_kv)
+
+
+@gluon.jit
+def _qk_half(q_tile, kv_tile, bars, half: gl.constexpr, ready0: gl.constexpr, ph, s, use_acc):
+    """Issue S (+)= Q[:, half] K[:, half]^T once that half of the tile has landed (async)."""
+    mbarrier.wait(bars.index(ready0 + half), ph)
+    fence_async_shared()  # the cp.async writes (generic proxy) before wgmma's reads (async proxy)
+    return warpgroup_mma(
+        q_tile.slice(half * HALF, HALF, dim=1),
+        kv_tile.slice(half * HALF, HALF, dim=1).permute((1, 0)),
+        s,
+        use_acc=use_acc,
+        is_async=True,
+    )
+
+
+@gluon.jit
+def _qk(q_tile, kv_tile, bars, first_half: gl.constexpr, ready0: gl.constexpr, ph):
+    """S = Q K^T of one tile: the half ``first_half`` of D as soon as it lands, then the other."""
+    s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
+    s = _qk_half(q_tile, kv_tile, bars, first_half, ready0, ph, s, False)
+    s = _qk_half(q_tile, kv_tile, bars, 1 - first_half, ready0, ph, s, True)
+    return warpgroup_mma_wait(0, deps=[s])
+
+
+@gluon.jit
+def _opaque_zero(j):
+    """0, computed from the loop counter so that the compiler cannot hoist what depends on it.
+
+    The shared-memory buffers of a consumer are the same every iteration, so LLVM hoists all
+    64 wgmma descriptors of a pair (64-bit each) out of the loop, and ptxas spills them.
+    Indexing the buffers by this zero keeps each descriptor next to its wgmma."""
+    return gl.inline_asm_elementwise(
+        "and.b32 $0, $1, 0;", "=r,r", [j], dtype=gl.int32, is_pure=True, pack=1
+    )
+
+
+@gluon.jit
+def _arrive(bar):
+    """One arrival for the whole warpgroup, after all its lanes' shared-memory writes."""
+    gl.thread_barrier()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _epilogue(
+    acc, m_i, l_i, l_mine, l_other, bar_mine, bar_other, stage, col0, pid_r, pid_h, sink_ptr,
+    out_ptr,
+    stride_or, stride_oh, num_heads,
+):  # fmt: skip
+    """Add the two partial sums, fold in the sink, normalise and store this O half."""
+    l_mine.store(l_i)
+    _arrive(bar_mine)
+    mbarrier.wait(bar_other, 0)
+    l_tot = l_i + l_other.load(ROW_S)
+    den = l_tot
+    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_S)
+    # The sink: a virtual column with logit sink_h and a zero value vector (-inf: no sink).
+    sink = gl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=float("-inf")) * LOG2E
+    den = den + gl.exp2(sink - m_i)
+    # A head with no valid slot gets zeros, whatever its sink.
+    inv = gl.where(l_tot > 0.0, 1.0 / den, 0.0)
+    o = acc * gl.convert_layout(inv, ROW_O)[:, None]
+    # Out through shared memory (Q's buffer: both warpgroups are past their last QK^T once
+    # both partial sums are in), then 16-byte stores.
+    stage.store(o.to(out_ptr.dtype.element_ty))
+    gl.thread_barrier()
+    offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
+    offs_c = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
+    o_blk = stage.load(GATHER)
+    o_ptrs = out_ptr + pid_r * stride_or + offs_ho[:, None] * stride_oh + offs_c[None, :]
+    gl.store(o_ptrs, o_blk, mask=(offs_ho < num_heads)[:, None])
+
+
+@gluon.jit
+def _consumer0(
+    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
+    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
+    q_smem, kv_smem, p_smem, vec_smem, bars,
+):  # fmt: skip
+    """Even tiles' S, O[:, 0:256]; the first of each pair to update the running max."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr)
+
+    m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
+    mbarrier.wait(bars.index(Q_READY), 0)
+    num_pairs = (num_tiles + 1) // 2
+    # S of the first pair's tile; each iteration issues the next one's behind its last PV.
+    s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
+    valid = _valid_cols(idx_ptr, lo, hi, num_kv)
+    if num_pairs > 0:
+        s = _qk(q_smem.index(0), kv_smem.index(0), bars, 0, READY + 0, 0)
+    for j in range(num_pairs):
+        ph = j & 1
+        z = _opaque_zero(j)
+        buf0 = kv_smem.index(z)
+        buf1 = kv_smem.index(z + 1)
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m0 = gl.maximum(m_i, gl.max(s, 1))
+        alpha = gl.exp2(m_i - m0)
+        p = gl.exp2(s - m0[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        vec_smem.index(0).store(m0)
+        _arrive(bars.index(M0))
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        p_op = gl.convert_layout(p.to(dtype), DOT_P)
+        acc = warpgroup_mma(p_op, buf0.slice(0, HALF, dim=1), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+        _arrive(bars.index(FREE + 0))
+
+        # The pair's max from consumer 1: bring P0, O and l to it, hand P0 over.
+        mbarrier.wait(bars.index(M1), ph)
+        m1 = vec_smem.index(1).load(ROW_S)
+        scale = gl.exp2(m0 - m1)
+        m_i = m1
+        p_smem.index(z).store((p * scale[:, None]).to(dtype))
+        fence_async_shared()
+        _arrive(bars.index(P0))
+        acc = acc * gl.convert_layout(scale, ROW_O)[:, None]
+        l_i = l_i * scale
+
+        mbarrier.wait(bars.index(P1), ph)
+        pv = warpgroup_mma(p_smem.index(z + 1), buf1.slice(0, HALF, dim=1), acc, is_async=True)
+        if j + 1 < num_pairs:
+            # The next pair's S: its left half is back (consumer 0 freed it first) while this
+            # PV runs; the right half follows once consumer 1 is done with it.
+            valid = _valid_cols(idx_ptr, lo + (2 * j + 2) * BLOCK_K, hi, num_kv)
+            q_tile = q_smem.index(z)
+            s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
+            s = _qk_half(q_tile, buf0, bars, 0, READY + 0, ph ^ 1, s, False)
+            acc = warpgroup_mma_wait(1, deps=[pv])  # the PV (issued first) is done
+            _arrive(bars.index(FREE + 2))
+            s = _qk_half(q_tile, buf0, bars, 1, READY + 0, ph ^ 1, s, True)
+            s = warpgroup_mma_wait(0, deps=[s])
+        else:
+            acc = warpgroup_mma_wait(0, deps=[pv])
+            _arrive(bars.index(FREE + 2))
+
+    _epilogue(
+        acc, m_i, l_i, vec_smem.index(2), vec_smem.index(3), bars.index(L0), bars.index(L1),
+        q_smem.index(0).slice(0, HALF, dim=1), 0,
+        pid_r, pid_h, sink_ptr, out_ptr, stride_or, stride_oh, num_heads,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _consumer1(
+    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
+    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
+    q_smem, kv_smem, p_smem, vec_smem, bars,
+):  # fmt: skip
+    """Odd tiles' S, O[:, 256:512]; sets each pair's running max."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr)
+
+    m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
+    mbarrier.wait(bars.index(Q_READY), 0)
+    num_pairs = (num_tiles + 1) // 2
+    for j in range(num_pairs):
+        ph = j & 1
+        z = _opaque_zero(j)
+        buf0 = kv_smem.index(z)
+        buf1 = kv_smem.index(z + 1)
+        q_tile = q_smem.index(z)
+        pos1 = lo + (2 * j + 1) * BLOCK_K
+        valid = _valid_cols(idx_ptr, pos1, hi, num_kv)
+        s = _qk(q_tile, buf1, bars, 1, READY + 2, ph)
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        mbarrier.wait(bars.index(M0), ph)
+        m0 = vec_smem.index(0).load(ROW_S)
+        m1 = gl.maximum(m0, gl.max(s, 1))
+        alpha = gl.exp2(m_i - m1)
+        p = gl.exp2(s - m1[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m1
+        vec_smem.index(1).store(m1)
+        _arrive(bars.index(M1))
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        p16 = p.to(dtype)
+        p_op = gl.convert_layout(p16, DOT_P)
+        acc = warpgroup_mma(p_op, buf1.slice(HALF, HALF, dim=1), acc, is_async=True)
+        p_smem.index(z + 1).store(p16)
+        fence_async_shared()
+        _arrive(bars.index(P1))
+
+        mbarrier.wait(bars.index(P0), ph)
+        acc = warpgroup_mma(p_smem.index(z), buf0.slice(HALF, HALF, dim=1), acc, is_async=True)
+        p_op = warpgroup_mma_wait(1, deps=[p_op])  # the PV with this warpgroup's P is done
+        _arrive(bars.index(FREE + 3))
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _arrive(bars.index(FREE + 1))
+
+    _epilogue(
+        acc, m_i, l_i, vec_smem.index(3), vec_smem.index(2), bars.index(L1), bars.index(L0),
+        q_smem.index(0).slice(HALF, HALF, dim=1), HALF,
+        pid_r, pid_h, sink_ptr, out_ptr, stride_or, stride_oh, num_heads,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _prefill_ws_kernel(
+    q_ptr,  # [R, H, 512]
+    kv_ptr,  # [N, 512]
+    idx_ptr,  # [nnz] int32 | int64
+    indptr_ptr,  # [R + 1]
+    sink_ptr,  # [H] fp32 sink logits (-inf: no sink)
+    out_ptr,  # [R, H, 512]
+    stride_qr,
+    stride_qh,
+    stride_kvn,
+    stride_or,
+    stride_oh,
+    num_heads,
+    num_kv,
+    qk_scale,  # sm_scale * log2(e)
+):
+    """Grid (R, cdiv(H, 64)); 4 warps here (consumer 0) + 8 in the worker partitions."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
+    kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
+    p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, BLOCK_K], SMEM)
+    # Running maxes m0, m1 and the epilogue's partial sums, one [64] fp32 vector each.
+    vec_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], VEC)
+    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
+        mbarrier.init(bars.index(READY + i), count=128)  # the producer's lanes, via cp.async
+        mbarrier.init(bars.index(FREE + i), count=1)
+    mbarrier.init(bars.index(Q_READY), count=128)
+    for i in gl.static_range(Q_READY + 1, NUM_BARS):
+        mbarrier.init(bars.index(i), count=1)
+
+    args = (
+        q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
+        stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
+        q_smem, kv_smem, p_smem, vec_smem, bars,
+    )  # fmt: skip
+    gl.warp_specialize(
+        [(_consumer0, args), (_consumer1, args), (_producer, args)],
+        [4, 4],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )
