@@ -83,10 +83,15 @@ VEC = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, orde
 
 
 @gluon.jit
-def _row_range(indptr_ptr):
-    """This program's token, head block and CSR slot range [lo, hi) with its tile count."""
-    pid_h = gl.program_id(1)
-    pid_r = gl.program_id(0).to(gl.int64)
+def _row_range(indptr_ptr, num_heads):
+    """This program's token, head block and CSR slot range [lo, hi) with its tile count.
+
+    The grid is 1-D over (token, head block) with a token's head blocks adjacent, so the
+    programs that gather the same rows run at the same time and share them in L2."""
+    num_hb = (num_heads + BLOCK_H - 1) // BLOCK_H
+    pid = gl.program_id(0)
+    pid_h = pid % num_hb
+    pid_r = (pid // num_hb).to(gl.int64)
     lo = gl.load(indptr_ptr + pid_r).to(gl.int64)
     hi = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
     hi = gl.maximum(hi, lo)
@@ -122,7 +127,7 @@ def _producer(
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
     q_smem, kv_smem, p_smem, vec_smem, bars,
 ):  # fmt: skip
-    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr)
+    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr, num_heads)
 
     # Q [64, 512] of this head block, rows past num_heads zero-filled.
     offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
@@ -254,7 +259,7 @@ def _consumer0(
 ):  # fmt: skip
     """Even tiles' S, O[:, 0:256]; the first of each pair to update the running max."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr)
+    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr, num_heads)
 
     m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
@@ -327,7 +332,7 @@ def _consumer1(
 ):  # fmt: skip
     """Odd tiles' S, O[:, 256:512]; sets each pair's running max."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr)
+    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr, num_heads)
 
     m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
@@ -392,7 +397,7 @@ def _prefill_ws_kernel(
     num_kv,
     qk_scale,  # sm_scale * log2(e)
 ):
-    """Grid (R, cdiv(H, 64)); 4 warps here (consumer 0) + 8 in the worker partitions."""
+    """Grid (R * cdiv(H, 64),); 4 warps here (consumer 0) + 8 in the worker partitions."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
     kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)

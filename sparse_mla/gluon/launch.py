@@ -622,7 +622,7 @@ def mla_gluon(
         if attn_sink is None:
             sink = torch.full((H,), -math.inf, dtype=torch.float32, device=q_nope.device)
         # 4 warps here (consumer 0) + 8 in the kernel's worker partitions.
-        _prefill_ws_kernel[(R, triton.cdiv(H, hopper_ws.BLOCK_H.value))](
+        _prefill_ws_kernel[(R * triton.cdiv(H, hopper_ws.BLOCK_H.value),)](
             q_nope, kv2, kv_indices, kv_indptr, sink, out,
             q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
             H, N, float(sm_scale) * _LOG2E, num_warps=4, num_stages=1,
