@@ -60,7 +60,8 @@ P0 = gl.constexpr(11)  # consumer 0 stored P0 (rescaled to m1)
 P1 = gl.constexpr(12)  # consumer 1 stored P1
 L0 = gl.constexpr(13)  # epilogue: consumer 0 stored its partial sum
 L1 = gl.constexpr(14)
-NUM_BARS = gl.constexpr(15)
+Q_FREE = gl.constexpr(15)  # both consumers are past their last QK^T of a work item
+NUM_BARS = gl.constexpr(16)
 
 
 # S tile [64 heads, 64 slots] of one warpgroup.
@@ -83,15 +84,15 @@ VEC = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, orde
 
 
 @gluon.jit
-def _row_range(indptr_ptr, num_heads):
-    """This program's token, head block and CSR slot range [lo, hi) with its tile count.
+def _item_range(item, indptr_ptr, num_heads):
+    """Work item ``item``'s token, head block and CSR slot range [lo, hi) with its tile count.
 
-    The grid is 1-D over (token, head block) with a token's head blocks adjacent, so the
-    programs that gather the same rows run at the same time and share them in L2."""
+    Items are (token, head block) with a token's head blocks adjacent; the persistent programs
+    take them round-robin, so the programs that gather the same rows run at the same time and
+    share them in L2."""
     num_hb = (num_heads + BLOCK_H - 1) // BLOCK_H
-    pid = gl.program_id(0)
-    pid_h = pid % num_hb
-    pid_r = (pid // num_hb).to(gl.int64)
+    pid_h = item % num_hb
+    pid_r = (item // num_hb).to(gl.int64)
     lo = gl.load(indptr_ptr + pid_r).to(gl.int64)
     hi = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
     hi = gl.maximum(hi, lo)
@@ -125,46 +126,55 @@ def _gather_half(dst, kv_ptr, slot, stride_kvn, col0):
 def _producer(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
-    q_smem, kv_smem, p_smem, vec_smem, bars,
+    num_items, q_smem, kv_smem, p_smem, vec_smem, bars,
 ):  # fmt: skip
-    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr, num_heads)
-
-    # Q [64, 512] of this head block, rows past num_heads zero-filled.
-    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
+    offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
-    for half in gl.static_range(2):
-        q_ptrs = (
-            q_ptr + pid_r * stride_qr + offs_h[:, None] * stride_qh + half * HALF + offs_c[None, :]
-        )
-        q_ptrs = gl.max_contiguous(gl.multiple_of(q_ptrs, [16, 16]), [1, 8])
-        cp.async_copy_global_to_shared(
-            q_smem.index(0).slice(half * HALF, HALF, dim=1),
-            q_ptrs,
-            mask=(offs_h < num_heads)[:, None],
-            cache_modifier=".cg",
-        )
-    cp.mbarrier_arrive(bars.index(Q_READY), increment_count=False)
+    g0 = 0  # pairs of tiles gathered so far, over all items: the barriers' phase
+    it = 0  # items so far
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, num_heads)
 
-    num_pairs = (num_tiles + 1) // 2
-    for j in range(num_pairs):
-        ph = (j & 1) ^ 1  # a fresh barrier's "previous phase" counts as complete
-        # Both tiles' ids first: their load latency hides behind the wait for a free buffer.
-        slot0 = _slots(idx_ptr, lo + (2 * j) * BLOCK_K, hi, num_kv)
-        slot1 = _slots(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
-        # In the order the consumers release them: 0L (consumer 0's own PV), 1R (consumer 1's
-        # own PV), 0R (consumer 1's PV with P0), 1L (consumer 0's PV with P1).
-        mbarrier.wait(bars.index(FREE + 0), ph)
-        _gather_half(kv_smem.index(0).slice(0, HALF, dim=1), kv_ptr, slot0, stride_kvn, 0)
-        cp.mbarrier_arrive(bars.index(READY + 0), increment_count=False)
-        mbarrier.wait(bars.index(FREE + 3), ph)
-        _gather_half(kv_smem.index(1).slice(HALF, HALF, dim=1), kv_ptr, slot1, stride_kvn, HALF)
-        cp.mbarrier_arrive(bars.index(READY + 3), increment_count=False)
-        mbarrier.wait(bars.index(FREE + 1), ph)
-        _gather_half(kv_smem.index(0).slice(HALF, HALF, dim=1), kv_ptr, slot0, stride_kvn, HALF)
-        cp.mbarrier_arrive(bars.index(READY + 1), increment_count=False)
-        mbarrier.wait(bars.index(FREE + 2), ph)
-        _gather_half(kv_smem.index(1).slice(0, HALF, dim=1), kv_ptr, slot1, stride_kvn, 0)
-        cp.mbarrier_arrive(bars.index(READY + 2), increment_count=False)
+        # Q [64, 512] of this head block (rows past num_heads zero-filled), once both consumers
+        # are past their last QK^T of the previous item.
+        mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
+        offs_h = pid_h * BLOCK_H + offs_hq
+        for half in gl.static_range(2):
+            q_ptrs = (
+                q_ptr + pid_r * stride_qr + offs_h[:, None] * stride_qh + half * HALF
+                + offs_c[None, :]
+            )  # fmt: skip
+            q_ptrs = gl.max_contiguous(gl.multiple_of(q_ptrs, [16, 16]), [1, 8])
+            cp.async_copy_global_to_shared(
+                q_smem.index(0).slice(half * HALF, HALF, dim=1),
+                q_ptrs,
+                mask=(offs_h < num_heads)[:, None],
+                cache_modifier=".cg",
+            )
+        cp.mbarrier_arrive(bars.index(Q_READY), increment_count=False)
+
+        num_pairs = (num_tiles + 1) // 2
+        for j in range(num_pairs):
+            ph = ((g0 + j) & 1) ^ 1  # a fresh barrier's "previous phase" counts as complete
+            # Both tiles' ids first: their load latency hides behind the wait for a buffer.
+            slot0 = _slots(idx_ptr, lo + (2 * j) * BLOCK_K, hi, num_kv)
+            slot1 = _slots(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
+            # In the order the consumers release them: 0L (consumer 0's own PV), 1R (consumer
+            # 1's own PV), 0R (consumer 1's PV with P0), 1L (consumer 0's PV with P1).
+            mbarrier.wait(bars.index(FREE + 0), ph)
+            _gather_half(kv_smem.index(0).slice(0, HALF, dim=1), kv_ptr, slot0, stride_kvn, 0)
+            cp.mbarrier_arrive(bars.index(READY + 0), increment_count=False)
+            mbarrier.wait(bars.index(FREE + 3), ph)
+            _gather_half(kv_smem.index(1).slice(HALF, HALF, dim=1), kv_ptr, slot1, stride_kvn, HALF)
+            cp.mbarrier_arrive(bars.index(READY + 3), increment_count=False)
+            mbarrier.wait(bars.index(FREE + 1), ph)
+            _gather_half(kv_smem.index(0).slice(HALF, HALF, dim=1), kv_ptr, slot0, stride_kvn, HALF)
+            cp.mbarrier_arrive(bars.index(READY + 1), increment_count=False)
+            mbarrier.wait(bars.index(FREE + 2), ph)
+            _gather_half(kv_smem.index(1).slice(0, HALF, dim=1), kv_ptr, slot1, stride_kvn, 0)
+            cp.mbarrier_arrive(bars.index(READY + 2), increment_count=False)
+        g0 += num_pairs
+        it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
     # No copy may still be in flight when the program ends.
     cp.commit_group()
     cp.wait_group(0)
@@ -223,14 +233,13 @@ def _arrive(bar):
 
 @gluon.jit
 def _epilogue(
-    acc, m_i, l_i, l_mine, l_other, bar_mine, bar_other, stage, col0, pid_r, pid_h, sink_ptr,
-    out_ptr,
-    stride_or, stride_oh, num_heads,
+    acc, m_i, l_i, l_mine, l_other, bar_mine, bar_other, ph, col0, pid_r, pid_h, sink_ptr,
+    out_ptr, stride_or, stride_oh, num_heads,
 ):  # fmt: skip
     """Add the two partial sums, fold in the sink, normalise and store this O half."""
     l_mine.store(l_i)
     _arrive(bar_mine)
-    mbarrier.wait(bar_other, 0)
+    mbarrier.wait(bar_other, ph)
     l_tot = l_i + l_other.load(ROW_S)
     den = l_tot
     offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_S)
@@ -240,144 +249,155 @@ def _epilogue(
     # A head with no valid slot gets zeros, whatever its sink.
     inv = gl.where(l_tot > 0.0, 1.0 / den, 0.0)
     o = acc * gl.convert_layout(inv, ROW_O)[:, None]
-    # Out through shared memory (Q's buffer: both warpgroups are past their last QK^T once
-    # both partial sums are in), then 16-byte stores.
-    stage.store(o.to(out_ptr.dtype.element_ty))
-    gl.thread_barrier()
+    # 16-byte stores: the compiler's layout conversion goes through a small scratch buffer.
+    o = gl.convert_layout(o.to(out_ptr.dtype.element_ty), GATHER)
     offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
-    offs_c = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
-    o_blk = stage.load(GATHER)
-    o_ptrs = out_ptr + pid_r * stride_or + offs_ho[:, None] * stride_oh + offs_c[None, :]
-    gl.store(o_ptrs, o_blk, mask=(offs_ho < num_heads)[:, None])
+    offs_d = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
+    o_ptrs = out_ptr + pid_r * stride_or + offs_ho[:, None] * stride_oh + offs_d[None, :]
+    gl.store(o_ptrs, o, mask=(offs_ho < num_heads)[:, None])
 
 
 @gluon.jit
 def _consumer0(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
-    q_smem, kv_smem, p_smem, vec_smem, bars,
+    num_items, q_smem, kv_smem, p_smem, vec_smem, bars,
 ):  # fmt: skip
     """Even tiles' S, O[:, 0:256]; the first of each pair to update the running max."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr, num_heads)
+    g0 = 0
+    it = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, num_heads)
+        num_pairs = (num_tiles + 1) // 2
+        m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
+        acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
+        valid = _valid_cols(idx_ptr, lo, hi, num_kv)
+        mbarrier.wait(bars.index(Q_READY), it & 1)
+        # S of the first pair's tile; each iteration issues the next one's behind its last PV.
+        s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
+        if num_pairs > 0:
+            zi = _opaque_zero(item)
+            s = _qk(q_smem.index(zi), kv_smem.index(zi), bars, 0, READY + 0, g0 & 1)
+        if num_pairs <= 1:
+            _arrive(bars.index(Q_FREE))  # done with this item's Q
+        for j in range(num_pairs):
+            ph = (g0 + j) & 1
+            z = _opaque_zero(j)
+            buf0 = kv_smem.index(z)
+            buf1 = kv_smem.index(z + 1)
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+            m0 = gl.maximum(m_i, gl.max(s, 1))
+            alpha = gl.exp2(m_i - m0)
+            p = gl.exp2(s - m0[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            vec_smem.index(0).store(m0)
+            _arrive(bars.index(M0))
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), DOT_P)
+            acc = warpgroup_mma(p_op, buf0.slice(0, HALF, dim=1), acc, is_async=True)
+            acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+            _arrive(bars.index(FREE + 0))
 
-    m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
-    mbarrier.wait(bars.index(Q_READY), 0)
-    num_pairs = (num_tiles + 1) // 2
-    # S of the first pair's tile; each iteration issues the next one's behind its last PV.
-    s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
-    valid = _valid_cols(idx_ptr, lo, hi, num_kv)
-    if num_pairs > 0:
-        s = _qk(q_smem.index(0), kv_smem.index(0), bars, 0, READY + 0, 0)
-    for j in range(num_pairs):
-        ph = j & 1
-        z = _opaque_zero(j)
-        buf0 = kv_smem.index(z)
-        buf1 = kv_smem.index(z + 1)
-        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m0 = gl.maximum(m_i, gl.max(s, 1))
-        alpha = gl.exp2(m_i - m0)
-        p = gl.exp2(s - m0[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        vec_smem.index(0).store(m0)
-        _arrive(bars.index(M0))
-        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        p_op = gl.convert_layout(p.to(dtype), DOT_P)
-        acc = warpgroup_mma(p_op, buf0.slice(0, HALF, dim=1), acc, is_async=True)
-        acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
-        _arrive(bars.index(FREE + 0))
+            # The pair's max from consumer 1: bring P0, O and l to it, hand P0 over.
+            mbarrier.wait(bars.index(M1), ph)
+            m1 = vec_smem.index(1).load(ROW_S)
+            scale = gl.exp2(m0 - m1)
+            m_i = m1
+            p_smem.index(z).store((p * scale[:, None]).to(dtype))
+            fence_async_shared()
+            _arrive(bars.index(P0))
+            acc = acc * gl.convert_layout(scale, ROW_O)[:, None]
+            l_i = l_i * scale
 
-        # The pair's max from consumer 1: bring P0, O and l to it, hand P0 over.
-        mbarrier.wait(bars.index(M1), ph)
-        m1 = vec_smem.index(1).load(ROW_S)
-        scale = gl.exp2(m0 - m1)
-        m_i = m1
-        p_smem.index(z).store((p * scale[:, None]).to(dtype))
-        fence_async_shared()
-        _arrive(bars.index(P0))
-        acc = acc * gl.convert_layout(scale, ROW_O)[:, None]
-        l_i = l_i * scale
-
-        mbarrier.wait(bars.index(P1), ph)
-        pv = warpgroup_mma(p_smem.index(z + 1), buf1.slice(0, HALF, dim=1), acc, is_async=True)
-        if j + 1 < num_pairs:
-            # The next pair's S: its left half is back (consumer 0 freed it first) while this
-            # PV runs; the right half follows once consumer 1 is done with it.
-            valid = _valid_cols(idx_ptr, lo + (2 * j + 2) * BLOCK_K, hi, num_kv)
-            q_tile = q_smem.index(z)
-            s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
-            s = _qk_half(q_tile, buf0, bars, 0, READY + 0, ph ^ 1, s, False)
-            acc = warpgroup_mma_wait(1, deps=[pv])  # the PV (issued first) is done
-            _arrive(bars.index(FREE + 2))
-            s = _qk_half(q_tile, buf0, bars, 1, READY + 0, ph ^ 1, s, True)
-            s = warpgroup_mma_wait(0, deps=[s])
-        else:
-            acc = warpgroup_mma_wait(0, deps=[pv])
-            _arrive(bars.index(FREE + 2))
-
-    _epilogue(
-        acc, m_i, l_i, vec_smem.index(2), vec_smem.index(3), bars.index(L0), bars.index(L1),
-        q_smem.index(0).slice(0, HALF, dim=1), 0,
-        pid_r, pid_h, sink_ptr, out_ptr, stride_or, stride_oh, num_heads,
-    )  # fmt: skip
+            mbarrier.wait(bars.index(P1), ph)
+            pv = warpgroup_mma(p_smem.index(z + 1), buf1.slice(0, HALF, dim=1), acc, is_async=True)
+            if j + 1 < num_pairs:
+                # The next pair's S: its left half is back (consumer 0 freed it first) while
+                # this PV runs; the right half follows once consumer 1 is done with it.
+                valid = _valid_cols(idx_ptr, lo + (2 * j + 2) * BLOCK_K, hi, num_kv)
+                q_tile = q_smem.index(z)
+                s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
+                s = _qk_half(q_tile, buf0, bars, 0, READY + 0, ph ^ 1, s, False)
+                acc = warpgroup_mma_wait(1, deps=[pv])  # the PV (issued first) is done
+                _arrive(bars.index(FREE + 2))
+                s = _qk_half(q_tile, buf0, bars, 1, READY + 0, ph ^ 1, s, True)
+                s = warpgroup_mma_wait(0, deps=[s])
+                if j + 2 == num_pairs:
+                    _arrive(bars.index(Q_FREE))
+            else:
+                acc = warpgroup_mma_wait(0, deps=[pv])
+                _arrive(bars.index(FREE + 2))
+        g0 += num_pairs
+        _epilogue(
+            acc, m_i, l_i, vec_smem.index(2 + 2 * (it & 1)), vec_smem.index(3 + 2 * (it & 1)),
+            bars.index(L0), bars.index(L1), it & 1, 0,
+            pid_r, pid_h, sink_ptr, out_ptr, stride_or, stride_oh, num_heads,
+        )  # fmt: skip
+        it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
 
 @gluon.jit
 def _consumer1(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
-    q_smem, kv_smem, p_smem, vec_smem, bars,
+    num_items, q_smem, kv_smem, p_smem, vec_smem, bars,
 ):  # fmt: skip
     """Odd tiles' S, O[:, 256:512]; sets each pair's running max."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    pid_r, pid_h, lo, hi, num_tiles = _row_range(indptr_ptr, num_heads)
+    g0 = 0
+    it = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, num_heads)
+        num_pairs = (num_tiles + 1) // 2
+        m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
+        acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
+        mbarrier.wait(bars.index(Q_READY), it & 1)
+        if num_pairs == 0:
+            _arrive(bars.index(Q_FREE))
+        for j in range(num_pairs):
+            ph = (g0 + j) & 1
+            z = _opaque_zero(j)
+            buf0 = kv_smem.index(z)
+            buf1 = kv_smem.index(z + 1)
+            q_tile = q_smem.index(z)
+            valid = _valid_cols(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
+            s = _qk(q_tile, buf1, bars, 1, READY + 2, ph)
+            if j + 1 == num_pairs:
+                _arrive(bars.index(Q_FREE))  # done with this item's Q
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+            mbarrier.wait(bars.index(M0), ph)
+            m0 = vec_smem.index(0).load(ROW_S)
+            m1 = gl.maximum(m0, gl.max(s, 1))
+            alpha = gl.exp2(m_i - m1)
+            p = gl.exp2(s - m1[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m1
+            vec_smem.index(1).store(m1)
+            _arrive(bars.index(M1))
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            p16 = p.to(dtype)
+            p_op = gl.convert_layout(p16, DOT_P)
+            acc = warpgroup_mma(p_op, buf1.slice(HALF, HALF, dim=1), acc, is_async=True)
+            p_smem.index(z + 1).store(p16)
+            fence_async_shared()
+            _arrive(bars.index(P1))
 
-    m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
-    mbarrier.wait(bars.index(Q_READY), 0)
-    num_pairs = (num_tiles + 1) // 2
-    for j in range(num_pairs):
-        ph = j & 1
-        z = _opaque_zero(j)
-        buf0 = kv_smem.index(z)
-        buf1 = kv_smem.index(z + 1)
-        q_tile = q_smem.index(z)
-        pos1 = lo + (2 * j + 1) * BLOCK_K
-        valid = _valid_cols(idx_ptr, pos1, hi, num_kv)
-        s = _qk(q_tile, buf1, bars, 1, READY + 2, ph)
-        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-        mbarrier.wait(bars.index(M0), ph)
-        m0 = vec_smem.index(0).load(ROW_S)
-        m1 = gl.maximum(m0, gl.max(s, 1))
-        alpha = gl.exp2(m_i - m1)
-        p = gl.exp2(s - m1[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m1
-        vec_smem.index(1).store(m1)
-        _arrive(bars.index(M1))
-        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        p16 = p.to(dtype)
-        p_op = gl.convert_layout(p16, DOT_P)
-        acc = warpgroup_mma(p_op, buf1.slice(HALF, HALF, dim=1), acc, is_async=True)
-        p_smem.index(z + 1).store(p16)
-        fence_async_shared()
-        _arrive(bars.index(P1))
-
-        mbarrier.wait(bars.index(P0), ph)
-        acc = warpgroup_mma(p_smem.index(z), buf0.slice(HALF, HALF, dim=1), acc, is_async=True)
-        p_op = warpgroup_mma_wait(1, deps=[p_op])  # the PV with this warpgroup's P is done
-        _arrive(bars.index(FREE + 3))
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        _arrive(bars.index(FREE + 1))
-
-    _epilogue(
-        acc, m_i, l_i, vec_smem.index(3), vec_smem.index(2), bars.index(L1), bars.index(L0),
-        q_smem.index(0).slice(HALF, HALF, dim=1), HALF,
-        pid_r, pid_h, sink_ptr, out_ptr, stride_or, stride_oh, num_heads,
-    )  # fmt: skip
+            mbarrier.wait(bars.index(P0), ph)
+            acc = warpgroup_mma(p_smem.index(z), buf0.slice(HALF, HALF, dim=1), acc, is_async=True)
+            p_op = warpgroup_mma_wait(1, deps=[p_op])  # the PV with this warpgroup's P is done
+            _arrive(bars.index(FREE + 3))
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            _arrive(bars.index(FREE + 1))
+        g0 += num_pairs
+        _epilogue(
+            acc, m_i, l_i, vec_smem.index(3 + 2 * (it & 1)), vec_smem.index(2 + 2 * (it & 1)),
+            bars.index(L1), bars.index(L0), it & 1, HALF,
+            pid_r, pid_h, sink_ptr, out_ptr, stride_or, stride_oh, num_heads,
+        )  # fmt: skip
+        it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
 
 @gluon.jit
@@ -396,26 +416,30 @@ def _prefill_ws_kernel(
     num_heads,
     num_kv,
     qk_scale,  # sm_scale * log2(e)
+    num_items,  # R * cdiv(H, 64) work items (token, head block)
 ):
-    """Grid (R * cdiv(H, 64),); 4 warps here (consumer 0) + 8 in the worker partitions."""
+    """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
+    (consumer 0) + 8 in the worker partitions."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
     kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
     p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, BLOCK_K], SMEM)
-    # Running maxes m0, m1 and the epilogue's partial sums, one [64] fp32 vector each.
-    vec_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], VEC)
+    # Running maxes m0, m1 and the epilogue's partial sums (double-buffered by item parity), one
+    # [64] fp32 vector each.
+    vec_smem = gl.allocate_shared_memory(gl.float32, [6, BLOCK_H], VEC)
     bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(4):
         mbarrier.init(bars.index(READY + i), count=128)  # the producer's lanes, via cp.async
         mbarrier.init(bars.index(FREE + i), count=1)
     mbarrier.init(bars.index(Q_READY), count=128)
-    for i in gl.static_range(Q_READY + 1, NUM_BARS):
+    for i in gl.static_range(Q_READY + 1, Q_FREE):
         mbarrier.init(bars.index(i), count=1)
+    mbarrier.init(bars.index(Q_FREE), count=2)  # one arrival per consumer
 
     args = (
         q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
         stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
-        q_smem, kv_smem, p_smem, vec_smem, bars,
+        num_items, q_smem, kv_smem, p_smem, vec_smem, bars,
     )  # fmt: skip
     gl.warp_specialize(
         [(_consumer0, args), (_consumer1, args), (_producer, args)],

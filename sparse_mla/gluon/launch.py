@@ -359,7 +359,7 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
             "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
             "sink_ptr": "*fp32", "out_ptr": elem, "stride_qr": "i32", "stride_qh": "i32",
             "stride_kvn": "i32", "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32",
-            "num_kv": "i32", "qk_scale": "fp32",
+            "num_kv": "i32", "qk_scale": "fp32", "num_items": "i32",
         }  # fmt: skip
         return _prefill_ws_kernel, signature, constexprs, {"num_warps": 4, "num_stages": 1}
     if use_wgmma(cfg, target, has_pe=has_pe):
@@ -621,11 +621,13 @@ def mla_gluon(
         # No sink: logits of -inf, which add 2^-inf = 0 to the denominator.
         if attn_sink is None:
             sink = torch.full((H,), -math.inf, dtype=torch.float32, device=q_nope.device)
-        # 4 warps here (consumer 0) + 8 in the kernel's worker partitions.
-        _prefill_ws_kernel[(R * triton.cdiv(H, hopper_ws.BLOCK_H.value),)](
+        # Persistent: one program per SM over R x cdiv(H, 64) work items; 4 warps here
+        # (consumer 0) + 8 in the kernel's worker partitions.
+        items = R * triton.cdiv(H, hopper_ws.BLOCK_H.value)
+        _prefill_ws_kernel[(min(items, _num_compute_units(dev)),)](
             q_nope, kv2, kv_indices, kv_indptr, sink, out,
             q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
-            H, N, float(sm_scale) * _LOG2E, num_warps=4, num_stages=1,
+            H, N, float(sm_scale) * _LOG2E, items, num_warps=4, num_stages=1,
         )  # fmt: skip
         return out
     if use_wgmma(cfg, tgt, has_pe=has_pe):
