@@ -105,6 +105,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from .targets import get_target
 
     arch = get_target(args.arch).name
+    if args.kernel_choice:
+        import csv
+
+        with open(args.csv, newline="") as f:
+            bench_rows = list(csv.DictReader(f))
+        try:
+            diff = tune.export_kernel_choice(
+                bench_rows, arch, run=args.run, source=args.source or str(args.csv),
+                root=args.root, dry_run=args.dry_run,
+            )  # fmt: skip
+        except ValueError as e:
+            print(f"export: {e}", file=sys.stderr)
+            return 1
+        print(diff or "export: no change")
+        return 0
     rows = [r for r in tune.load_rows(args.csv) if get_target(r["target"]).name == arch]
     winners = tune.best_per_shape(rows)
     if not winners:
@@ -378,13 +393,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("export", help="merge a sweep's winners into configs/<arch>/ JSON")
-    p.add_argument("csv", help="rows saved by `sparse-mla sweep`")
+    p.add_argument("csv", help="rows saved by `sparse-mla sweep` (--kernel-choice: by bench)")
     p.add_argument("--arch", required=True, help="config file's arch id: sm90, gfx942, ...")
     p.add_argument("--root", default=None, help="config root (default: the package's configs/)")
     p.add_argument("--source", default=None, help="provenance: where the sweep came from")
     p.add_argument("--notes", default=None, help="provenance: free text")
     p.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
     p.add_argument("--allow-compile-only", action="store_true")
+    p.add_argument(
+        "--kernel-choice",
+        action="store_true",
+        help="CSV is `sparse-mla bench` rows: record each shape's fastest package kernel "
+        "of one run (the entry's 'kernel', read by sparse_mla_prefill's dispatch)",
+    )
+    p.add_argument("--run", default=None, help="--kernel-choice: the run's timestamp (latest)")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("capture", help="record calls made on a named workload into captures")

@@ -4,7 +4,10 @@ One JSON file per architecture id (``gfx942``, ``gfx950``, ``sm90``; never produ
 keyed by shape::
 
     {
-      "H16_D512": {
+      "H64_D512": {
+        "kernel": {"name": "gluon",
+                   "provenance": {"device": "...", "date": "2026-11-29", "source": "...",
+                                  "times_ms": {"gluon": 4.79, "triton": 6.51}, ...}},
         "launch": {"BLOCK_H": 16, "BLOCK_K": 16, "num_warps": 1, "num_stages": 2,
                    "EVEN_HD": true, "USE_EXP2": true, "kpack": 2, "waves_per_eu": 1},
         "provenance": {"device": "...", "triton": "3.6.0", "date": "2026-11-29",
@@ -12,14 +15,19 @@ keyed by shape::
       }
     }
 
-``launch`` holds :class:`sparse_mla.prefill.PrefillConfig` fields (``kpack`` and
-``waves_per_eu`` on AMD archs only). ``provenance`` says where the numbers come from. Every
-file is validated as a whole when first read (types, known keys, a launch the kernel accepts
-for that shape); a broken file raises :class:`ConfigFileError` naming the file and the entry.
+``launch`` holds :class:`PrefillConfig` fields, the Triton kernel's launch (``kpack`` and
+``waves_per_eu`` on AMD archs only); ``provenance`` says where its numbers come from. The
+optional ``kernel`` records which of the package's kernels is the fastest for the shape (its
+``name``, optionally its own ``launch``, and the ``provenance`` of the same-run timing that chose
+it, ``times_ms`` per kernel); :mod:`sparse_mla.dispatch` reads it. Every file is validated as
+a whole when first read (types, known keys, a launch the kernel accepts for that shape); a broken
+file raises :class:`ConfigFileError` naming the file and the entry.
 
 A missing file or entry is the normal case for most shapes and is silent (nothing logged):
 :func:`lookup` returns None and the launcher uses :func:`sparse_mla.prefill.default_config`.
-Writing entries (atomically, under a file lock) is :func:`sparse_mla.tune.export`.
+Writing entries (atomically, under a file lock) is :func:`sparse_mla.tune.export` and
+:func:`sparse_mla.tune.export_kernel_choice`. This module owns the config dataclass and imports
+nothing else of the package, so the kernels and the dispatch can import it.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import functools
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +48,8 @@ __all__ = [
     "PROVENANCE_KEYS",
     "ConfigEntry",
     "ConfigFileError",
+    "KernelChoice",
+    "PrefillConfig",
     "config_path",
     "dump_entries",
     "entries",
@@ -81,15 +91,70 @@ def _default_root() -> Path:
 _OP_DIR = Path("triton/attention/sparse_attention_dsv4")
 _SHAPE_RE = re.compile(r"^H([1-9][0-9]*)_D([1-9][0-9]*)$")
 _AMD_ONLY = ("kpack", "waves_per_eu")
+_NVIDIA_ONLY = ("maxnreg",)
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Launch parameters of the Triton prefill kernel.
+
+    ``PREFETCH_KV`` loads the next tile's ids and rows into registers before this tile's math
+    (a software pipeline of depth 2 in registers; costs the registers of one KV tile).
+    ``EVEN_HD=None`` means "on whenever it is valid" (head_dim == BLOCK_D and
+    num_heads % BLOCK_H == 0). ``kpack`` and ``waves_per_eu`` are AMD compiler options: accepted
+    everywhere, passed to the compiler only on AMD; ``maxnreg`` (a register cap per thread)
+    likewise only on NVIDIA.
+    """
+
+    BLOCK_H: int = 16
+    BLOCK_K: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+    EVEN_HD: bool | None = None
+    USE_EXP2: bool = True
+    PREFETCH_KV: bool = False
+    kpack: int | None = None
+    waves_per_eu: int | None = None
+    maxnreg: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PrefillConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(
+                f"config: unknown key(s) {unknown}; expected a subset of {sorted(names)}"
+            )
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def compile_options(self, backend: str) -> dict[str, Any]:
+        """Compiler options for ``backend`` ("cuda" or "hip"); the other vendor's are dropped."""
+        opts: dict[str, Any] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        own = _AMD_ONLY if backend == "hip" else _NVIDIA_ONLY
+        opts.update({k: getattr(self, k) for k in own if getattr(self, k) is not None})
+        return opts
+
+    def validate(self) -> None:
+        for name in ("BLOCK_H", "BLOCK_K"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"config: {name} must be a power of two >= 16 (tl.dot), got {v!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"config: num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"config: num_stages must be an int >= 1, got {self.num_stages!r}")
+        if self.maxnreg is not None and not (
+            isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255
+        ):
+            raise ValueError(f"config: maxnreg must be an int in [24, 255], got {self.maxnreg!r}")
 
 
 @functools.lru_cache(maxsize=1)
 def launch_types() -> dict[str, tuple[type, bool]]:
     """PrefillConfig's fields as JSON types: name -> (int or bool, None allowed)."""
-    from dataclasses import fields
-
-    from .prefill import PrefillConfig
-
     out = {}
     for f in fields(PrefillConfig):
         text = f.type if isinstance(f.type, str) else repr(f.type)
@@ -118,6 +183,21 @@ _PROV_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 PROVENANCE_KEYS = tuple(_PROV_TYPES)
 _ENTRY_KEYS = ("launch", "provenance")
+_OPTIONAL_ENTRY_KEYS = ("kernel",)
+_KERNEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# Provenance of a kernel choice: (type(s), required).
+_CHOICE_PROV_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    "device": ((str,), True),
+    "date": ((str,), True),
+    "source": ((str,), True),
+    "times_ms": ((dict,), True),
+    "workload": ((str,), False),
+    "commit": ((str,), False),
+    "run": ((str,), False),
+    "triton": ((str,), False),
+    "torch": ((str,), False),
+    "notes": ((str,), False),
+}
 
 
 class ConfigFileError(ValueError):
@@ -125,20 +205,44 @@ class ConfigFileError(ValueError):
 
 
 @dataclass(frozen=True)
+class KernelChoice:
+    """An entry's recorded kernel: its name, its launch (None: the kernel's default; Triton's
+    is the entry's ``launch``) and the provenance of the run that chose it."""
+
+    name: str
+    launch: dict[str, Any] | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.launch is not None:
+            out["launch"] = dict(self.launch)
+        out["provenance"] = dict(self.provenance)
+        return out
+
+
+@dataclass(frozen=True)
 class ConfigEntry:
-    """One validated shape entry: the launch as a PrefillConfig, plus its provenance."""
+    """One validated shape entry: Triton's launch as a PrefillConfig, its provenance, and the
+    kernel recorded as the fastest for the shape (None: Triton)."""
 
     num_heads: int
     head_dim: int
-    launch: Any  # PrefillConfig (imported lazily: prefill imports this module)
+    launch: PrefillConfig
     provenance: dict[str, Any] = field(default_factory=dict)
+    kernel: KernelChoice | None = None
 
     @property
     def key(self) -> str:
         return shape_key(self.num_heads, self.head_dim)
 
     def to_json(self) -> dict[str, Any]:
-        return {"launch": launch_to_json(self.launch), "provenance": dict(self.provenance)}
+        out: dict[str, Any] = {}
+        if self.kernel is not None:
+            out["kernel"] = self.kernel.to_json()
+        out["launch"] = launch_to_json(self.launch)
+        out["provenance"] = dict(self.provenance)
+        return out
 
 
 def shape_key(num_heads: int, head_dim: int) -> str:
@@ -172,8 +276,6 @@ def launch_to_json(cfg) -> dict[str, Any]:
 
 def _check_launch(arch: str, num_heads: int, head_dim: int, launch: Any):
     """The PrefillConfig of a ``launch`` object; ValueError saying what is wrong."""
-    from .prefill import PrefillConfig
-
     if not isinstance(launch, dict):
         raise ValueError(f"'launch' must be an object, got {type(launch).__name__}")
     types = launch_types()
@@ -239,6 +341,56 @@ def _check_provenance(prov: Any) -> dict[str, Any]:
     return dict(prov)
 
 
+def _check_kernel(obj: Any) -> KernelChoice:
+    """The KernelChoice of an entry's ``kernel`` object; ValueError saying what is wrong.
+
+    Only the form is checked here; whether the name is a registered kernel and its launch one
+    that kernel accepts is :mod:`sparse_mla.dispatch`'s question (this module imports no kernel).
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"'kernel' must be an object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - {"name", "launch", "provenance"})
+    if unknown or "name" not in obj or "provenance" not in obj:
+        raise ValueError(f"kernel: keys must be name, provenance (and launch), got {list(obj)}")
+    name = obj["name"]
+    if not isinstance(name, str) or not _KERNEL_NAME_RE.match(name):
+        raise ValueError(f"kernel: name must be an id like 'gluon', got {name!r}")
+    launch = obj.get("launch")
+    if launch is not None:
+        if name == "triton":
+            raise ValueError("kernel: Triton's launch is the entry's 'launch', not kernel.launch")
+        if not isinstance(launch, dict) or not all(
+            isinstance(k, str) and (v is None or type(v) in (int, bool)) for k, v in launch.items()
+        ):
+            raise ValueError(f"kernel: launch must map names to ints/bools/null, got {launch!r}")
+    prov = obj["provenance"]
+    if not isinstance(prov, dict):
+        raise ValueError(f"kernel: provenance must be an object, got {type(prov).__name__}")
+    unknown = sorted(set(prov) - set(_CHOICE_PROV_TYPES))
+    if unknown:
+        raise ValueError(f"kernel.provenance: unknown key(s) {unknown}")
+    for k, (types, required) in _CHOICE_PROV_TYPES.items():
+        if k not in prov:
+            if required:
+                raise ValueError(f"kernel.provenance: missing key {k!r}")
+        elif not isinstance(prov[k], types):
+            raise ValueError(f"kernel.provenance: {k} must be {types[0].__name__}, got {prov[k]!r}")
+    times = prov["times_ms"]
+    for k, v in times.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
+            raise ValueError(f"kernel.provenance: times_ms[{k!r}] must be > 0, got {v!r}")
+    if name not in times:
+        raise ValueError(f"kernel.provenance: times_ms must include the chosen kernel {name!r}")
+    if times[name] > min(times.values()):
+        fastest = min(times, key=times.get)
+        raise ValueError(f"kernel: {name!r} is recorded but {fastest!r} was faster ({times})")
+    try:
+        _dt.date.fromisoformat(prov["date"][:10])
+    except ValueError:
+        raise ValueError(f"kernel.provenance: date must be ISO, got {prov['date']!r}") from None
+    return KernelChoice(name, dict(launch) if launch is not None else None, dict(prov))
+
+
 def parse_entries(data: Any, arch: str, source: str = "<data>") -> dict[str, ConfigEntry]:
     """Validate a whole file's JSON object; ConfigFileError naming ``source`` on any problem."""
     if not isinstance(data, dict):
@@ -249,15 +401,19 @@ def parse_entries(data: Any, arch: str, source: str = "<data>") -> dict[str, Con
             H, D = parse_shape_key(key)
             if not isinstance(entry, dict):
                 raise ValueError(f"entry must be an object, got {type(entry).__name__}")
-            unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+            unknown = sorted(set(entry) - set(_ENTRY_KEYS) - set(_OPTIONAL_ENTRY_KEYS))
             missing = [k for k in _ENTRY_KEYS if k not in entry]
             if unknown or missing:
-                raise ValueError(f"entry keys must be {list(_ENTRY_KEYS)}, got {list(entry)}")
+                raise ValueError(
+                    f"entry keys must be {list(_ENTRY_KEYS)} (and optionally "
+                    f"{list(_OPTIONAL_ENTRY_KEYS)}), got {list(entry)}"
+                )
             cfg = _check_launch(arch, H, D, entry["launch"])
             prov = _check_provenance(entry["provenance"])
+            choice = _check_kernel(entry["kernel"]) if "kernel" in entry else None
         except (TypeError, ValueError) as e:
             raise ConfigFileError(f"{source}: entry {key!r}: {e}") from None
-        out[key] = ConfigEntry(H, D, cfg, prov)
+        out[key] = ConfigEntry(H, D, cfg, prov, choice)
     return out
 
 

@@ -10,14 +10,15 @@ the end as a virtual column whose value vector is zero; a token with no valid sl
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from . import runtime
+from . import configs, dispatch, runtime
+from .configs import PrefillConfig
 
 __all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
 
@@ -179,67 +180,6 @@ def _sparse_mla_prefill_kernel(
 # Launch configuration
 # ----------------------------------------------------------------------------------------------
 
-_AMD_ONLY = ("kpack", "waves_per_eu")
-_NVIDIA_ONLY = ("maxnreg",)
-
-
-@dataclass(frozen=True)
-class PrefillConfig:
-    """Launch parameters of the Triton prefill kernel.
-
-    ``PREFETCH_KV`` loads the next tile's ids and rows into registers before this tile's math
-    (a software pipeline of depth 2 in registers; costs the registers of one KV tile).
-    ``EVEN_HD=None`` means "on whenever it is valid" (head_dim == BLOCK_D and
-    num_heads % BLOCK_H == 0). ``kpack`` and ``waves_per_eu`` are AMD compiler options: accepted
-    everywhere, passed to the compiler only on AMD; ``maxnreg`` (a register cap per thread)
-    likewise only on NVIDIA.
-    """
-
-    BLOCK_H: int = 16
-    BLOCK_K: int = 32
-    num_warps: int = 4
-    num_stages: int = 2
-    EVEN_HD: bool | None = None
-    USE_EXP2: bool = True
-    PREFETCH_KV: bool = False
-    kpack: int | None = None
-    waves_per_eu: int | None = None
-    maxnreg: int | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PrefillConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(
-                f"config: unknown key(s) {unknown}; expected a subset of {sorted(names)}"
-            )
-        return cls(**d)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-    def compile_options(self, backend: str) -> dict[str, Any]:
-        """Compiler options for ``backend`` ("cuda" or "hip"); the other vendor's are dropped."""
-        opts: dict[str, Any] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        own = _AMD_ONLY if backend == "hip" else _NVIDIA_ONLY
-        opts.update({k: getattr(self, k) for k in own if getattr(self, k) is not None})
-        return opts
-
-    def validate(self) -> None:
-        for name in ("BLOCK_H", "BLOCK_K"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 16 or v & (v - 1):
-                raise ValueError(f"config: {name} must be a power of two >= 16 (tl.dot), got {v!r}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"config: num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
-        if not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"config: num_stages must be an int >= 1, got {self.num_stages!r}")
-        if self.maxnreg is not None and not (
-            isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255
-        ):
-            raise ValueError(f"config: maxnreg must be an int in [24, 255], got {self.maxnreg!r}")
-
 
 def default_config(num_heads: int, head_dim: int, arch: str | None = None) -> PrefillConfig:
     """The launch used when configs/ has no entry for (arch, H, D) and none is given.
@@ -262,9 +202,7 @@ def resolve_config(
 ) -> PrefillConfig:
     """The launch for a call: ``config`` if given, else the tuned entry, else the default."""
     if config is None:
-        from . import configs as _configs  # tuned JSON, optional per (arch, H, D)
-
-        found = _configs.lookup(arch, num_heads, head_dim) if arch else None
+        found = configs.lookup(arch, num_heads, head_dim) if arch else None
         cfg = found if found is not None else default_config(num_heads, head_dim, arch)
     elif isinstance(config, PrefillConfig):
         cfg = config
@@ -388,38 +326,47 @@ def sparse_mla_prefill(
         softmax_scale: logits = (q_h · kv_s) * softmax_scale.
         attn_sink: optional [H] fp32 per-head sink logit, added to the softmax denominator only.
         out: optional [T, H, D] buffer with q's dtype and device and last-dim stride 1.
-        config: launch override (PrefillConfig or a dict of its fields); default: the tuned
-            entry in configs/ for (arch, H, D), else :func:`default_config`.
+        config: None: the kernel recorded as the fastest in configs/ for (arch, H, D) where it
+            can run the call, else Triton with its tuned entry or :func:`default_config`
+            (:mod:`sparse_mla.dispatch`). Given, it forces a kernel and launch: a PrefillConfig
+            or a dict of its fields (Triton), a ``GluonConfig`` (Gluon), or a
+            ``dispatch.Choice`` naming any registered kernel.
 
     Returns:
         out: [T, H, D] in q's dtype. A token with no valid slot gets zeros.
 
-    On a GPU tensor the kernel is compiled; on CPU tensors it runs in Triton's interpreter.
-    Bad input raises TypeError/ValueError naming the argument, before ``out`` is touched.
+    On a GPU tensor the kernel is compiled; on CPU tensors Triton's kernel runs in its
+    interpreter. The inputs are validated once, here, whichever kernel then runs. Bad input
+    raises TypeError/ValueError naming the argument, before ``out`` is touched.
     """
     kv2 = _validate(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out)
     T, H, D = q.shape
-    interpret = runtime.runs_interpreted(q)
-    arch = None if interpret else runtime.arch(q.device.index or 0)
-    cfg = resolve_config(H, D, config, arch)
-    block_d = triton.next_power_of_2(D)
-    even_ok = _even_hd_ok(cfg, H, D, block_d)
-    if cfg.EVEN_HD and not even_ok:
-        raise ValueError(
-            f"config: EVEN_HD needs head_dim == BLOCK_D and H % BLOCK_H == 0; got head_dim={D}, "
-            f"BLOCK_D={block_d}, H={H}, BLOCK_H={cfg.BLOCK_H}"
-        )
-    even_hd = even_ok if cfg.EVEN_HD is None else cfg.EVEN_HD
-
+    call = dispatch.Call(_arch_of(q), H, D, q.dtype, kv2)
+    choice = dispatch.choose(call, config=config)
+    run = dispatch.kernel(choice.kernel).run
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if T == 0:
         return out
-    N = kv2.shape[0]
-    if N == 0:
+    if kv2.shape[0] == 0:
         out.zero_()  # every slot is invalid: every token is empty
         return out
+    run(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, choice.launch)
+    return out
 
+
+def _arch_of(q: torch.Tensor) -> str | None:
+    """The arch whose tuned configs a call on ``q`` reads; None in the interpreter."""
+    return None if runtime.runs_interpreted(q) else runtime.arch(q.device.index or 0)
+
+
+def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg: PrefillConfig):
+    """Launch the Triton kernel on validated, non-empty inputs (``kv2`` is [N, D])."""
+    T, H, D = q.shape
+    N = kv2.shape[0]
+    interpret = runtime.runs_interpreted(q)
+    block_d = triton.next_power_of_2(D)
+    even_hd = _even_hd_ok(cfg, H, D, block_d) if cfg.EVEN_HD is None else cfg.EVEN_HD
     qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
     sink = attn_sink if attn_sink is not None else q.new_empty(0, dtype=torch.float32)
     options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
@@ -454,6 +401,90 @@ def sparse_mla_prefill(
         **options,
     )
     return out
+
+
+def _resolve_triton(launch, call: dispatch.Call) -> PrefillConfig:
+    """Triton's launch for a call (None: tuned or default), checked against the call's shape."""
+    cfg = resolve_config(call.num_heads, call.head_dim, launch, call.arch)
+    block_d = triton.next_power_of_2(call.head_dim)
+    if cfg.EVEN_HD and not _even_hd_ok(cfg, call.num_heads, call.head_dim, block_d):
+        raise ValueError(
+            f"config: EVEN_HD needs head_dim == BLOCK_D and H % BLOCK_H == 0; got "
+            f"head_dim={call.head_dim}, BLOCK_D={block_d}, H={call.num_heads}, "
+            f"BLOCK_H={cfg.BLOCK_H}"
+        )
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels the entry can run (sparse_mla.dispatch picks one per call)
+# ----------------------------------------------------------------------------------------------
+
+
+def _gluon_unavailable(call: dispatch.Call) -> str | None:
+    """Why the Gluon kernel cannot run a call (None: it can): it needs a GPU of a served arch,
+    head_dim 512, and a pool whose rows start 16-byte aligned."""
+    if call.arch is None or (call.kv is not None and call.kv.device.type == "cpu"):
+        return "Gluon kernels need a GPU (they do not run in the interpreter)"
+    from .gluon import launch as gluon_launch
+
+    try:
+        gluon_launch.get_target(call.arch)
+    except ValueError:
+        return f"the Gluon kernel has no {call.arch} instantiation"
+    if call.head_dim != gluon_launch.HEAD_DIM:
+        return f"the Gluon kernel needs head_dim {gluon_launch.HEAD_DIM}, got {call.head_dim}"
+    kv = call.kv
+    misaligned = kv is not None and (kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16)
+    if misaligned and kv.shape[0] > 0:
+        return "the pool's rows do not start 16-byte aligned"
+    return None
+
+
+def _resolve_gluon(launch, call: dispatch.Call):
+    from .gluon import launch as gluon_launch
+
+    if launch is None:
+        target = gluon_launch.get_target(call.arch)
+        cfg = gluon_launch.default_config(call.num_heads, target, has_pe=False)
+    elif isinstance(launch, gluon_launch.GluonConfig):
+        cfg = launch
+    else:
+        cfg = gluon_launch.GluonConfig(**dict(launch))
+    cfg.validate()
+    return cfg
+
+
+def _run_gluon(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+    from .gluon import launch as gluon_launch
+
+    return gluon_launch.run_validated(
+        q, None, kv2, None, kv_indices, kv_indptr, softmax_scale, has_pe=False,
+        attn_sink=attn_sink, out=out, config=cfg,
+    )  # fmt: skip
+
+
+dispatch.register(
+    dispatch.Kernel(
+        "triton",
+        run=_run_triton,
+        resolve=_resolve_triton,
+        unavailable=lambda call: None,
+        config_type="sparse_mla.configs:PrefillConfig",
+        to_dict=PrefillConfig.to_dict,
+    )
+)
+dispatch.register(
+    dispatch.Kernel(
+        "gluon",
+        run=_run_gluon,
+        resolve=_resolve_gluon,
+        unavailable=_gluon_unavailable,
+        config_type="sparse_mla.gluon.launch:GluonConfig",
+        to_dict=asdict,
+        per_call_keys=("num_kv_splits",),
+    )
+)
 
 
 def launch_constexprs(

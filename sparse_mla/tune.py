@@ -47,6 +47,8 @@ __all__ = [
     "best_per_shape",
     "expand_grid",
     "export",
+    "export_kernel_choice",
+    "kernel_choices",
     "load_rows",
     "parse_grid",
     "save_rows",
@@ -879,12 +881,26 @@ def export(
     label = str(path)
     # Validate the new entries alone first so the error names them, not the old file.
     configs.parse_entries(new_entries, arch, f"{label} (new entries)")
+
+    def merge(old: dict[str, Any]) -> dict[str, Any]:
+        merged = {**old, **new_entries}
+        for key in new_entries:  # a new Triton launch keeps the shape's recorded kernel choice
+            if "kernel" in old.get(key, {}) and "kernel" not in new_entries[key]:
+                merged[key] = {"kernel": old[key]["kernel"], **new_entries[key]}
+        return merged
+
+    return _merge_into(path, arch, merge, dry_run)
+
+
+def _merge_into(path: Path, arch: str, merge, dry_run: bool) -> str:
+    """Under the file's lock: validate the old file, write ``merge(old)`` atomically if it
+    differs (unless ``dry_run``); returns the unified diff."""
+    label = str(path)
     with _locked(path):
         old_text = path.read_text() if path.exists() else ""
         old = json.loads(old_text) if old_text.strip() else {}
         configs.parse_entries(old, arch, label)
-        merged = {**old, **new_entries}
-        new_text = configs.dump_entries(merged)
+        new_text = configs.dump_entries(merge(old))
         configs.parse_entries(json.loads(new_text), arch, label)
         if not dry_run and new_text != old_text:
             atomic_write(path, new_text.encode())
@@ -900,3 +916,136 @@ def export(
         tofile=b,
     )
     return "".join(diff)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel choice (from benchmark rows)
+# ----------------------------------------------------------------------------------------------
+
+
+def _bench_value(r: Mapping[str, Any], col: str):
+    v = r.get(col)
+    if isinstance(v, str):
+        if col == "ok":
+            return v == "True"
+        if col in ("H", "D"):
+            return int(v) if v else None
+        if col == "ms":
+            return float(v) if v else None
+        if col == "config":
+            return json.loads(v) if v else {}
+    return v
+
+
+def kernel_choices(
+    rows: Iterable[Mapping[str, Any]], *, run: str | None = None, source: str = "bench rows"
+) -> dict[tuple[int, int], dict[str, Any]]:
+    """The fastest registered kernel per (H, D) in one benchmark run (same device, same run).
+
+    Args:
+        rows: :func:`sparse_mla.bench.run_bench` rows, or rows read back from its CSV.
+        run: the run's ``timestamp`` (default: the latest run in ``rows``).
+        source: where the rows come from (recorded in the provenance).
+
+    Returns:
+        {(H, D): {"name", "launch", "provenance", "triton_row"}}: the kernel with the lowest
+        total time over the shape's workloads in that run, among the providers that are
+        registered kernels (``default`` and peers are not candidates) and that passed the
+        check on every one of those workloads.
+    """
+    from . import dispatch, prefill  # noqa: F401  (prefill registers the package's kernels)
+
+    rows = [dict(r) for r in rows]
+    runs = sorted({r["timestamp"] for r in rows if r.get("timestamp")})
+    if not runs:
+        raise ValueError("kernel choice: no benchmark rows")
+    run = run or runs[-1]
+    if run not in runs:
+        raise ValueError(f"kernel choice: no run {run!r}; runs: {runs}")
+    mine = [r for r in rows if r.get("timestamp") == run and r.get("provider") in dispatch.KERNELS]
+    devices = sorted({r["device"] for r in mine})
+    if len(devices) != 1:
+        raise ValueError(f"kernel choice: run {run} must be on one device, got {devices}")
+    shapes: dict[tuple[int, int], dict[str, dict[str, dict]]] = {}
+    for r in mine:
+        key = (_bench_value(r, "H"), _bench_value(r, "D"))
+        shapes.setdefault(key, {}).setdefault(r["workload"], {})[r["provider"]] = r
+    out = {}
+    for (H, D), by_workload in sorted(shapes.items()):
+        workloads = sorted(by_workload)
+        totals: dict[str, float] = {}
+        for name in dispatch.KERNELS:
+            got = [by_workload[w].get(name) for w in workloads]
+            if all(g is not None and _bench_value(g, "ok") and _bench_value(g, "ms") for g in got):
+                totals[name] = sum(_bench_value(g, "ms") for g in got)
+        if not totals:
+            continue
+        best = min(totals, key=totals.get)
+        first = by_workload[workloads[0]][best]
+        k = dispatch.KERNELS[best]
+        launch = None
+        if best != dispatch.FALLBACK:
+            launch = {c: v for c, v in _bench_value(first, "config").items()
+                      if c not in k.per_call_keys}  # fmt: skip
+        prov = {
+            "device": devices[0],
+            "date": run[:10],
+            "source": source,
+            "times_ms": {n: round(t, 4) for n, t in sorted(totals.items(), key=lambda kv: kv[1])},
+            "workload": " + ".join(f"{w} T={by_workload[w][best].get('T')}" for w in workloads)
+            + (" (times summed)" if len(workloads) > 1 else ""),
+            "commit": first.get("commit") or "unknown",
+            "run": run,
+            "triton": first.get("triton") or "",
+            "torch": first.get("torch") or "",
+        }
+        triton_rows = [by_workload[w].get(dispatch.FALLBACK) for w in workloads]
+        triton_row = next((t for t in triton_rows if t is not None), None)
+        out[(H, D)] = {"name": best, "launch": launch, "provenance": prov, "triton_row": triton_row}
+    return out
+
+
+def export_kernel_choice(
+    rows: Iterable[Mapping[str, Any]],
+    arch: str,
+    *,
+    run: str | None = None,
+    source: str = "bench rows",
+    root: Path | str | None = None,
+    dry_run: bool = False,
+) -> str:
+    """Record each shape's fastest kernel of one benchmark run (:func:`kernel_choices`) as the
+    ``kernel`` object of ``arch``'s entries; returns the unified diff.
+
+    An entry's Triton ``launch`` and ``provenance`` are kept; a shape without an entry gets
+    the launch the run's Triton row used, with that row as its provenance (``mode`` "bench").
+    Atomic and under the file's lock, like :func:`export`.
+    """
+    choices = kernel_choices(rows, run=run, source=source)
+    if not choices:
+        return ""
+    path = configs.config_path(arch, root)
+
+    def merge(old: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(old)
+        for (H, D), c in choices.items():
+            key = configs.shape_key(H, D)
+            kernel = {"name": c["name"]}
+            if c["launch"] is not None:
+                kernel["launch"] = c["launch"]
+            kernel["provenance"] = c["provenance"]
+            entry = {k: v for k, v in old.get(key, {}).items() if k != "kernel"}
+            if not entry:
+                t = c["triton_row"]
+                if t is None:
+                    raise ValueError(f"kernel choice: {key} has no entry and no triton row")
+                prov = {
+                    "device": t["device"], "triton": t["triton"], "date": t["timestamp"][:10],
+                    "workload": t["workload"], "time_ms": _bench_value(t, "ms"),
+                    "sweep_size": None, "torch": t["torch"], "mode": "bench", "source": source,
+                }  # fmt: skip
+                entry = {"launch": _bench_value(t, "config"), "provenance": prov}
+            merged[key] = {"kernel": kernel, **entry}
+        return merged
+
+    return _merge_into(path, arch, merge, dry_run)

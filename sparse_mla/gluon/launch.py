@@ -31,6 +31,7 @@ __all__ = [
     "compile_for",
     "default_config",
     "mla_gluon",
+    "run_validated",
     "use_warp_specialized",
     "use_wgmma",
 ]
@@ -577,6 +578,19 @@ def mla_gluon(
         q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, attn_sink, out,
         num_kv_splits,
     )  # fmt: skip
+    return run_validated(
+        q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sm_scale,
+        has_pe=has_pe, attn_sink=attn_sink, out=out, num_kv_splits=num_kv_splits,
+        return_lse=return_lse, target=target, config=config,
+    )  # fmt: skip
+
+
+def run_validated(
+    q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sm_scale, *, has_pe, attn_sink=None,
+    out=None, num_kv_splits=None, return_lse=False, target=None, config=None,
+):  # fmt: skip
+    """:func:`mla_gluon` after its validation (``kv2``/``kpe2`` are the [N, 512]/[N, 64] pools):
+    for a caller that validated the inputs already, e.g. ``sparse_mla_prefill``'s dispatch."""
     if runtime.runs_interpreted(q_nope):
         raise RuntimeError(
             "mla_gluon needs a GPU: Gluon kernels do not run in Triton's interpreter; "
