@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import csv
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -222,6 +223,28 @@ def test_export_kernel_choice_then_dispatch(tmp_path, monkeypatch):
     assert again.launch.BLOCK_K == 16 and again.kernel == h64.kernel
     c = dispatch.choose(dispatch.Call("sm90", 64, 512), root=tmp_path)
     assert c.kernel == "gluon" and c.launch.BLOCK_K == 64 and "gluon 4.8 ms" in c.reason
+
+
+def test_committed_sm90_choice_matches_the_bench_csv():
+    # config=None runs Gluon at H>=64 on sm90 and Triton below, as the committed H200 run says;
+    # the recorded provenance is that run's rows, recomputed here.
+    with (ROOT / "data/bench/nvidia-h200.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    entries = configs.entries("sm90", configs.CONFIG_ROOT)
+    recorded = {k: e.kernel for k, e in entries.items() if e.kernel is not None}
+    assert {k: c.name for k, c in recorded.items()} == {
+        "H8_D512": "triton",
+        "H16_D512": "triton",
+        "H64_D512": "gluon",
+        "H128_D512": "gluon",
+    }
+    run = recorded["H64_D512"].provenance["run"]
+    again = tune.kernel_choices(rows, run=run, source=recorded["H64_D512"].provenance["source"])
+    for (H, D), c in again.items():
+        k = recorded[configs.shape_key(H, D)]
+        assert (c["name"], c["launch"], c["provenance"]) == (k.name, k.launch, k.provenance)
+    for H, name in ((8, "triton"), (16, "triton"), (64, "gluon"), (128, "gluon")):
+        assert dispatch.choose(dispatch.Call("sm90", H, 512)).kernel == name
 
 
 def _package_imports(path: Path) -> set[str]:
