@@ -4,10 +4,21 @@ For each workload (:mod:`sparse_mla.workloads`) every provider runs once on a Na
 is checked against the fp32 reference (on token slices when T is large), and only then is timed
 with ``triton.testing.do_bench(return_mode="median")``. Providers:
 
-- ``triton``: :func:`sparse_mla.sparse_mla_prefill` with its configs/ launch (``config=None``);
-- ``gluon``: the Gluon kernel's Hopper instantiation (:func:`sparse_mla.gluon.mla_gluon`,
-  ``has_pe=False``), on an NVIDIA sm90 GPU only;
-- ``torch``: :func:`torch_gather_prefill`, a plain PyTorch gather and two batched matmuls.
+- each kernel of the package (``triton``, ``gluon``, and any other in
+  :data:`sparse_mla.dispatch.KERNELS`), forced through :func:`sparse_mla.sparse_mla_prefill`
+  (Triton with its tuned launch for the arch, the others with their default launch); a kernel
+  that cannot run here (Gluon off a GPU) is skipped;
+- ``default``: exactly what ``sparse_mla_prefill(..., config=None)`` runs (the kernel that
+  configs/ records as the fastest, see :mod:`sparse_mla.dispatch`); its config names the kernel;
+- ``torch``: :func:`torch_gather_prefill`, a plain PyTorch gather and two batched matmuls;
+- peers, when importable (their code is never part of the package; ``../shared/peers/``):
+  ``flashmla``, DeepSeek's ``flash_mla.flash_mla_sparse_fwd`` (H 64 or 128; fewer heads are
+  zero-padded to 64 and reported as ``flashmla_pad64``; the -1-padded [T, 1, topk] index matrix,
+  topk a multiple of 128, with ``topk_length``, and the padding are built outside the timed
+  region), and ``aiter``, aiter's Triton ``_sparse_attn_prefill_kernel`` at the best of a small
+  config grid (:func:`aiter_configs`), each config gated before it is timed, the row naming the
+  winner. A peer that is missing, does not serve the shape, or raises while set up is one log
+  line and no row.
 
 Work model (per call, ``nnz`` = valid (token, slot) pairs)
 -----------------------------------------------------------
@@ -47,7 +58,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +69,15 @@ import triton.language as tl
 from . import runtime
 
 __all__ = [
+    "AITER_MODULES",
     "CSV_COLUMNS",
     "DEFAULT_WORKLOADS",
     "GATHER_POOL_BYTES",
     "PROVIDERS",
     "Ceilings",
+    "Peers",
+    "Prepared",
+    "aiter_configs",
     "append_rows",
     "device_slug",
     "floor_ms",
@@ -70,6 +85,7 @@ __all__ = [
     "gather_sum",
     "git_commit",
     "measure_ceilings",
+    "provider_names",
     "run_bench",
     "torch_gather_prefill",
     "work_model",
@@ -83,7 +99,8 @@ DEFAULT_WORKLOADS = (
     "csa_h128_topk1024",
     "glm_h16_topk2048",
 )
-PROVIDERS = ("triton", "gluon", "torch")
+# The providers of a default run (the package's registered kernels are all in providers()).
+PROVIDERS = ("triton", "gluon", "default", "torch", "flashmla", "aiter")
 GATHER_POOL_BYTES = (4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30)
 CSV_COLUMNS = (
     "timestamp", "device", "torch", "triton", "commit", "workload", "T", "H", "D", "topk", "nnz",
@@ -410,63 +427,301 @@ def torch_gather_prefill(
 # ----------------------------------------------------------------------------------------------
 
 
-def _gluon_unavailable(device: torch.device) -> str | None:
-    """Why the Gluon provider cannot run here, or None."""
-    if device.type != "cuda":
-        return "needs a GPU (Gluon kernels do not run in the interpreter)"
-    if runtime.is_amd():
-        return "the benchmark runs the Hopper instantiation: NVIDIA sm90 only"
-    arch = runtime.arch(device.index or 0)
-    if arch != "sm90":
-        return f"needs sm90, this GPU is {arch}"
-    try:
-        from . import gluon  # noqa: F401
-    except Exception as e:  # a broken optional provider must not stop the benchmark
-        return f"sparse_mla.gluon is not importable ({type(e).__name__}: {e})"
+@dataclass
+class Prepared:
+    """A provider set up on one workload: ``run(out)`` writes the result into ``out`` (the
+    correctness gate); ``timed()`` is what is timed (default: ``run`` into a scratch buffer);
+    ``name`` is the row's provider name (e.g. ``flashmla_pad64``)."""
+
+    name: str
+    run: Callable[[torch.Tensor], Any]
+    config: dict[str, Any]
+    timed: Callable[[], Any] | None = None
+
+
+class Unavailable(Exception):
+    """A provider that cannot run here (a missing peer, an arch or shape it does not serve):
+    one log line, no row."""
+
+
+def _arch(device: torch.device) -> str | None:
+    return runtime.arch(device.index or 0) if device.type == "cuda" else None
+
+
+def _package_kernel(name: str, w, device: torch.device) -> Prepared:
+    """A registered kernel of the package, forced through the public entry."""
+    from . import dispatch
+    from .prefill import resolve_config, sparse_mla_prefill
+
+    q, kv, idx, indptr, scale = w.args()
+    H, D = q.shape[1], q.shape[2]
+    arch = _arch(device)
+    kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
+    k = dispatch.kernel(name)
+    why = k.unavailable(dispatch.Call(arch, H, D, q.dtype, kv2))
+    if why:
+        raise Unavailable(why)
+    # Triton: its tuned launch for the arch (as config=None would pick); others: their default.
+    launch = resolve_config(H, D, None, arch) if name == dispatch.FALLBACK else None
+    choice = dispatch.Choice(name, k.resolve(launch, dispatch.Call(arch, H, D, q.dtype, kv2)))
+    cfg = choice.launch_dict()
+    if name == "gluon":
+        from .gluon import choose_num_splits
+
+        sms = torch.cuda.get_device_properties(device.index or 0).multi_processor_count
+        cfg["num_kv_splits"] = choose_num_splits(q.shape[0], H, idx.numel(), choice.launch, sms)
+
+    def call(out):
+        return sparse_mla_prefill(q, kv, idx, indptr, scale, attn_sink=w.attn_sink, out=out,
+                                  config=choice)  # fmt: skip
+
+    return Prepared(name, call, cfg)
+
+
+def _default(w, device: torch.device) -> Prepared:
+    """Exactly what ``sparse_mla_prefill(..., config=None)`` runs."""
+    from . import dispatch
+    from .prefill import sparse_mla_prefill
+
+    q, kv, idx, indptr, scale = w.args()
+    kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
+    choice = dispatch.choose(dispatch.Call(_arch(device), q.shape[1], q.shape[2], q.dtype, kv2))
+    cfg = {"kernel": choice.kernel, **choice.launch_dict()}
+
+    def call(out):
+        return sparse_mla_prefill(q, kv, idx, indptr, scale, attn_sink=w.attn_sink, out=out)
+
+    return Prepared("default", call, cfg)
+
+
+def _torch(w, device: torch.device) -> Prepared:
+    q, kv, idx, indptr, scale = w.args()
+    H, D = q.shape[1], q.shape[2]
+    lengths = indptr[1:].to(torch.int64) - indptr[:-1].to(torch.int64)
+    L = int(lengths.max()) if lengths.numel() else 0
+    chunk = max(1, _TORCH_CHUNK_ELEMENTS // (max(L, 1) * max(D, H)))
+    cfg = {"max_slots": L, "chunk_tokens": chunk}
+
+    def call(out):
+        return torch_gather_prefill(q, kv, idx, indptr, scale, attn_sink=w.attn_sink, out=out,
+                                    max_slots=L, chunk_tokens=chunk)  # fmt: skip
+
+    return Prepared("torch", call, cfg)
+
+
+def _provider(name: str, w, device: torch.device, peers: Peers | None = None) -> Prepared:
+    """Set up one provider on workload ``w``; :class:`Unavailable` when it cannot run here."""
+    from . import dispatch
+
+    if name == "default":
+        return _default(w, device)
+    if name == "torch":
+        return _torch(w, device)
+    if name in _FLASHMLA_NAMES:
+        return _flashmla(w, device, (peers or Peers()).flash_mla())
+    if name == "aiter":
+        raise ValueError("aiter is prepared per config: use _aiter_candidates")
+    if name in dispatch.KERNELS:
+        return _package_kernel(name, w, device)
+    raise ValueError(f"unknown provider {name!r}; expected one of {list(provider_names())}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Peers: FlashMLA and aiter, when importable (never committed; ../shared/peers/README.md)
+# ----------------------------------------------------------------------------------------------
+
+_FLASHMLA_NAMES = ("flashmla", "flashmla_pad64")
+# Where aiter's DSv4 sparse prefill kernel is looked for: the file assemble.sh writes (on
+# PYTHONPATH), then an installed aiter.
+AITER_MODULES = (
+    "aiter_sparse_dsv4_kernels",
+    "aiter.ops.triton._triton_kernels.attention.sparse_attention_dsv4",
+)
+_AITER_KERNEL = "_sparse_attn_prefill_kernel"
+
+
+@dataclass
+class Peers:
+    """Peer modules, imported once per run; a module that cannot be imported is a reason."""
+
+    aiter_module: str | None = None  # a module name or a .py path; None: AITER_MODULES
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    def _load(self, key: str, load: Callable[[], Any]):
+        if key not in self._cache:
+            try:
+                self._cache[key] = load()
+            except Unavailable as e:
+                self._cache[key] = e
+            except Exception as e:  # a broken peer is a missing peer
+                why = f"{key} is not importable ({type(e).__name__}: {e})"
+                self._cache[key] = Unavailable(why[:300])
+        found = self._cache[key]
+        if isinstance(found, Unavailable):
+            raise found
+        return found
+
+    def flash_mla(self):
+        import importlib
+
+        return self._load("flash_mla", lambda: importlib.import_module("flash_mla"))
+
+    def aiter(self):
+        return self._load("aiter", self._import_aiter)
+
+    def _import_aiter(self):
+        import importlib
+        import importlib.util
+
+        names = [self.aiter_module] if self.aiter_module else list(AITER_MODULES)
+        why = []
+        for name in names:
+            try:
+                if name.endswith(".py") or "/" in name:
+                    spec = importlib.util.spec_from_file_location("_aiter_peer", name)
+                    if spec is None or spec.loader is None:
+                        raise ImportError(f"cannot load {name}")
+                    mod = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(mod)
+                else:
+                    mod = importlib.import_module(name)
+            except Exception as e:
+                why.append(f"{name}: {type(e).__name__}: {e}")
+                continue
+            if hasattr(mod, _AITER_KERNEL):
+                return mod
+            why.append(f"{name} has no {_AITER_KERNEL}")
+        raise Unavailable("not importable (" + "; ".join(why) + ")")
+
+
+def _flashmla_unavailable(device: torch.device) -> str | None:
+    """Why FlashMLA's sparse prefill cannot run on ``device`` (None: it can)."""
+    if device.type != "cuda" or runtime.is_amd():
+        return "needs an NVIDIA GPU (sm90 or sm100)"
+    arch = _arch(device)
+    if arch not in ("sm90", "sm100"):
+        return f"needs sm90 or sm100, this GPU is {arch}"
     return None
 
 
-def _provider(name: str, w, device: torch.device) -> tuple[Callable[[torch.Tensor], Any], dict]:
-    """(call(out), launch config as a dict) of one provider on workload ``w``."""
+def _dense_topk(idx: torch.Tensor, indptr: torch.Tensor, num_kv: int, multiple: int):
+    """CSR slots -> ([T, topk] int32 with -1 padding, [T] int32 lengths), topk the longest
+    list rounded up to ``multiple``. An invalid slot becomes -1 before the int32 cast (an
+    int64 id past N must not wrap into a valid-looking one)."""
+    T = indptr.numel() - 1
+    starts = indptr[:-1].to(torch.int64)
+    lengths = indptr[1:].to(torch.int64) - starts
+    longest = int(lengths.max()) if T else 0
+    topk = max(multiple, -(-longest // multiple) * multiple)
+    dense = torch.full((T, topk), -1, dtype=torch.int32, device=idx.device)
+    rows = torch.repeat_interleave(torch.arange(T, device=idx.device), lengths)
+    cols = torch.arange(idx.numel(), device=idx.device) - torch.repeat_interleave(starts, lengths)
+    ok = (idx >= 0) & (idx < num_kv)
+    dense[rows, cols] = torch.where(ok, idx, -1).to(torch.int32)
+    return dense, lengths.to(torch.int32)
+
+
+def _flashmla(w, device: torch.device, mod) -> Prepared:
+    """FlashMLA's ``flash_mla_sparse_fwd``: H in {64, 128} natively, fewer heads zero-padded
+    to 64 (``flashmla_pad64``). Index matrix and padding are built once, outside the timing;
+    the timed call is FlashMLA's own (it allocates its output); the check copies it into out."""
+    why = _flashmla_unavailable(device)
+    if why:
+        raise Unavailable(why)
     q, kv, idx, indptr, scale = w.args()
-    H, D = q.shape[1], q.shape[2]
+    T, H, D = q.shape
+    if q.dtype != torch.bfloat16 or D != 512:
+        raise Unavailable(f"needs bf16 and head_dim 512, got {q.dtype} and {D}")
+    if H > 128 or 64 < H < 128:
+        raise Unavailable(f"serves 64 or 128 heads (fewer padded to 64), got {H}")
+    heads = H if H in (64, 128) else 64
+    kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
+    indices, topk_length = _dense_topk(idx, indptr, kv2.shape[0], 128)
+    indices = indices[:, None, :]  # [T, 1, topk]
     sink = w.attn_sink
-    if name == "triton":
-        from .prefill import resolve_config, sparse_mla_prefill
+    if heads != H:
+        qp = torch.zeros(T, heads, D, dtype=q.dtype, device=q.device)
+        qp[:, :H] = q
+        if sink is not None:
+            sink = torch.cat([sink, sink.new_zeros(heads - H)])
+    else:
+        qp = q
+    kv3 = kv2[:, None, :]  # [N, 1, D]
 
-        arch = runtime.arch(device.index or 0) if device.type == "cuda" else None
-        cfg = resolve_config(H, D, None, arch).to_dict()
+    def timed():
+        return mod.flash_mla_sparse_fwd(qp, kv3, indices, scale, d_v=D, attn_sink=sink,
+                                        topk_length=topk_length)  # fmt: skip
 
-        def call(out):
-            return sparse_mla_prefill(q, kv, idx, indptr, scale, attn_sink=sink, out=out)
+    def call(out):
+        res = timed()
+        res = res[0] if isinstance(res, (tuple, list)) else res
+        out.copy_(res[:, :H])
+        return out
 
-        return call, cfg
-    if name == "gluon":
-        from .gluon import choose_num_splits, default_config, mla_gluon
-        from .gluon.launch import get_target
+    name = "flashmla" if heads == H else "flashmla_pad64"
+    cfg = {"heads": heads, "topk": indices.shape[-1], "topk_length": True,
+           "module": getattr(mod, "__file__", None) or mod.__name__}  # fmt: skip
+    return Prepared(name, call, cfg, timed)
 
-        gcfg = default_config(H, get_target(runtime.arch(device.index or 0)), has_pe=False)
-        sms = torch.cuda.get_device_properties(device.index or 0).multi_processor_count
-        splits = choose_num_splits(q.shape[0], H, idx.numel(), gcfg, sms)
-        cfg = {**asdict(gcfg), "num_kv_splits": splits}
 
-        def call(out):
-            return mla_gluon(q, None, kv, None, idx, indptr, scale, has_pe=False,
-                             attn_sink=sink, out=out)  # fmt: skip
+# aiter's kernel at a small grid valid on any Triton GPU (its own autotune list is AMD-only):
+# BLOCK_H from its list (32 up to 32 heads, else 64), then (BLOCK_K, num_warps, num_stages).
+_AITER_GRID = {
+    32: [(32, 4, 1), (32, 4, 2), (64, 4, 2), (32, 8, 1), (32, 8, 2), (64, 8, 2)],
+    64: [(32, 8, 1), (32, 8, 2), (64, 8, 2)],
+}
 
-        return call, cfg
-    if name == "torch":
-        lengths = indptr[1:].to(torch.int64) - indptr[:-1].to(torch.int64)
-        L = int(lengths.max()) if lengths.numel() else 0
-        chunk = max(1, _TORCH_CHUNK_ELEMENTS // (max(L, 1) * max(D, H)))
-        cfg = {"max_slots": L, "chunk_tokens": chunk}
 
-        def call(out):
-            return torch_gather_prefill(q, kv, idx, indptr, scale, attn_sink=sink, out=out,
-                                        max_slots=L, chunk_tokens=chunk)  # fmt: skip
+def aiter_configs(num_heads: int) -> list[dict[str, int]]:
+    """The launch configs tried for aiter's kernel at ``num_heads`` heads."""
+    block_h = 32 if num_heads <= 32 else 64
+    return [{"BLOCK_H": block_h, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns}
+            for bk, nw, ns in _AITER_GRID[block_h]]  # fmt: skip
 
-        return call, cfg
-    raise ValueError(f"unknown provider {name!r}; expected one of {PROVIDERS}")
+
+def _aiter_unavailable(device: torch.device) -> str | None:
+    """Why aiter's kernel is not benchmarked on ``device`` (None: it is)."""
+    if device.type != "cuda":
+        return "needs a GPU (a timing of the interpreter says nothing about the kernel)"
+    return None
+
+
+def _aiter_candidates(w, device: torch.device, mod) -> list[Prepared]:
+    """aiter's ``_sparse_attn_prefill_kernel`` (the JIT function under its autotuner) at each
+    of :func:`aiter_configs`."""
+    why = _aiter_unavailable(device)
+    if why:
+        raise Unavailable(why)
+    kernel = getattr(mod, _AITER_KERNEL)
+    fn = getattr(kernel, "fn", kernel)  # @triton.autotune -> the @triton.jit function
+    q, kv, idx, indptr, scale = w.args()
+    T, H, D = q.shape
+    kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
+    sink = w.attn_sink if w.attn_sink is not None else q.new_zeros(1, dtype=torch.float32)
+    block_d = triton.next_power_of_2(D)
+    out = []
+    for cfg in aiter_configs(H):
+
+        def call(o, cfg=cfg):
+            fn[(T, triton.cdiv(H, cfg["BLOCK_H"]))](
+                q, kv2, idx, indptr, sink, o,
+                q.stride(0), q.stride(1), q.stride(2), kv2.stride(0), kv2.stride(1),
+                o.stride(0), o.stride(1), o.stride(2), H, D, kv2.shape[0], float(scale),
+                HAS_ATTN_SINK=w.attn_sink is not None, BLOCK_H=cfg["BLOCK_H"], BLOCK_D=block_d,
+                BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            )  # fmt: skip
+            return o
+
+        out.append(Prepared("aiter", call, dict(cfg)))
+    return out
+
+
+def provider_names() -> tuple[str, ...]:
+    """Every provider name: the package's registered kernels, ``default``, ``torch`` and the
+    peers (FlashMLA, aiter)."""
+    from . import dispatch
+
+    return (*dispatch.KERNELS, "default", "torch", "flashmla", "aiter")
 
 
 def _token_slices(num_tokens: int, check_tokens: int) -> list[tuple[int, int]]:
@@ -602,7 +857,7 @@ def run_bench(
     workloads: Sequence[str] = DEFAULT_WORKLOADS,
     *,
     tokens: int = 16384,
-    providers: Sequence[str] = PROVIDERS,
+    providers: Sequence[str] | None = None,
     device: str | torch.device = "cuda",
     ceilings: bool = True,
     quick: bool = False,
@@ -611,6 +866,7 @@ def run_bench(
     seed: int = 0,
     commit: str | None = None,
     out_path: Path | str | None = None,
+    aiter_module: str | None = None,
     log: Callable[[str], Any] | None = print,
 ) -> list[dict[str, Any]]:
     """Check then time every provider on every named workload; returns the CSV rows.
@@ -618,7 +874,9 @@ def run_bench(
     Args:
         workloads: :func:`sparse_mla.workloads.by_name` names, built at ``tokens`` tokens with
             the pool inside a >2 GiB buffer on a GPU, sink on unless ``sink=False``.
-        providers: subset of :data:`PROVIDERS`; "gluon" is skipped (a log line, no row) off sm90.
+        providers: names from :func:`provider_names` (default: all of them). One that cannot run
+            here (a peer that is not importable, a kernel without this arch, a shape it does not
+            serve) is one log line and no row; a peer that raises while set up likewise.
         device: "cuda" (timed with do_bench) or "cpu" (Triton interpreter, a smoke run).
         ceilings: measure the ceilings first (GPU only) and fill floor_ms / frac_of_floor.
         quick: shorter do_bench windows and a 64-token correctness slice.
@@ -626,15 +884,21 @@ def run_bench(
         commit: recorded commit (default :func:`git_commit`).
         out_path: CSV appended to after the ceilings and after each workload (None: rows
             are only returned).
+        aiter_module: where aiter's kernel is imported from (a module name or a .py path;
+            default: :data:`AITER_MODULES`).
         log: progress lines (None: silent).
     """
     from . import workloads as _workloads
 
     say = log or (lambda _msg: None)
     device = torch.device(device)
-    unknown = [p for p in providers if p not in PROVIDERS]
+    known = (*provider_names(), *_FLASHMLA_NAMES)
+    chosen = list(provider_names()) if providers is None else list(providers)
+    unknown = [p for p in chosen if p not in known]
     if unknown:
-        raise ValueError(f"providers: unknown {unknown}; expected a subset of {list(PROVIDERS)}")
+        raise ValueError(f"providers: unknown {unknown}; expected a subset of {list(known)}")
+    if "flashmla" in chosen and "flashmla_pad64" in chosen:
+        chosen.remove("flashmla_pad64")  # one provider; its rows are named by the head count
     for name in workloads:
         if name not in _workloads.WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; known: "
@@ -659,27 +923,30 @@ def run_bench(
         if out_path is not None and new_rows:
             append_rows(out_path, new_rows)
 
+    start = time.perf_counter()
     ceil = None
     if ceilings and gpu:
         say("measuring ceilings (bf16 matmul, copy, row gather 4 MiB..1 GiB) ...")
         ceil, ceil_rows = measure_ceilings(device, quick=quick, seed=seed)
         keep([{**common, "ok": True, **r} for r in ceil_rows])
+        say(f"  ceilings done at {time.perf_counter() - start:.0f} s")
     elif ceilings:
         say("ceilings skipped: they need a GPU")
 
-    gluon_why = _gluon_unavailable(device) if "gluon" in providers else None
+    peers = Peers(aiter_module)
     for name in workloads:
         w = _workloads.by_name(name, T=tokens, device=device, big_buffer=gpu, sink=sink,
                                seed=seed)  # fmt: skip
-        keep(_bench_workload(name, w, providers, device, ceil, common, check_tokens, quick,
-                             gluon_why, say))  # fmt: skip
+        keep(_bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, peers,
+                             say))  # fmt: skip
         del w
         if gpu:
             torch.cuda.empty_cache()
+        say(f"  {name} done at {time.perf_counter() - start:.0f} s")
     return rows
 
 
-def _bench_workload(name, w, providers, device, ceil, common, check_tokens, quick, gluon_why, say):
+def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, peers, say):
     """Rows of every provider on one built workload (check, then time when it passes)."""
     q = w.q
     T, H, D = q.shape
@@ -692,27 +959,76 @@ def _bench_workload(name, w, providers, device, ceil, common, check_tokens, quic
     say(f"{w!r}: {flops / 1e12:.3f} TFLOP, {nbytes / 1e9:.3f} GB gathered, pool "
         f"{pool_bytes / 2**20:.1f} MiB" + (f", floor {fl:.3f} ms" if fl else ""))  # fmt: skip
     rows = []
-    for prov in providers:
-        if prov == "gluon" and gluon_why:
-            say(f"  gluon: skipped ({gluon_why})")
-            continue
+    peer_names = (*_FLASHMLA_NAMES, "aiter")
+    for prov in chosen:
+        t0 = time.perf_counter()
         row = {**base, "provider": prov}
         try:
-            call, cfg = _provider(prov, w, device)
-            row["config"] = cfg
-            ok, rel, note = _check(call, w, check_tokens)
-            row.update(ok=ok, rel_l2=rel, note=note or None)
-            if ok:
-                ms = _time(call, torch.empty_like(q), device, quick)
-                s = ms * 1e-3
-                row.update(ms=ms, tflops=flops / s / 1e12, gather_tbs=nbytes / s / 1e12)
-                if fl is not None:
-                    row["frac_of_floor"] = fl / ms
+            if prov == "aiter":
+                row.update(_best_of(_aiter_candidates(w, device, peers.aiter()), w, device,
+                                    check_tokens, quick, say))  # fmt: skip
+            else:
+                prepared = _provider(prov, w, device, peers)
+                row.update(provider=prepared.name, config=prepared.config)
+                row.update(_check_and_time(prepared, w, device, check_tokens, quick))
+        except Unavailable as e:
+            say(f"  {prov}: skipped ({e})")
+            continue
         except Exception as e:  # one provider's failure must not end the run
+            if prov in peer_names:
+                say(f"  {prov}: skipped, it raised ({type(e).__name__}: {e})"[:500])
+                continue
             row.update(ok=False, note=f"{type(e).__name__}: {e}"[:500])
+        if row.get("ms") is not None:
+            s = row["ms"] * 1e-3
+            row.update(tflops=flops / s / 1e12, gather_tbs=nbytes / s / 1e12)
+            if fl is not None:
+                row["frac_of_floor"] = fl / row["ms"]
         status = "ok" if row["ok"] else "FAIL"
         timing = f"{row['ms']:.3f} ms" if row.get("ms") is not None else "not timed"
-        say(f"  {prov}: {status}, rel_l2 {row.get('rel_l2', math.nan):.2e}, {timing}"
+        say(f"  {row['provider']}: {status}, rel_l2 {row.get('rel_l2', math.nan):.2e}, {timing}"
+            f" [{time.perf_counter() - t0:.1f} s]"
             + (f" ({row['note']})" if row.get("note") else ""))  # fmt: skip
         rows.append(row)
     return rows
+
+
+def _check_and_time(p: Prepared, w, device, check_tokens: int, quick: bool) -> dict[str, Any]:
+    """ok / rel_l2 / note from the gate, and ms when it passed."""
+    ok, rel, note = _check(p.run, w, check_tokens)
+    res: dict[str, Any] = {"ok": ok, "rel_l2": rel, "note": note or None}
+    if ok:
+        if p.timed is not None:
+            res["ms"] = _time(lambda _out: p.timed(), None, device, quick)
+        else:
+            res["ms"] = _time(p.run, torch.empty_like(w.q), device, quick)
+    return res
+
+
+def _best_of(candidates: list[Prepared], w, device, check_tokens, quick, say) -> dict[str, Any]:
+    """Gate every candidate config, rank those that pass by a short timing, time the fastest
+    in full; the row names the winner's config and how many were tried."""
+    passed, failed = [], []
+    for p in candidates:
+        try:
+            ok, rel, note = _check(p.run, w, check_tokens)
+        except Exception as e:  # a config that does not compile here is not a candidate
+            failed.append(f"{p.config}: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        if not ok:
+            failed.append(f"{p.config}: {note or 'wrong result'}")
+            continue
+        ms = _time(p.run, torch.empty_like(w.q), device, quick=True)
+        passed.append((ms, rel, p))
+    if failed:
+        say(f"  {candidates[0].name}: {len(failed)} of {len(candidates)} configs out: "
+            + " | ".join(failed)[:800])  # fmt: skip
+    if not passed:
+        if len(failed) == len(candidates) and all("Error" in f for f in failed):
+            raise Unavailable("no config compiled and ran here")
+        return {"ok": False, "rel_l2": None, "note": "every config failed: "
+                + " | ".join(failed)[:400], "config": {"tried": len(candidates)}}  # fmt: skip
+    _, rel, best = min(passed, key=lambda t: t[0])
+    ms = _time(best.run, torch.empty_like(w.q), device, quick)
+    cfg = {**best.config, "tried": len(candidates), "passed": len(passed)}
+    return {"provider": best.name, "ok": True, "rel_l2": rel, "ms": ms, "config": cfg}

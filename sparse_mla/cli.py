@@ -327,7 +327,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     device = torch.device("cpu" if args.cpu else "cuda")
     default_names = ["csa_h8_topk512"] if args.cpu else list(bench.DEFAULT_WORKLOADS)
     names = [n.strip() for n in (args.workloads or "").split(",") if n.strip()] or default_names
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    providers = [p.strip() for p in (args.providers or "").split(",") if p.strip()] or None
     tokens = args.tokens if args.tokens is not None else (16 if args.cpu else 16384)
     out = args.out
     if out is None and not args.cpu:  # a smoke run saves rows only when --out is given
@@ -345,6 +345,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             seed=args.seed,
             commit=args.commit,
             out_path=out,
+            aiter_module=args.aiter_module,
         )
     except ValueError as e:
         print(f"sparse-mla bench: {e}", file=sys.stderr)
@@ -485,7 +486,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="check and time providers on workloads against the floor")
     p.add_argument("--workloads", default=None, help="comma-separated names (default: the five)")
     p.add_argument("--tokens", type=int, default=None, help="T (default 16384; --cpu: 16)")
-    p.add_argument("--providers", default="triton,gluon,torch", help="subset of triton,gluon,torch")
+    p.add_argument(
+        "--providers",
+        default=None,
+        help="comma-separated (default: all): the package's kernels (triton, gluon, ...), "
+        "default (what config=None runs), torch, and the peers flashmla and aiter when "
+        "importable (a missing peer is a log line, no row)",
+    )
+    p.add_argument(
+        "--aiter-module",
+        default=None,
+        help="aiter's sparse_attention_dsv4 kernels: a module name or a .py path (default: "
+        "aiter_sparse_dsv4_kernels, then the installed aiter's module)",
+    )
     p.add_argument("--out", default=None, help="CSV appended to (default data/bench/<device>.csv)")
     p.add_argument("--no-ceilings", action="store_true", help="skip the ceilings (no floor)")
     p.add_argument("--quick", action="store_true", help="short timing windows, 64 checked tokens")

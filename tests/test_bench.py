@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
+import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
@@ -140,7 +143,7 @@ def test_cli_cpu_end_to_end(capsys, tmp_path):
     assert "gluon: skipped" in text and "frac_of_floor" in text
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [r["provider"] for r in rows] == ["triton", "torch"]
+    assert [r["provider"] for r in rows] == ["triton", "default", "torch"]
     for r in rows:
         assert r["ok"] == "True" and r["workload"] == "csa_h8_topk512"
         assert (r["T"], r["H"], r["D"]) == ("8", "8", "512")
@@ -149,20 +152,23 @@ def test_cli_cpu_end_to_end(capsys, tmp_path):
         assert int(r["nnz"]) == sum((p + 1) // 4 + (p + 1) for p in range(8))
         assert r["floor_ms"] == ""  # ceilings skipped on CPU
     assert json.loads(rows[0]["config"])["BLOCK_H"] >= 16
+    # default: what config=None runs, Triton in the interpreter, with its launch.
+    assert json.loads(rows[1]["config"]) == {"kernel": "triton", **json.loads(rows[0]["config"])}
+    assert "flashmla: skipped" in text and "aiter: skipped" in text
 
 
 def test_failing_provider_is_recorded_and_not_timed(monkeypatch):
     real = bench._provider
 
-    def broken(name, w, device):
-        call, cfg = real(name, w, device)
+    def broken(name, w, device, peers=None):
+        p = real(name, w, device, peers)
 
         def wrong(out):
-            call(out)
+            p.run(out)
             out[-1] *= 2  # one token's output off by 2x
             return out
 
-        return wrong, cfg
+        return replace(p, run=wrong)
 
     monkeypatch.setattr(bench, "_provider", broken)
     rows = bench.run_bench(["csa_h8_topk512"], tokens=6, providers=["torch"], device="cpu",
@@ -188,3 +194,172 @@ def test_gpu_bench_small(tmp_path):
     assert provs["triton"]["ok"] and provs["torch"]["ok"]
     assert provs["triton"]["frac_of_floor"] > 0
     assert any(p.startswith("ceiling:gather_") for p in provs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers: FlashMLA and aiter as providers (fakes with the peers' calls; the real ones on the GPU)
+# ---------------------------------------------------------------------------------------------
+
+# A tiny torch FlashMLA with upstream's call and constraints (bf16, H 64/128, [N, 1, D] pool,
+# [T, 1, topk] int32 indices with topk a multiple of 128, -1 / >= N absent, topk_length).
+FAKE_FLASH_MLA = """
+import torch
+
+calls = []
+
+
+def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    T, H, D = q.shape
+    assert q.dtype == torch.bfloat16 and H in (64, 128) and d_v == D
+    assert kv.dim() == 3 and kv.shape[1] == 1 and indices.dtype == torch.int32
+    assert indices.shape[:2] == (T, 1) and indices.shape[2] % 128 == 0
+    calls.append({"H": H, "topk": indices.shape[2], "topk_length": topk_length is not None})
+    idx = indices[:, 0, :].long()
+    pool = kv[:, 0, :].float()
+    valid = (idx >= 0) & (idx < pool.shape[0])
+    if topk_length is not None:
+        valid &= torch.arange(idx.shape[1])[None, :] < topk_length[:, None].long()
+    rows = pool[idx.clamp(0, max(pool.shape[0] - 1, 0))]
+    logits = torch.einsum("thd,tkd->thk", q.float(), rows) * sm_scale
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    if attn_sink is not None:
+        sink = attn_sink.float()[None, :, None].expand(T, H, 1)
+        logits = torch.cat([logits, sink], dim=-1)
+        rows = torch.cat([rows, rows.new_zeros(T, 1, D)], dim=1)
+    p = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    out = torch.einsum("thk,tkd->thd", p, rows)
+    return out.to(q.dtype), logits.amax(-1), torch.logsumexp(logits, -1)
+"""
+
+
+@pytest.fixture
+def fake_flash_mla(tmp_path, monkeypatch):
+    (tmp_path / "flash_mla").mkdir()
+    (tmp_path / "flash_mla" / "__init__.py").write_text(FAKE_FLASH_MLA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_mla", raising=False)
+    yield
+    sys.modules.pop("flash_mla", None)
+
+
+def test_fake_flash_mla_is_a_provider(fake_flash_mla, monkeypatch):
+    # FlashMLA needs sm90; the fake runs anywhere, so let the CPU run take it.
+    monkeypatch.setattr(bench, "_flashmla_unavailable", lambda device: None)
+    rows = bench.run_bench(["csa_h8_topk512", "csa_h64_topk512"], tokens=7, device="cpu",
+                           providers=["flashmla"], ceilings=False, log=None)  # fmt: skip
+    import flash_mla
+
+    assert [r["provider"] for r in rows] == ["flashmla_pad64", "flashmla"]
+    for r in rows:
+        assert r["ok"] is True and r["rel_l2"] < 1e-2 and r["ms"] > 0, r
+    assert [c["H"] for c in flash_mla.calls[:1]] == [64] and flash_mla.calls[0]["topk_length"]
+    assert rows[0]["config"]["heads"] == 64 and rows[0]["config"]["topk"] % 128 == 0
+
+
+def test_flash_mla_rows_are_checked(fake_flash_mla, monkeypatch):
+    # A peer whose numbers are wrong gets a row with ok=False and no time, like the kernels.
+    monkeypatch.setattr(bench, "_flashmla_unavailable", lambda device: None)
+    import flash_mla
+
+    real = flash_mla.flash_mla_sparse_fwd
+    monkeypatch.setattr(flash_mla, "flash_mla_sparse_fwd",
+                        lambda *a, **kw: (real(*a, **kw)[0] * 1.5, None, None))  # fmt: skip
+    rows = bench.run_bench(["csa_h8_topk512"], tokens=5, device="cpu", providers=["flashmla"],
+                           ceilings=False, log=None)  # fmt: skip
+    assert len(rows) == 1 and rows[0]["ok"] is False and rows[0].get("ms") is None
+
+
+def test_missing_peers_give_a_log_line_and_no_row(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "flash_mla", None)  # import flash_mla -> ImportError
+    monkeypatch.setattr(bench, "_flashmla_unavailable", lambda device: None)
+    monkeypatch.setattr(bench, "_aiter_unavailable", lambda device: None)
+    lines = []
+    rows = bench.run_bench(["csa_h8_topk512"], tokens=4, device="cpu", ceilings=False,
+                           providers=["flashmla", "aiter", "torch"], log=lines.append,
+                           aiter_module=str(tmp_path / "no_such_aiter.py"))  # fmt: skip
+    assert [r["provider"] for r in rows] == ["torch"]
+    skipped = [ln for ln in lines if "skipped" in ln]
+    assert len(skipped) == 2
+    assert skipped[0].strip().startswith("flashmla: skipped (flash_mla is not importable")
+    assert skipped[1].strip().startswith("aiter: skipped") and "no_such_aiter" in skipped[1]
+
+
+# aiter's kernel as its autotuner wraps it: ``.fn[grid](...)`` with its argument order. The
+# fake computes the fp32 reference from the tensors it is given, except at BLOCK_K == 64, where
+# it drops the sink (a wrong config the gate must keep out of the ranking).
+FAKE_AITER = """
+from sparse_mla.reference import sparse_mla_prefill_ref
+
+launches = []
+
+
+class _Fn:
+    def __getitem__(self, grid):
+        def launch(q, kv, idx, indptr, sink, out, sqt, sqh, sqd, skn, skd, sot, soh, sod,
+                   num_heads, head_dim, num_kv, scale, *, HAS_ATTN_SINK, BLOCK_H, BLOCK_D,
+                   BLOCK_K, num_warps, num_stages):
+            launches.append((grid, BLOCK_H, BLOCK_K, num_warps, num_stages))
+            assert grid == (q.shape[0], -(-num_heads // BLOCK_H)) and BLOCK_D == 512
+            assert (num_heads, head_dim, num_kv) == (q.shape[1], q.shape[2], kv.shape[0])
+            use_sink = sink if HAS_ATTN_SINK and BLOCK_K != 64 else None
+            out.copy_(sparse_mla_prefill_ref(q, kv, idx, indptr, scale, attn_sink=use_sink))
+
+        return launch
+
+
+class _Autotuner:
+    fn = _Fn()
+
+
+_sparse_attn_prefill_kernel = _Autotuner()
+"""
+
+
+def test_aiter_from_a_module_path_best_of_its_grid(tmp_path, monkeypatch):
+    path = tmp_path / "my_aiter_kernels.py"
+    path.write_text(textwrap.dedent(FAKE_AITER))
+    monkeypatch.setattr(bench, "_aiter_unavailable", lambda device: None)
+    rows = bench.run_bench(["csa_h8_topk512"], tokens=6, device="cpu", providers=["aiter"],
+                           ceilings=False, log=None, aiter_module=str(path))  # fmt: skip
+    assert len(rows) == 1
+    r = rows[0]
+    grid = bench.aiter_configs(8)
+    wrong = [c for c in grid if c["BLOCK_K"] == 64]
+    assert r["provider"] == "aiter" and r["ok"] is True and r["ms"] > 0 and r["rel_l2"] < 1e-2
+    assert r["config"]["tried"] == len(grid) <= 6 and r["config"]["passed"] == len(grid) - len(
+        wrong
+    )
+    winner = {k: r["config"][k] for k in ("BLOCK_H", "BLOCK_K", "num_warps", "num_stages")}
+    assert winner in grid and winner not in wrong
+
+
+def test_aiter_configs_small_and_cover_the_heads():
+    for H in (8, 16, 64, 128):
+        grid = bench.aiter_configs(H)
+        assert 1 <= len(grid) <= 6
+        assert all(c["BLOCK_H"] in (32, 64) and c["BLOCK_H"] >= min(H, 64) // 2 for c in grid)
+        # shared memory of a KV ring at its largest: within sm90's 227 KiB
+        assert all(512 * c["BLOCK_K"] * 2 * c["num_stages"] <= 227 * 1024 for c in grid)
+
+
+def test_dense_topk_pads_to_128_and_never_wraps_int64_slots():
+    idx = torch.tensor([3, -1, 2**32 + 5, 7, 1, 9, 100], dtype=torch.int64)
+    indptr = torch.tensor([0, 3, 3, 7], dtype=torch.int64)
+    dense, lengths = bench._dense_topk(idx, indptr, num_kv=10, multiple=128)
+    assert dense.dtype == torch.int32 and dense.shape == (3, 128)
+    assert lengths.tolist() == [3, 0, 4]
+    assert dense[0, :3].tolist() == [3, -1, -1]  # 2**32 + 5 must not become slot 5
+    assert dense[2, :4].tolist() == [7, 1, 9, -1]  # 100 >= N
+    assert (dense[:, 4:] == -1).all() and (dense[1] == -1).all()
+
+
+@pytest.mark.gpu
+def test_gpu_fake_flash_mla_is_a_provider(fake_flash_mla):
+    rows = bench.run_bench(["csa_h16_topk512"], tokens=256, device="cuda", quick=True,
+                           providers=["flashmla", "default"], ceilings=False, log=None)  # fmt: skip
+    provs = {r["provider"]: r for r in rows}
+    if "flashmla_pad64" not in provs:  # FlashMLA serves sm90/sm100 only
+        assert runtime.arch() not in ("sm90", "sm100")
+        return
+    assert provs["flashmla_pad64"]["ok"] and provs["flashmla_pad64"]["ms"] > 0
+    assert provs["default"]["ok"] and "kernel" in provs["default"]["config"]
