@@ -41,7 +41,8 @@ gather rate taken at the smallest measured pool at least as large as the workloa
 Rows
 ----
 Tidy CSV rows (:data:`CSV_COLUMNS`), appended to ``data/bench/<device-slug>.csv`` by default.
-``nnz`` is the valid (token, slot) pairs; ``config`` the launch as JSON; a provider that fails
+``nnz`` is the valid (token, slot) pairs; ``pool_bytes`` the KV pool's size (which gather
+rate the floor used); ``config`` the launch as JSON; a provider that fails
 the check (or raises) gets ``ok=False``, its reason in ``note``, and no timing. The ceilings are
 rows too, with ``provider = "ceiling:<name>"`` and their rate in ``tflops``
 (matmul) or ``gather_tbs`` (copy: read + write; gathers: bytes read), in TB/s.
@@ -86,7 +87,9 @@ __all__ = [
     "git_commit",
     "measure_ceilings",
     "provider_names",
+    "read_rows",
     "run_bench",
+    "run_summary",
     "torch_gather_prefill",
     "work_model",
 ]
@@ -105,7 +108,7 @@ GATHER_POOL_BYTES = (4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30)
 CSV_COLUMNS = (
     "timestamp", "device", "torch", "triton", "commit", "workload", "T", "H", "D", "topk", "nnz",
     "provider", "config", "ok", "rel_l2", "ms", "tflops", "gather_tbs", "floor_ms",
-    "frac_of_floor", "note",
+    "frac_of_floor", "note", "pool_bytes",
 )  # fmt: skip
 
 # torch provider: gathered elements per token chunk (256 Mi elements = 512 MiB of bf16 rows).
@@ -809,7 +812,9 @@ def _cell(col: str, v: Any) -> Any:
 def append_rows(path: Path | str, rows: Iterable[Mapping[str, Any]]) -> Path:
     """Append rows (:data:`CSV_COLUMNS`; missing keys empty) to a CSV, with a header when new.
 
-    Raises ValueError if the file exists with a different header (rows of another layout).
+    A file written by an older version, whose columns are a prefix of :data:`CSV_COLUMNS`,
+    is first rewritten (atomically) with the new header, its rows keeping their values and the
+    new columns empty. Raises ValueError if the file exists with another layout.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -818,8 +823,10 @@ def append_rows(path: Path | str, rows: Iterable[Mapping[str, Any]]) -> Path:
         with path.open(newline="") as f:
             header = next(csv.reader(f), [])
         if tuple(header) != CSV_COLUMNS:
-            raise ValueError(f"{path} has columns {header}, not the bench's {list(CSV_COLUMNS)}; "
-                             "write to another --out")  # fmt: skip
+            if tuple(header) != CSV_COLUMNS[: len(header)]:
+                raise ValueError(f"{path} has columns {header}, not the bench's "
+                                 f"{list(CSV_COLUMNS)}; write to another --out")  # fmt: skip
+            _add_columns(path)
     with path.open("a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         if new:
@@ -827,6 +834,117 @@ def append_rows(path: Path | str, rows: Iterable[Mapping[str, Any]]) -> Path:
         for r in rows:
             w.writerow({c: _cell(c, r.get(c)) for c in CSV_COLUMNS})
     return path
+
+
+def _add_columns(path: Path) -> None:
+    """Rewrite an older bench CSV with the current header (new columns empty)."""
+    import io
+
+    from ._files import atomic_write
+
+    with path.open(newline="") as f:
+        old = list(csv.DictReader(f))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\r\n")
+    w.writeheader()
+    for r in old:
+        w.writerow({c: r.get(c, "") or "" for c in CSV_COLUMNS})
+    atomic_write(path, buf.getvalue().encode())
+
+
+_FLOAT_CELLS = ("rel_l2", "ms", "tflops", "gather_tbs", "floor_ms", "frac_of_floor")
+_INT_CELLS = ("T", "H", "D", "topk", "nnz", "pool_bytes")
+
+
+def read_rows(path: Path | str) -> list[dict[str, Any]]:
+    """Rows of a bench CSV with their types back: ints, floats, ``ok`` a bool, ``config`` a
+    dict, empty cells None."""
+    out = []
+    with Path(path).open(newline="") as f:
+        for r in csv.DictReader(f):
+            row: dict[str, Any] = {}
+            for k, v in r.items():
+                if v == "" or v is None:
+                    row[k] = None
+                elif k in _FLOAT_CELLS:
+                    row[k] = float(v)
+                elif k in _INT_CELLS:
+                    row[k] = int(v)
+                elif k == "ok":
+                    row[k] = v == "True"
+                elif k == "config":
+                    row[k] = json.loads(v)
+                else:
+                    row[k] = v
+            out.append(row)
+    return out
+
+
+def run_summary(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> dict[str, Any]:
+    """One run's workloads with their same-run floors and every provider's time.
+
+    Args:
+        rows: :func:`read_rows` (or :func:`run_bench`) rows, possibly of several runs.
+        run: the run's ``timestamp`` (default: the latest run with workload rows).
+
+    Returns:
+        {"run", "device", "commit", "torch", "triton", "workloads": {name: {"H", "D", "T",
+        "topk", "nnz", "flops", "bytes", "floor_ms", "matmul_ms", "gather_ms", "ms":
+        {provider: ms}, "failed": [provider, ...], "config": {provider: config}}}}.
+        ``matmul_ms`` = FLOPs / the run's matmul rate; ``gather_ms`` = gathered bytes / the
+        run's gather rate at the pool's size (rows without ``pool_bytes``: the floor when it is
+        above the matmul floor, else None).
+    """
+    runs = sorted({r["timestamp"] for r in rows if r.get("workload") and r.get("timestamp")})
+    if not runs:
+        raise ValueError("no workload rows")
+    run = run or runs[-1]
+    if run not in runs:
+        raise ValueError(f"no run {run!r}; runs: {runs}")
+    mine = [r for r in rows if r.get("timestamp") == run]
+    matmul = gather = None
+    rates: dict[int, float] = {}
+    for r in mine:
+        prov = r.get("provider") or ""
+        if prov == "ceiling:matmul_bf16" and r.get("tflops"):
+            matmul = float(r["tflops"]) * 1e12
+        elif prov.startswith("ceiling:gather_") and r.get("gather_tbs"):
+            cfg = r["config"] if isinstance(r["config"], Mapping) else json.loads(r["config"])
+            rates[int(cfg["pool_bytes"])] = float(r["gather_tbs"]) * 1e12
+    if rates:
+        gather = Ceilings(matmul or math.inf, 0.0, rates)
+    work: dict[str, dict[str, Any]] = {}
+    first = None
+    for r in mine:
+        if not r.get("workload"):
+            continue
+        first = first or r
+        w = work.get(r["workload"])
+        if w is None:
+            H, D, nnz = int(r["H"]), int(r["D"]), int(r["nnz"])
+            flops, nbytes = work_model(nnz, H, D)
+            floor = r.get("floor_ms")
+            mm = flops / matmul * 1e3 if matmul else None
+            if gather is not None and r.get("pool_bytes"):
+                g = nbytes / gather.gather_rate(int(r["pool_bytes"])) * 1e3
+            elif floor is not None and mm is not None and floor > mm * (1 + 1e-6):
+                g = floor
+            else:
+                g = None
+            w = work[r["workload"]] = {
+                "H": H, "D": D, "T": r.get("T"), "topk": r.get("topk"), "nnz": nnz,
+                "flops": flops, "bytes": nbytes, "floor_ms": floor, "matmul_ms": mm,
+                "gather_ms": g, "ms": {}, "failed": [], "config": {},
+            }  # fmt: skip
+        w["config"][r["provider"]] = r.get("config")
+        if r.get("ok") and r.get("ms"):
+            w["ms"][r["provider"]] = float(r["ms"])
+        else:
+            w["failed"].append(r["provider"])
+    first = first or {}
+    return {"run": run, "device": first.get("device"), "commit": first.get("commit"),
+            "torch": first.get("torch"), "triton": first.get("triton"),
+            "workloads": work}  # fmt: skip
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -955,7 +1073,7 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
     pool_bytes = w.kv.shape[0] * D * w.kv.element_size()
     fl = floor_ms(flops, nbytes, pool_bytes, ceil) if ceil else None
     base = {**common, "workload": name, "T": T, "H": H, "D": D, "topk": w.meta.get("topk"),
-            "nnz": nnz, "floor_ms": fl}  # fmt: skip
+            "nnz": nnz, "floor_ms": fl, "pool_bytes": pool_bytes}  # fmt: skip
     say(f"{w!r}: {flops / 1e12:.3f} TFLOP, {nbytes / 1e9:.3f} GB gathered, pool "
         f"{pool_bytes / 2**20:.1f} MiB" + (f", floor {fl:.3f} ms" if fl else ""))  # fmt: skip
     rows = []

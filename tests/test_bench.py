@@ -363,3 +363,19 @@ def test_gpu_fake_flash_mla_is_a_provider(fake_flash_mla):
         return
     assert provs["flashmla_pad64"]["ok"] and provs["flashmla_pad64"]["ms"] > 0
     assert provs["default"]["ok"] and "kernel" in provs["default"]["config"]
+
+
+def test_csv_of_an_older_layout_gains_the_new_columns(tmp_path):
+    path = tmp_path / "old.csv"
+    old_cols = bench.CSV_COLUMNS[:-1]
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(old_cols)
+        w.writerow([f"v{i}" for i in range(len(old_cols))])
+    bench.append_rows(path, [{"workload": "w2", "pool_bytes": 1024}])
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == bench.CSV_COLUMNS
+    assert [rows[0][c] for c in old_cols] == [f"v{i}" for i in range(len(old_cols))]
+    assert rows[0]["pool_bytes"] == "" and rows[1]["pool_bytes"] == "1024"
+    assert rows[1]["workload"] == "w2"
