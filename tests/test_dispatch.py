@@ -262,3 +262,25 @@ def test_dependencies_run_one_way():
     assert _package_imports(pkg / "configs.py") == set()
     assert _package_imports(pkg / "dispatch.py") == {"configs"}
     assert {"configs", "dispatch"} <= _package_imports(pkg / "prefill.py")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [8, 16, 64, 128])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gpu_default_runs_the_recorded_kernel(H, index_dtype, monkeypatch):
+    names = []
+    for name, k in list(dispatch.KERNELS.items()):
+
+        def run(*args, _k=k, _name=name):
+            names.append(_name)
+            return _k.run(*args)
+
+        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, run=run))
+    case = make_case(257, H, 512, N=4000, max_slots=700, device="cuda", seed=H,
+                     index_dtype=index_dtype)  # fmt: skip
+    _run(case)
+    arch = runtime.arch()
+    expected = dispatch.choose(dispatch.Call(arch, H, 512)).kernel
+    if arch == "sm90":  # the committed choice: Gluon from 64 heads
+        assert expected == ("gluon" if H >= 64 else "triton")
+    assert names == [expected]

@@ -10,7 +10,7 @@ import torch
 from sparse_mla import check_against_reference, sparse_mla_prefill
 from sparse_mla.lab import figures
 from sparse_mla.lab import softmax as lab
-from sparse_mla.lab.explorer import ExplorerPanel, PanelState, check_state
+from sparse_mla.lab.explorer import ExplorerPanel, PanelState, check_state, default_kernel_line
 from sparse_mla.prefill import PrefillConfig
 
 # ------------------------------------------------------------------------------------------------
@@ -307,3 +307,14 @@ def test_panel_times_and_checks_on_the_local_gpu():
         assert "time on" in p.time_text.value and " ms " in p.time_text.value
     finally:
         p.close()
+
+
+def test_panel_says_which_kernel_config_none_runs(panel):
+    # The committed sm90 configs record Gluon from 64 heads and Triton below (issue 14).
+    line = default_kernel_line(PanelState("sm90", 64, 512, PrefillConfig()))
+    assert line.startswith("config=None runs, on sm90 H=64 D=512: gluon (recorded H64_D512")
+    line = default_kernel_line(PanelState("sm90", 8, 512, PrefillConfig()))
+    assert "sm90 H=8 D=512: triton (recorded H8_D512" in line
+    panel.update()
+    assert "gfx950 H=16 D=512: triton (no tuned entry)" in panel.default_text.value
+    panel.wait()

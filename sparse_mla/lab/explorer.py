@@ -97,6 +97,19 @@ def check_state(state: PanelState) -> str | None:
     return None
 
 
+def default_kernel_line(state: PanelState) -> str:
+    """Which kernel ``sparse_mla_prefill(..., config=None)`` runs for the state's target and
+    shape, and why (:func:`sparse_mla.dispatch.describe`); the panel's own knobs are Triton's."""
+    from .. import dispatch
+
+    arch = targets.get_target(state.target).name
+    try:
+        line = dispatch.describe(arch, state.num_heads, state.head_dim)
+    except Exception as e:  # a broken config file must not break the panel
+        line = f"{arch}: unknown ({type(e).__name__}: {e})"
+    return "config=None runs, on " + line
+
+
 @dataclass(frozen=True)
 class ErrorRun:
     """One small run of the kernel against the fp32 reference (and plain PyTorch in bf16)."""
@@ -243,6 +256,8 @@ class ExplorerPanel:
         self.error_image = W.Image(format="png", layout=W.Layout(max_width="900px"))
         self.error_text = W.HTML()
         self.time_text = W.HTML()
+        self.default_text = W.HTML()
+        self.default_text.add_class("sml-default-kernel")
 
         self.controls = [self.w_target, self.w_heads, self.w_dim, self.w_even, self.w_exp2,
                          self.w_prefetch, self.w_block_h, self.w_block_k, self.w_warps,
@@ -266,6 +281,7 @@ class ExplorerPanel:
             W.HBox([left, mid, right]),
             W.HBox([self.resources, self.mix_image]),
             self.time_text,
+            self.default_text,
             self.error_text,
             self.error_image,
             tabs,
@@ -341,6 +357,9 @@ class ExplorerPanel:
         with self._lock:
             self._gen += 1
             gen = self._gen
+        self.default_text.value = (
+            f"<div class='sml-default'>{html.escape(default_kernel_line(state))}</div>"
+        )
         self.invalid = check_state(state)
         if self.invalid is not None:
             self.result = None
