@@ -189,9 +189,11 @@ def test_token_slices():
 @pytest.mark.gpu
 def test_gpu_bench_small(tmp_path):
     rows = bench.run_bench(["csa_h16_topk512"], tokens=512, device="cuda", quick=True,
+                           providers=["triton", "gluon", "default", "torch"],
                            out_path=tmp_path / "g.csv", log=None)  # fmt: skip
     provs = {r["provider"]: r for r in rows}
-    assert provs["triton"]["ok"] and provs["torch"]["ok"]
+    assert provs["triton"]["ok"] and provs["torch"]["ok"] and provs["default"]["ok"]
+    assert provs["default"]["config"]["kernel"] in ("triton", "gluon")
     assert provs["triton"]["frac_of_floor"] > 0
     assert any(p.startswith("ceiling:gather_") for p in provs)
 
@@ -218,7 +220,7 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
     pool = kv[:, 0, :].float()
     valid = (idx >= 0) & (idx < pool.shape[0])
     if topk_length is not None:
-        valid &= torch.arange(idx.shape[1])[None, :] < topk_length[:, None].long()
+        valid &= torch.arange(idx.shape[1], device=idx.device)[None, :] < topk_length[:, None]
     rows = pool[idx.clamp(0, max(pool.shape[0] - 1, 0))]
     logits = torch.einsum("thd,tkd->thk", q.float(), rows) * sm_scale
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
