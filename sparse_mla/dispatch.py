@@ -12,6 +12,12 @@ dict of its fields (Triton), a kernel's own config object (``GluonConfig``: Gluo
 Kernels join the registry with :func:`register` (the package's own are registered by
 :mod:`sparse_mla.prefill`, the module of the public entry). This module imports no kernel, so
 the dependencies run one way: entry -> dispatch -> configs, and entry -> kernels.
+
+Adding a kernel: register a :class:`Kernel` beside the others in ``prefill.py`` (its ``run`` on
+validated inputs, ``resolve`` for its launch, ``unavailable`` for where it cannot run). It is
+then a provider of ``sparse-mla bench`` under its name, ``config=Choice(name)`` forces it, and
+``sparse-mla export BENCH.csv --arch ARCH --kernel-choice`` records it for the shapes where a
+bench run found it fastest.
 """
 
 from __future__ import annotations

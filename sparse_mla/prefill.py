@@ -1,4 +1,5 @@
-"""Triton sparse MLA prefill: kernel -> launch config -> input validation -> public entry.
+"""Triton sparse MLA prefill: kernel -> launch config -> input validation -> public entry ->
+the kernels the entry can run (registered with :mod:`sparse_mla.dispatch`, which picks one).
 
 One program owns one token and a block of BLOCK_H heads. It walks the token's slot list BLOCK_K
 slots at a time: load the slot ids (the next tile's ids are fetched one iteration ahead), gather
