@@ -1104,7 +1104,9 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
                 row["frac_of_floor"] = fl / row["ms"]
         status = "ok" if row["ok"] else "FAIL"
         timing = f"{row['ms']:.3f} ms" if row.get("ms") is not None else "not timed"
-        say(f"  {row['provider']}: {status}, rel_l2 {row.get('rel_l2', math.nan):.2e}, {timing}"
+        rel = row.get("rel_l2")
+        rel = math.nan if rel is None else rel
+        say(f"  {row['provider']}: {status}, rel_l2 {rel:.2e}, {timing}"
             f" [{time.perf_counter() - t0:.1f} s]"
             + (f" ({row['note']})" if row.get("note") else ""))  # fmt: skip
         rows.append(row)
@@ -1126,26 +1128,26 @@ def _check_and_time(p: Prepared, w, device, check_tokens: int, quick: bool) -> d
 def _best_of(candidates: list[Prepared], w, device, check_tokens, quick, say) -> dict[str, Any]:
     """Gate every candidate config, rank those that pass by a short timing, time the fastest
     in full; the row names the winner's config and how many were tried."""
-    passed, failed = [], []
+    passed, wrong, raised = [], [], []
     for p in candidates:
         try:
             ok, rel, note = _check(p.run, w, check_tokens)
-        except Exception as e:  # a config that does not compile here is not a candidate
-            failed.append(f"{p.config}: {type(e).__name__}: {str(e)[:120]}")
+        except Exception as e:  # a config that does not compile or launch here is no candidate
+            raised.append(f"{p.config}: {type(e).__name__}: {str(e)[:120]}")
             continue
         if not ok:
-            failed.append(f"{p.config}: {note or 'wrong result'}")
+            wrong.append(f"{p.config}: {note or 'wrong result'}")
             continue
         ms = _time(p.run, torch.empty_like(w.q), device, quick=True)
         passed.append((ms, rel, p))
-    if failed:
-        say(f"  {candidates[0].name}: {len(failed)} of {len(candidates)} configs out: "
-            + " | ".join(failed)[:800])  # fmt: skip
+    if raised or wrong:
+        say(f"  {candidates[0].name}: {len(raised) + len(wrong)} of {len(candidates)} configs "
+            "out: " + " | ".join(raised + wrong)[:800])  # fmt: skip
     if not passed:
-        if len(failed) == len(candidates) and all("Error" in f for f in failed):
+        if not wrong:
             raise Unavailable("no config compiled and ran here")
-        return {"ok": False, "rel_l2": None, "note": "every config failed: "
-                + " | ".join(failed)[:400], "config": {"tried": len(candidates)}}  # fmt: skip
+        return {"ok": False, "rel_l2": None, "note": "every config failed the check: "
+                + " | ".join(wrong)[:400], "config": {"tried": len(candidates)}}  # fmt: skip
     _, rel, best = min(passed, key=lambda t: t[0])
     ms = _time(best.run, torch.empty_like(w.q), device, quick)
     cfg = {**best.config, "tried": len(candidates), "passed": len(passed)}

@@ -335,6 +335,31 @@ def test_aiter_from_a_module_path_best_of_its_grid(tmp_path, monkeypatch):
     assert winner in grid and winner not in wrong
 
 
+@pytest.mark.parametrize("mode", ["raise", "wrong"])
+def test_aiter_when_no_config_works(tmp_path, monkeypatch, mode):
+    # Every config raising (none compiles here): a log line, no row. Every config wrong: a
+    # row with ok=False and no time.
+    body = {"raise": "    raise RuntimeError('out of resources')\n",
+            "wrong": "    out.fill_(1.0)\n"}[mode]  # fmt: skip
+    path = tmp_path / "bad_aiter.py"
+    path.write_text(
+        "class _Fn:\n    def __getitem__(self, grid):\n        return _launch\n\n\n"
+        "def _launch(q, kv, idx, indptr, sink, out, *args, **kw):\n" + body + "\n\n"
+        "class _Autotuner:\n    fn = _Fn()\n\n\n_sparse_attn_prefill_kernel = _Autotuner()\n"
+    )
+    monkeypatch.setattr(bench, "_aiter_unavailable", lambda device: None)
+    lines = []
+    rows = bench.run_bench(["csa_h8_topk512"], tokens=4, device="cpu", providers=["aiter"],
+                           ceilings=False, log=lines.append, aiter_module=str(path))  # fmt: skip
+    n = len(bench.aiter_configs(8))
+    assert any(f"{n} of {n} configs out" in ln for ln in lines)
+    if mode == "raise":
+        assert rows == [] and any("aiter: skipped (no config compiled" in ln for ln in lines)
+    else:
+        assert len(rows) == 1 and rows[0]["ok"] is False and rows[0].get("ms") is None
+        assert rows[0]["config"] == {"tried": n}
+
+
 def test_aiter_configs_small_and_cover_the_heads():
     for H in (8, 16, 64, 128):
         grid = bench.aiter_configs(H)
