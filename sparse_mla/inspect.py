@@ -213,6 +213,9 @@ class Resources:
     local_bytes: int | None = None
     stack_bytes: int | None = None
     warps_per_sm: int | None = None
+    # Warp-specialised kernels (Gluon ``warp_specialize``): (partition, warps, registers per
+    # thread after ``setmaxnreg``), the default partition first; None for a plain kernel.
+    partitions: list[tuple[str, int, int]] | None = None
 
     def as_rows(self) -> list[tuple[str, Any]]:
         """[(name, value)] in display order, for tables."""
@@ -232,8 +235,16 @@ class Resources:
                 ("registers", self.registers),
                 ("shared bytes", self.shared_bytes),
                 ("local bytes", self.local_bytes),
+                ("stack bytes", self.stack_bytes),
                 ("warps/SM", self.warps_per_sm),
             ]
+            if self.partitions:
+                names.append(
+                    (
+                        "registers per partition",
+                        ", ".join(f"{n}: {w} warps x {r}" for n, w, r in self.partitions),
+                    )
+                )
         limiter = ", ".join(f"{k} {v}" for k, v in self.limits.items())
         return [
             ("num_warps", self.num_warps),
@@ -282,6 +293,25 @@ def _amd_resources(amdgcn: str, arch: str, num_warps: int, triton_shared: int) -
         waves_per_simd=occ,
         compiler_occupancy=_int(r"^; Occupancy: (\d+)", amdgcn),
     )
+
+
+def warp_partitions(ttgir: str, ptx: str) -> list[tuple[str, int, int]] | None:
+    """(partition, warps, registers) of a warp-specialised kernel, or None.
+
+    The workers' warps and requested registers are in the TTGIR (``partitionN ... num_warps(w)``,
+    ``requestedRegisters``); the default partition gets what is left of the register file, which
+    the PTX shows as the first ``setmaxnreg.dec`` (the parent region runs at 256 before it)."""
+    req = re.search(r"requestedRegisters = array<i32: ([\d, ]+)>", ttgir)
+    if not req:
+        return None
+    regs = [int(x) for x in req.group(1).split(",")]
+    warps = [int(w) for w in re.findall(r"partition\d+\([^\n]*num_warps\((\d+)\)", ttgir)]
+    default_warps = _int(r'"ttg.num-warps" = (\d+)', ttgir) or 0
+    dec = re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)
+    rows = [("default", default_warps, int(dec.group(1)) if dec else 0)]
+    for i, r in enumerate(regs):
+        rows.append((f"worker {i}", warps[i] if i < len(warps) else 0, r))
+    return rows
 
 
 def _nvidia_resources(usage: str, arch: int, num_warps: int, triton_shared: int) -> Resources:
@@ -715,7 +745,9 @@ def resources_of(ck, target: str | Target = "local") -> Resources:
     if t.is_amd:
         return _amd_resources(ck.asm["amdgcn"], str(t.arch), num_warps, ck.metadata.shared)
     usage = _cuobjdump(ck.asm["cubin"], "--dump-resource-usage")
-    return _nvidia_resources(usage, int(t.arch), num_warps, ck.metadata.shared)
+    res = _nvidia_resources(usage, int(t.arch), num_warps, ck.metadata.shared)
+    res.partitions = warp_partitions(ck.asm.get("ttgir", ""), ck.asm.get("ptx", ""))
+    return res
 
 
 _DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}

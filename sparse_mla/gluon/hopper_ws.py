@@ -44,7 +44,7 @@ HEAD_DIM = gl.constexpr(512)
 HALF = gl.constexpr(HEAD_DIM // 2)
 NUM_WARPS = 4  # the default partition (consumer 0); the kernel runs 12 warps in all
 PRODUCER_REGS = gl.constexpr(48)
-CONSUMER_REGS = gl.constexpr(232)
+CONSUMER_REGS = gl.constexpr(224)
 M_INIT = gl.constexpr(
     -1.0e30
 )  # running max before any valid slot: finite, so 2^(m_old - m_new) is never NaN
