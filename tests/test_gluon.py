@@ -19,7 +19,12 @@ import torch
 import triton
 
 from sparse_mla.gluon import GluonConfig, choose_num_splits, compile_args, compile_for, mla_gluon
-from sparse_mla.gluon.launch import default_config, get_target, use_wgmma
+from sparse_mla.gluon.launch import (
+    default_config,
+    get_target,
+    use_warp_specialized,
+    use_wgmma,
+)
 from sparse_mla.reference import error_report, mla_decode_ref, sparse_mla_prefill_ref
 
 # ----------------------------------------------------------------------------------------------
@@ -104,6 +109,54 @@ def test_wgmma_dispatch_rule():
     assert default_config(128, sm90, has_pe=True).BLOCK_K == 32
     assert default_config(128, get_target("gfx950"), has_pe=False).BLOCK_K == 32
     assert not use_wgmma(default_config(16, sm90, has_pe=False), sm90, has_pe=False)
+
+
+def test_sm90_ws_prefill_compile_partitions_and_budget():
+    """The default sm90 prefill at H >= 64 is the warp-specialised kernel: 64x64 wgmma for S,
+    64x256 for O, 16-byte cp.async gathers that arrive on mbarriers, three partitions whose
+    registers fit the SM's file, and Q + the two KV tiles + P within the 227 KiB limit."""
+    from sparse_mla import inspect
+
+    k = compile_for("prefill", "sm90", num_heads=128, index_dtype=torch.int64, has_sink=False)
+    assert k.metadata.name == "_prefill_ws_kernel" and k.metadata.num_warps == 12
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in ptx
+    sizes = set(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], (\w+)", ptx))
+    assert sizes == {"0x10"}, f"gathers are not all 16-byte copies: {sizes}"
+    assert "cp.async.mbarrier.arrive.noinc" in ptx
+    res = inspect.resources_of(k, "sm90")
+    assert res.partitions is not None and [p[0] for p in res.partitions] == [
+        "default",
+        "worker 0",
+        "worker 1",
+    ], res.partitions
+    assert [p[1] for p in res.partitions] == [4, 4, 4]
+    assert sum(w * 32 * r for _, w, r in res.partitions) <= 65536, res.partitions
+    assert min(r for _, _, r in res.partitions[:2]) >= 224, "consumers hold a 64x256 fp32 O"
+    assert res.local_bytes == 0 and res.stack_bytes <= 16, res
+    assert res.shared_bytes <= 227 * 1024
+    # A plain kernel has no partitions.
+    assert (
+        inspect.resources_of(compile_for("decode", "sm90", num_heads=16), "sm90").partitions is None
+    )
+
+
+def test_ws_dispatch_rule():
+    sm90 = get_target("sm90")
+    cfg = default_config(64, sm90, has_pe=False)
+    assert use_warp_specialized(cfg, sm90, has_pe=False)
+    assert not use_warp_specialized(cfg, sm90, has_pe=False, num_splits=2)
+    assert not use_warp_specialized(cfg, sm90, has_pe=False, write_lse=True)
+    assert not use_warp_specialized(cfg, sm90, has_pe=True)  # decode
+    assert not use_warp_specialized(cfg, get_target("gfx950"), has_pe=False)
+    # Asking for the wgmma kernel keeps it; asking for ws where it cannot run is an error.
+    assert not use_warp_specialized(GluonConfig(64, 64, 8, wgmma=True, num_stages=2), sm90,
+                                    has_pe=False)  # fmt: skip
+    with pytest.raises(ValueError, match="warp_specialized"):
+        use_warp_specialized(GluonConfig(16, 32, 4, warp_specialized=True), sm90, has_pe=False)
+    with pytest.raises(ValueError, match="warp_specialized"):
+        GluonConfig(64, 64, 8, warp_specialized="yes").validate()
 
 
 def test_compile_args_shapes_and_errors():
@@ -305,6 +358,67 @@ def _check_prefill(c, sink, **launch):
     rep = error_report(out.float(), ref, base.float())
     assert rep.ok, str(rep)
     assert torch.all(out[0] == 0) and torch.all(out[2] == 0), "empty rows must be zeros"
+    return out
+
+
+WS = GluonConfig(64, 64, 8, warp_specialized=True)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("with_sink", [False, True])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
+    """The warp-specialised kernel: 300 tokens (more work items than SMs, so every persistent
+    program takes several and the barrier phases carry over), ragged and empty rows, absent
+    slots of every kind, duplicates, NaN in every unreferenced pool row; repeat calls are
+    bitwise identical."""
+    c = _gpu_case(300, H, 5000, has_pe=False, index_dtype=index_dtype, seed=H + 2 * with_sink,
+                  max_len=700)  # fmt: skip
+    idx, ptr = c["kv_indices"], c["kv_indptr"]
+    s, e = int(ptr[7]), int(ptr[8])
+    if e - s >= 4:
+        idx[s + 1 : e : 2] = idx[s]  # duplicates within one row
+    sink = torch.randn(H, device="cuda") if with_sink else None
+    out = _check_prefill(c, sink, config=WS, num_kv_splits=1)
+    again = _check_prefill(c, sink, config=WS, num_kv_splits=1)
+    assert torch.equal(out, again), "repeat calls differ"
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_ws_prefill_pool_past_2_31_and_views():
+    """A pool view starting past element 2**31 of its buffer (64-bit row offsets), ``out=`` a
+    strided view (nothing outside it written), q a view that is not 16-byte aligned."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    T, H, N = 70, 64, 2000
+    off = 2**31 + 4096
+    buf = torch.full((off + N * 512,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kv = buf[off:].view(N, 512)
+    used = torch.randperm(N, generator=g, device="cuda")[: N // 2]
+    kv[used] = torch.randn(used.numel(), 512, generator=g, device="cuda").to(torch.bfloat16)
+    lens = torch.randint(0, 400, (T,), generator=g, device="cuda")
+    lens[4] = 0
+    ptr = torch.zeros(T + 1, dtype=torch.int64, device="cuda")
+    ptr[1:] = lens.cumsum(0)
+    nnz = int(ptr[-1])
+    idx = used[torch.randint(0, used.numel(), (nnz,), generator=g, device="cuda")]
+    bad = torch.rand(nnz, generator=g, device="cuda") < 0.1
+    idx = torch.where(bad, torch.full_like(idx, -(2**40)), idx)
+    qb = torch.randn(T, H, 520, generator=g, device="cuda").to(torch.bfloat16)
+    q = qb[..., 4:516]  # starts 8 bytes into each row: not 16-byte aligned
+    sink = torch.randn(H, generator=g, device="cuda")
+    ob = torch.full((T, H, 640), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = ob[..., 64:576]
+    mla_gluon(q, None, kv, None, idx, ptr, 512**-0.5, has_pe=False, attn_sink=sink, out=out,
+              config=WS, num_kv_splits=1)  # fmt: skip
+    ref = sparse_mla_prefill_ref(q, kv, idx, ptr, 512**-0.5, attn_sink=sink)
+    base = sparse_mla_prefill_ref(q, kv, idx, ptr, 512**-0.5, attn_sink=sink, upcast=False)
+    rep = error_report(out.float(), ref, base.float())
+    assert rep.ok, str(rep)
+    assert torch.all(out[4] == 0)
+    assert torch.isnan(ob[..., :64]).all() and torch.isnan(ob[..., 576:]).all()
 
 
 @pytest.mark.gpu
