@@ -1,6 +1,7 @@
 """Hopper (sm90) sparse prefill, warp-specialised: one producer and two consumer warpgroups.
 
-One program per (token, block of 64 heads), 12 warps in three partitions:
+Persistent: one program per SM takes (token, block of 64 heads) work items round-robin; each
+program runs 12 warps in three partitions:
 
 - **producer** (4 warps, few registers): cp.async-gathers Q once and then the token's KV rows,
   64 slots a tile, into two shared-memory tile buffers. Each buffer is filled and released in
@@ -21,9 +22,11 @@ One program per (token, block of 64 heads), 12 warps in three partitions:
   added at the end.
 
 Every hand-off between the partitions is an mbarrier; each is used once per pair of tiles, so
-its phase is the pair's parity (a producer's first wait on a ``free`` barrier passes at once).
+its phase is the parity of the pair's count over all of the program's items (a producer's first
+wait on a ``free`` barrier passes at once). Q is loaded once per item, after both consumers
+released the previous item's (``Q_FREE``), while they finish its last PVs and store its output.
 The kernel is FlashMLA's sm90 sparse-prefill schedule (DeepSeek, csrc/sm90/prefill/sparse)
-re-derived in Gluon; see docs/PERF_NOTES.md for what each step bought.
+re-derived in Gluon (read, not copied); docs/PERF_NOTES.md says what each step bought.
 """
 
 from __future__ import annotations
