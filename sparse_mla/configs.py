@@ -138,18 +138,46 @@ class PrefillConfig:
         return opts
 
     def validate(self) -> None:
+        """Raise ValueError naming the field unless every field has a type and value the kernel
+        and compiler accept (ints are ints, not floats or bools; flags are bools)."""
         for name in ("BLOCK_H", "BLOCK_K"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 16 or v & (v - 1):
-                raise ValueError(f"config: {name} must be a power of two >= 16 (tl.dot), got {v!r}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
+            if not _is_int(v) or not 16 <= v <= MAX_BLOCK or v & (v - 1):
+                raise ValueError(
+                    f"config: {name} must be a power of two in [16, {MAX_BLOCK}] (tl.dot), "
+                    f"got {v!r}"
+                )
+        if not _is_int(self.num_warps) or self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"config: num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
-        if not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"config: num_stages must be an int >= 1, got {self.num_stages!r}")
-        if self.maxnreg is not None and not (
-            isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255
+        if not _is_int(self.num_stages) or not 1 <= self.num_stages <= MAX_STAGES:
+            raise ValueError(
+                f"config: num_stages must be an int in [1, {MAX_STAGES}], got {self.num_stages!r}"
+            )
+        if self.EVEN_HD is not None and not isinstance(self.EVEN_HD, bool):
+            raise ValueError(f"config: EVEN_HD must be True, False or None, got {self.EVEN_HD!r}")
+        for name in ("USE_EXP2", "PREFETCH_KV"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"config: {name} must be True or False, got {getattr(self, name)!r}"
+                )
+        if self.kpack is not None and (not _is_int(self.kpack) or self.kpack not in (1, 2)):
+            raise ValueError(f"config: kpack must be 1, 2 or None, got {self.kpack!r}")
+        if self.waves_per_eu is not None and not (
+            _is_int(self.waves_per_eu) and 0 <= self.waves_per_eu <= 8
         ):
+            raise ValueError(
+                f"config: waves_per_eu must be an int in [0, 8] or None, got {self.waves_per_eu!r}"
+            )
+        if self.maxnreg is not None and not (_is_int(self.maxnreg) and 24 <= self.maxnreg <= 255):
             raise ValueError(f"config: maxnreg must be an int in [24, 255], got {self.maxnreg!r}")
+
+
+MAX_BLOCK = 256  # BLOCK_H and BLOCK_K
+MAX_STAGES = 8
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @functools.lru_cache(maxsize=1)

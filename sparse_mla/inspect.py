@@ -823,6 +823,7 @@ def compile_prefill(
     }
     sig.update({n: "i64" if v >= 2**31 else "i32" for n, v in ints.items()})
     sig["num_kv"] = "i32"
+    sig["nnz"] = "i32"
     divisible = [n for n, v in ints.items() if v % 16 == 0]
     return compile(prefill._sparse_mla_prefill_kernel, t, consts, opts, sig, divisible=divisible)
 

@@ -10,7 +10,6 @@ the end as a virtual column whose value vector is zero; a token with no valid sl
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -20,6 +19,7 @@ import triton.language as tl
 
 from . import configs, dispatch, runtime
 from .configs import PrefillConfig
+from .validation import validate_inputs
 
 __all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
 
@@ -63,7 +63,7 @@ def _load_tile(
     return kv, valid
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nnz"])
 def _sparse_mla_prefill_kernel(
     q_ptr,  # [T, H, D]
     kv_ptr,  # [N, D]
@@ -79,6 +79,7 @@ def _sparse_mla_prefill_kernel(
     num_heads,
     head_dim,
     num_kv,
+    nnz,  # kv_indices.numel(): each token's CSR range is clamped to [0, nnz]
     qk_scale,  # softmax_scale, times log2(e) under USE_EXP2
     BLOCK_H: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -103,8 +104,12 @@ def _sparse_mla_prefill_kernel(
         mask_hd = (offs_h[:, None] < num_heads) & (offs_d[None, :] < head_dim)
         q = tl.load(q_ptrs, mask=mask_hd, other=0.0)
 
+    # Clamped so that no kv_indptr, checked or not, reads outside kv_indices: a decreasing pair
+    # or a range past nnz leaves the token the in-bounds part of its list (possibly nothing).
     start = tl.load(indptr_ptr + pid_t).to(tl.int64)
     end = tl.load(indptr_ptr + pid_t + 1).to(tl.int64)
+    start = tl.minimum(tl.maximum(start, 0), nnz)
+    end = tl.minimum(tl.maximum(end, start), nnz)
     num_slots = (end - start).to(tl.int32)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -158,6 +163,9 @@ def _sparse_mla_prefill_kernel(
             sink = sink * 1.4426950408889634
         has_slot = m_i > float("-inf")
         m_fin = tl.where(has_slot, tl.maximum(m_i, sink), sink)
+        # An empty token with a sink of -inf (or one that overflows to -inf once scaled) keeps
+        # m = -inf: shift by 0 so alpha is 0, not exp(-inf + inf) = NaN.
+        m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
         if USE_EXP2:
             alpha = tl.math.exp2(m_i - m_fin)
             l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
@@ -180,6 +188,10 @@ def _sparse_mla_prefill_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launch configuration
 # ----------------------------------------------------------------------------------------------
+
+
+# Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL): bounds BLOCK_H x BLOCK_D and BLOCK_K x BLOCK_D.
+MAX_TILE_ELEMENTS = 1 << 20
 
 
 def default_config(num_heads: int, head_dim: int, arch: str | None = None) -> PrefillConfig:
@@ -220,86 +232,6 @@ def _even_hd_ok(cfg: PrefillConfig, num_heads: int, head_dim: int, block_d: int)
 
 
 # ----------------------------------------------------------------------------------------------
-# Input validation
-# ----------------------------------------------------------------------------------------------
-
-_FLOAT_TYPES = (torch.float16, torch.bfloat16)
-_INDEX_TYPES = (torch.int32, torch.int64)
-
-
-def _validate(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
-    if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise ValueError(f"q must be a [T, H, D] tensor, got {_desc(q)}")
-    if q.dtype not in _FLOAT_TYPES:
-        raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
-    if q.stride(-1) != 1:
-        raise ValueError(f"q must have a contiguous last dim (stride 1), got strides {q.stride()}")
-    T, H, D = q.shape
-    if not isinstance(kv, torch.Tensor):
-        raise TypeError(f"kv must be a tensor, got {type(kv).__name__}")
-    if kv.dim() == 3:
-        if kv.shape[1] != 1:
-            raise ValueError(f"kv must be [N, D] or [N, 1, D], got shape {tuple(kv.shape)}")
-        kv = kv[:, 0, :]
-    if kv.dim() != 2:
-        raise ValueError(f"kv must be [N, D] or [N, 1, D], got shape {tuple(kv.shape)}")
-    if kv.dtype != q.dtype:
-        fp8 = "an fp8 KV cache is not supported, dequantise it first; " if _is_fp8(kv) else ""
-        raise TypeError(f"kv dtype {kv.dtype} must match q dtype {q.dtype} ({fp8}K and V are kv)")
-    if kv.shape[1] != D:
-        raise ValueError(f"kv head dim {kv.shape[1]} does not match q head dim {D}")
-    if kv.shape[0] > 0 and kv.stride(1) != 1:
-        raise ValueError(f"kv must have a contiguous last dim (stride 1), got {kv.stride()}")
-    for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1:
-            raise ValueError(f"{name} must be a 1-D tensor, got {_desc(t)}")
-        if t.dtype not in _INDEX_TYPES:
-            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
-    if kv_indptr.numel() != T + 1:
-        raise ValueError(f"kv_indptr must have T+1 = {T + 1} entries, got {kv_indptr.numel()}")
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
-    if attn_sink is not None:
-        if not isinstance(attn_sink, torch.Tensor):
-            raise TypeError(f"attn_sink must be a tensor or None, got {type(attn_sink).__name__}")
-        if attn_sink.dtype != torch.float32:
-            raise TypeError(f"attn_sink must be float32, got {attn_sink.dtype}")
-        if tuple(attn_sink.shape) != (H,):
-            raise ValueError(
-                f"attn_sink must have shape [H] = ({H},), got {tuple(attn_sink.shape)}"
-            )
-    named = [("kv", kv), ("kv_indices", kv_indices), ("kv_indptr", kv_indptr)]
-    if attn_sink is not None:
-        named.append(("attn_sink", attn_sink))
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a tensor or None, got {type(out).__name__}")
-        if tuple(out.shape) != tuple(q.shape):
-            raise ValueError(f"out shape {tuple(out.shape)} must equal q shape {tuple(q.shape)}")
-        if out.dtype != q.dtype:
-            raise TypeError(f"out dtype {out.dtype} must equal q dtype {q.dtype}")
-        if out.numel() and out.stride(-1) != 1:
-            raise ValueError(f"out must have last-dim stride 1, got strides {out.stride()}")
-        named.append(("out", out))
-    for name, t in named:
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; devices must match")
-    return kv
-
-
-def _is_fp8(t: torch.Tensor) -> bool:
-    return "float8" in str(t.dtype)
-
-
-def _desc(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"a tensor of shape {tuple(x.shape)}"
-    return type(x).__name__
-
-
-# ----------------------------------------------------------------------------------------------
 # Public entry
 # ----------------------------------------------------------------------------------------------
 
@@ -314,45 +246,60 @@ def sparse_mla_prefill(
     attn_sink: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: PrefillConfig | dict[str, Any] | None = None,
+    validate: bool | None = None,
 ) -> torch.Tensor:
     """Sparse MLA prefill attention: each token attends to its own CSR list of pool slots.
 
     Args:
-        q: [T, H, D] fp16 or bf16; last dim contiguous (other strides allowed).
-        kv: [N, D] (or [N, 1, D]) latent KV pool in q's dtype; K and V are the same row. It may
-            be a view into a larger buffer.
+        q: [T, H, D] fp16 or bf16 (any strides; a last dim with stride != 1 is copied).
+        kv: [N, D] (or [N, 1, D]) latent KV pool in q's dtype, last dim contiguous; K and V are
+            the same row. It may be a view into a larger buffer.
         kv_indices: [nnz] int32 or int64 slot ids, used in the dtype given. A slot s is valid
             iff 0 <= s < N; any other value is absent and its row is never read.
         kv_indptr: [T+1] int32 or int64: token t uses kv_indices[kv_indptr[t]:kv_indptr[t+1]].
-        softmax_scale: logits = (q_h · kv_s) * softmax_scale.
+            Entries must satisfy 0 <= kv_indptr[0] <= ... <= kv_indptr[T] <= nnz (the first
+            may be above 0: the tokens use a window of kv_indices).
+        softmax_scale: logits = (q_h · kv_s) * softmax_scale; finite, and finite in fp32.
         attn_sink: optional [H] fp32 per-head sink logit, added to the softmax denominator only.
-        out: optional [T, H, D] buffer with q's dtype and device and last-dim stride 1.
+        out: optional [T, H, D] buffer with q's dtype and device and last-dim stride 1; it must
+            not overlap an input (``out=q``, the same view, computes in place).
         config: None: the kernel recorded as the fastest in configs/ for (arch, H, D) where it
             can run the call, else Triton with its tuned entry or :func:`default_config`
             (:mod:`sparse_mla.dispatch`). Given, it forces a kernel and launch: a PrefillConfig
             or a dict of its fields (Triton), a ``GluonConfig`` (Gluon), or a
             ``dispatch.Choice`` naming any registered kernel.
+        validate: check kv_indptr's values on the host. None (default): for CPU tensors, and
+            for GPU tensors only when ``SPARSE_MLA_VALIDATE=1`` (checking them costs a sync).
 
     Returns:
-        out: [T, H, D] in q's dtype. A token with no valid slot gets zeros.
+        out: [T, H, D] in q's dtype. A token with no valid slot gets zeros, whatever the sink
+        (-inf and +inf included).
 
     On a GPU tensor the kernel is compiled; on CPU tensors Triton's kernel runs in its
-    interpreter. The inputs are validated once, here, whichever kernel then runs. Bad input
-    raises TypeError/ValueError naming the argument, before ``out`` is touched.
+    interpreter. The inputs are validated once, here (:func:`sparse_mla.validation.
+    validate_inputs`, shared with ``mla_gluon``), whichever kernel then runs. Bad input raises
+    TypeError/ValueError naming the argument, before ``out`` is touched. Unchecked, a bad
+    kv_indptr still reads nothing outside kv_indices: every kernel clamps token t's range to
+    lo = clamp(kv_indptr[t], 0, nnz), hi = clamp(kv_indptr[t+1], lo, nnz), so such a token
+    attends to the in-bounds part of its list, or gets zeros when that is empty.
     """
-    kv2 = _validate(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out)
-    T, H, D = q.shape
+    x = validate_inputs(
+        q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
+        validate=validate,
+    )  # fmt: skip
+    q, kv2 = x.q, x.kv
+    H, D = q.shape[1:]
     call = dispatch.Call(_arch_of(q), H, D, q.dtype, kv2)
     choice = dispatch.choose(call, config=config)
     run = dispatch.kernel(choice.kernel).run
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if T == 0:
+    if out.numel() == 0:
         return out
     if kv2.shape[0] == 0:
         out.zero_()  # every slot is invalid: every token is empty
         return out
-    run(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, choice.launch)
+    run(q, kv2, x.kv_indices, x.kv_indptr, x.softmax_scale, x.attn_sink, out, choice.launch)
     return out
 
 
@@ -389,6 +336,7 @@ def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cf
         H,
         D,
         N,
+        kv_indices.numel(),
         qk_scale,
         BLOCK_H=cfg.BLOCK_H,
         BLOCK_K=cfg.BLOCK_K,
@@ -408,6 +356,12 @@ def _resolve_triton(launch, call: dispatch.Call) -> PrefillConfig:
     """Triton's launch for a call (None: tuned or default), checked against the call's shape."""
     cfg = resolve_config(call.num_heads, call.head_dim, launch, call.arch)
     block_d = triton.next_power_of_2(call.head_dim)
+    if max(cfg.BLOCK_H, cfg.BLOCK_K) * block_d > MAX_TILE_ELEMENTS:
+        raise ValueError(
+            f"config: BLOCK_H={cfg.BLOCK_H} / BLOCK_K={cfg.BLOCK_K} with head dim "
+            f"{call.head_dim} (BLOCK_D={block_d}) makes a tile over Triton's "
+            f"{MAX_TILE_ELEMENTS} elements"
+        )
     if cfg.EVEN_HD and not _even_hd_ok(cfg, call.num_heads, call.head_dim, block_d):
         raise ValueError(
             f"config: EVEN_HD needs head_dim == BLOCK_D and H % BLOCK_H == 0; got "

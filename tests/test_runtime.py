@@ -88,7 +88,7 @@ def _compile_prefill_ttir(interp_bf16: bool) -> str:
         "q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "indptr_ptr": "*i32",
         "sink_ptr": "*fp32", "out_ptr": "*bf16", "stride_qt": "i64", "stride_qh": "i64",
         "stride_kvn": "i64", "stride_ot": "i64", "stride_oh": "i64", "num_heads": "i32",
-        "head_dim": "i32", "num_kv": "i32", "qk_scale": "fp32",
+        "head_dim": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
     }  # fmt: skip
     sig.update({k: "constexpr" for k in cx})
     src = ASTSource(fn=_sparse_mla_prefill_kernel, signature=sig, constexprs=cx)

@@ -86,11 +86,15 @@ def _issue_tile(
 
 
 @gluon.jit
-def _split_range(indptr_ptr, pid_r, pid_s, NUM_SPLITS: gl.constexpr, BLOCK_K: gl.constexpr):
+def _split_range(indptr_ptr, nnz, pid_r, pid_s, NUM_SPLITS: gl.constexpr, BLOCK_K: gl.constexpr):
     """This split's slot range [lo, hi) of row pid_r's CSR list (int64 positions; splits take
-    whole tiles) and its number of BLOCK_K tiles."""
+    whole tiles) and its number of BLOCK_K tiles. The row's range is clamped to [0, nnz]
+    (``nnz`` = kv_indices.numel()), so no kv_indptr, checked or not, reads outside kv_indices:
+    a decreasing pair or a range past nnz leaves the row the in-bounds part of its list."""
     start = gl.load(indptr_ptr + pid_r).to(gl.int64)
     end = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
+    start = gl.minimum(gl.maximum(start, 0), nnz)
+    end = gl.minimum(gl.maximum(end, start), nnz)
     chunk = gl.cdiv(gl.cdiv(end - start, NUM_SPLITS), BLOCK_K) * BLOCK_K
     lo = start + pid_s * chunk
     hi = gl.minimum(end, lo + chunk)
@@ -135,6 +139,9 @@ def _epilogue(
             # The sink: a virtual column with logit sink_h and a zero value vector.
             sink = gl.load(sink_ptr + offs_h, mask=h_ok, other=0.0) * LOG2E
             m_fin = gl.where(m_i > float("-inf"), gl.maximum(m_i, sink), sink)
+            # An empty row with a sink of -inf (or one that overflows to -inf once scaled)
+            # keeps m = -inf: shift by 0 so alpha is 0, not exp2(-inf + inf) = NaN.
+            m_fin = gl.where(m_fin == float("-inf"), 0.0, m_fin)
             alpha = gl.exp2(m_i - m_fin)
             l_i = l_i * alpha + gl.exp2(sink - m_fin)
             acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
@@ -156,7 +163,7 @@ def _epilogue(
         gl.store(lsepart_ptr + part * num_heads + offs_h, lse2, mask=h_ok)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["nnz"])
 def _mla_fwd_kernel(
     q_ptr,  # [R, H, HEAD_DIM]
     qpe_ptr,  # [R, H, PE_DIM] (unused without HAS_PE)
@@ -179,6 +186,7 @@ def _mla_fwd_kernel(
     stride_oh,
     num_heads,
     num_kv,
+    nnz,  # kv_indices.numel(): each row's CSR range is clamped to [0, nnz]
     qk_scale,  # sm_scale * log2(e)
     ARCH: gl.constexpr,
     BLOCK_H: gl.constexpr,
@@ -231,7 +239,7 @@ def _mla_fwd_kernel(
         pe_smem = kv_smem
 
     # ---- This split's slot range [lo, hi) of the row's CSR list (int64 positions).
-    lo, hi, num_tiles = _split_range(indptr_ptr, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
+    lo, hi, num_tiles = _split_range(indptr_ptr, nnz, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW_QK)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_QK)

@@ -70,7 +70,7 @@ def _gather_tile(smem, kv_ptr, slot, valid, stride_kvn, offs_d):
     cp.commit_group()
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["nnz"])
 def _prefill_wgmma_kernel(
     q_ptr,  # [R, H, HEAD_DIM]
     kv_ptr,  # [N, HEAD_DIM]
@@ -88,6 +88,7 @@ def _prefill_wgmma_kernel(
     stride_oh,
     num_heads,
     num_kv,
+    nnz,  # kv_indices.numel(): each row's CSR range is clamped to [0, nnz]
     qk_scale,  # sm_scale * log2(e)
     BLOCK_H: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -125,7 +126,7 @@ def _prefill_wgmma_kernel(
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_K], SMEM_P)
 
     # ---- This split's slot range [lo, hi) of the row's CSR list (int64 positions).
-    lo, hi, num_tiles = _split_range(indptr_ptr, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
+    lo, hi, num_tiles = _split_range(indptr_ptr, nnz, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
 
     # ---- Prologue: gathers of tiles 0 .. STAGES-2 in flight (past hi they copy nothing).
     offs_k = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, GATHER))

@@ -18,6 +18,7 @@ import triton
 from triton.experimental.gluon import language as gl
 
 from .. import runtime
+from ..validation import _shares_memory, validate_inputs
 from . import cdna4, hopper, hopper_prefill, hopper_ws
 from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
 from .hopper_prefill import _prefill_wgmma_kernel
@@ -375,7 +376,7 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
             "sink_ptr": "*fp32", "out_ptr": elem, "lse_ptr": "*fp32", "opart_ptr": "*fp32",
             "lsepart_ptr": "*fp32", "stride_qr": "i32", "stride_qh": "i32", "stride_kvn": "i32",
             "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32", "num_kv": "i32",
-            "qk_scale": "fp32",
+            "nnz": "i32", "qk_scale": "fp32",
         }  # fmt: skip
         signature.update({k: "constexpr" for k in constexprs})
         return _prefill_wgmma_kernel, signature, constexprs, {"num_warps": 8, "num_stages": 1}
@@ -394,7 +395,7 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
         "opart_ptr": "*fp32", "lsepart_ptr": "*fp32",
         "stride_qr": "i32", "stride_qh": "i32", "stride_qper": "i32", "stride_qpeh": "i32",
         "stride_kvn": "i32", "stride_kpen": "i32", "stride_or": "i32", "stride_oh": "i32",
-        "num_heads": "i32", "num_kv": "i32", "qk_scale": "fp32",
+        "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
     }  # fmt: skip
     signature.update({k: "constexpr" for k in constexprs})
     options = {"num_warps": cfg.num_warps, "num_stages": 1}
@@ -427,8 +428,13 @@ def compile_for(mode: str, target_name: str, **shape):
 # Validation
 # ----------------------------------------------------------------------------------------------
 
-_FLOAT_TYPES = (torch.float16, torch.bfloat16)
-_INDEX_TYPES = (torch.int32, torch.int64)
+_NAMES = {"q": "q_nope", "kv": "kv_c", "softmax_scale": "sm_scale"}
+
+
+def _check_aligned(name, t):
+    if t.shape[0] > 0 and (t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16):
+        # The gathers copy 16 bytes per lane.
+        raise ValueError(f"{name} rows must start 16-byte aligned (base and row stride)")
 
 
 def _check_pool(name, t, dim, dtype, ref_name):
@@ -447,86 +453,49 @@ def _check_pool(name, t, dim, dtype, ref_name):
         raise TypeError(f"{name} dtype {t.dtype} must match {ref_name} dtype {dtype}{fp8}")
     if t.shape[0] > 0 and t.stride(1) != 1:
         raise ValueError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
-    if t.shape[0] > 0 and (t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16):
-        # The gathers copy 16 bytes per lane.
-        raise ValueError(f"{name} rows must start 16-byte aligned (base and row stride)")
+    _check_aligned(name, t)
     return t
 
 
-def _check_query(name, t, dim):
-    if not isinstance(t, torch.Tensor) or t.dim() != 3:
-        raise ValueError(f"{name} must be a [R, H, {dim}] tensor, got {_desc(t)}")
-    if t.dtype not in _FLOAT_TYPES:
-        raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
-    if t.shape[2] != dim:
-        raise ValueError(f"{name} last dim must be {dim}, got {t.shape[2]}")
-    if t.stride(2) != 1:
-        raise ValueError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
-
-
-def _desc(x) -> str:
-    return (
-        f"a tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-    )
-
-
-def _validate(q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, sink, out, splits):
-    _check_query("q_nope", q_nope, HEAD_DIM)
-    R, H, _ = q_nope.shape
-    kv_c = _check_pool("kv_c", kv_c, HEAD_DIM, q_nope.dtype, "q_nope")
-    named = [("kv_c", kv_c)]
+def _validate(
+    q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, sink, out, splits,
+    validate=None,
+):  # fmt: skip
+    """The shared checks (:func:`sparse_mla.validation.validate_inputs`) plus the Gluon-only
+    ones: head dim 512, 16-byte aligned pool rows, the RoPE pair, the split count."""
+    x = validate_inputs(
+        q_nope, kv_c, kv_indices, kv_indptr, sm_scale, attn_sink=sink, out=out,
+        head_dim=HEAD_DIM, validate=validate, names=_NAMES,
+    )  # fmt: skip
+    _check_aligned("kv_c", x.kv)
+    R, H, _ = x.q.shape
     if has_pe:
         if q_pe is None or k_pe is None:
             raise ValueError("has_pe=True needs q_pe [R, H, 64] and k_pe [N, 64]")
-        _check_query("q_pe", q_pe, PE_DIM)
-        if q_pe.shape[:2] != q_nope.shape[:2] or q_pe.dtype != q_nope.dtype:
+        if not isinstance(q_pe, torch.Tensor) or q_pe.dim() != 3:
+            raise ValueError(f"q_pe must be a [R, H, {PE_DIM}] tensor, got {type(q_pe).__name__}")
+        if tuple(q_pe.shape) != (R, H, PE_DIM) or q_pe.dtype != x.q.dtype:
             raise ValueError(
-                f"q_pe must be [{R}, {H}, {PE_DIM}] in {q_nope.dtype}, got "
+                f"q_pe must be [{R}, {H}, {PE_DIM}] in {x.q.dtype}, got "
                 f"{tuple(q_pe.shape)} {q_pe.dtype}"
             )
-        k_pe = _check_pool("k_pe", k_pe, PE_DIM, q_nope.dtype, "q_nope")
-        if k_pe.shape[0] != kv_c.shape[0]:
-            raise ValueError(f"k_pe has {k_pe.shape[0]} rows but kv_c has {kv_c.shape[0]}")
-        named += [("q_pe", q_pe), ("k_pe", k_pe)]
+        if q_pe.stride(2) != 1:
+            raise ValueError(f"q_pe must have a contiguous last dim, got strides {q_pe.stride()}")
+        k_pe = _check_pool("k_pe", k_pe, PE_DIM, x.q.dtype, "q_nope")
+        if k_pe.shape[0] != x.kv.shape[0]:
+            raise ValueError(f"k_pe has {k_pe.shape[0]} rows but kv_c has {x.kv.shape[0]}")
+        for name, t in (("q_pe", q_pe), ("k_pe", k_pe)):
+            if t.device != x.q.device:
+                raise ValueError(f"{name} is on {t.device} but q_nope is on {x.q.device}")
+            if out is not None and _shares_memory(out, t):
+                raise ValueError(f"out overlaps {name}; the kernel would read what it writes")
     elif q_pe is not None or k_pe is not None:
         raise ValueError("has_pe=False (sparse prefill) takes no q_pe/k_pe; pass None")
-    for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1:
-            raise ValueError(f"{name} must be a 1-D tensor, got {_desc(t)}")
-        if t.dtype not in _INDEX_TYPES:
-            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
-        named.append((name, t))
-    if kv_indptr.numel() != R + 1:
-        raise ValueError(f"kv_indptr must have R+1 = {R + 1} entries, got {kv_indptr.numel()}")
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
-        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
-    if not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
-    if sink is not None:
-        if not isinstance(sink, torch.Tensor) or sink.dtype != torch.float32:
-            raise TypeError(f"attn_sink must be a float32 tensor, got {_desc(sink)}")
-        if tuple(sink.shape) != (H,):
-            raise ValueError(f"attn_sink must have shape ({H},), got {tuple(sink.shape)}")
-        named.append(("attn_sink", sink.contiguous()))
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a tensor or None, got {type(out).__name__}")
-        if tuple(out.shape) != (R, H, HEAD_DIM) or out.dtype != q_nope.dtype:
-            raise ValueError(
-                f"out must be [{R}, {H}, {HEAD_DIM}] {q_nope.dtype}, got "
-                f"{tuple(out.shape)} {out.dtype}"
-            )
-        if out.numel() and out.stride(2) != 1:
-            raise ValueError(f"out must have last-dim stride 1, got strides {out.stride()}")
-        named.append(("out", out))
-    for name, t in named:
-        if t.device != q_nope.device:
-            raise ValueError(f"{name} is on {t.device} but q_nope is on {q_nope.device}")
     if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int)):
         raise TypeError(f"num_kv_splits must be an int or None, got {type(splits).__name__}")
     if splits is not None and not 1 <= splits <= 64:
         raise ValueError(f"num_kv_splits must be in [1, 64], got {splits}")
-    return kv_c, k_pe
+    return x, k_pe
 
 
 # ----------------------------------------------------------------------------------------------
@@ -550,6 +519,7 @@ def mla_gluon(
     return_lse: bool = False,
     target: str | None = None,
     config: GluonConfig | None = None,
+    validate: bool | None = None,
 ):
     """Unified MLA attention (Gluon): MLA decode with the RoPE part, or DSv4 sparse prefill.
 
@@ -570,17 +540,21 @@ def mla_gluon(
             (sink included; -inf for a row with nothing to attend to).
         target: "sm90" / "gfx950" to insist on a target; None: the local GPU.
         config: tile override (:class:`GluonConfig`); None: :func:`default_config`.
+        validate: check kv_indptr's values on the host (see
+            :func:`sparse_mla.validation.validate_inputs`; None: only with
+            ``SPARSE_MLA_VALIDATE=1``, as the tensors are on a GPU). Unchecked, each row's range
+            is clamped to [0, nnz] in the kernel: a bad entry never reads outside kv_indices.
 
     Returns:
         out [R, H, 512] in q's dtype (rows with no valid slot are zeros), or (out, lse).
     """
-    kv2, kpe2 = _validate(
+    x, kpe2 = _validate(
         q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, attn_sink, out,
-        num_kv_splits,
+        num_kv_splits, validate,
     )  # fmt: skip
     return run_validated(
-        q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sm_scale,
-        has_pe=has_pe, attn_sink=attn_sink, out=out, num_kv_splits=num_kv_splits,
+        x.q, q_pe, x.kv, kpe2, x.kv_indices, x.kv_indptr, x.softmax_scale,
+        has_pe=has_pe, attn_sink=x.attn_sink, out=out, num_kv_splits=num_kv_splits,
         return_lse=return_lse, target=target, config=config,
     )  # fmt: skip
 
@@ -651,7 +625,7 @@ def run_validated(
         _prefill_wgmma_kernel[(R * triton.cdiv(H, cfg.BLOCK_H), splits)](
             q_nope, kv2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
             q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
-            H, N, float(sm_scale) * _LOG2E,
+            H, N, kv_indices.numel(), float(sm_scale) * _LOG2E,
             num_warps=cfg.num_warps, num_stages=1, **wcx,
         )  # fmt: skip
     else:
@@ -686,7 +660,7 @@ def _launch_shared(
         q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
         q_nope.stride(0), q_nope.stride(1), qpe.stride(0), qpe.stride(1),
         kv2.stride(0), kpe.stride(0), out.stride(0), out.stride(1),
-        H, kv2.shape[0], float(sm_scale) * _LOG2E,
+        H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E,
         num_warps=cfg.num_warps, num_stages=1, **cx,
     )  # fmt: skip
 

@@ -1,0 +1,238 @@
+"""Input validation shared by every sparse-prefill entry (Triton, Gluon, the dispatcher).
+
+:func:`validate_inputs` checks the arguments the kernels share (queries, pool, CSR indices,
+scale, sink, output buffer) and returns them ready to launch: the pool as [N, D], the small 1-D
+tensors contiguous (a strided view such as ``sinks[:, layer]`` is copied, a contiguous one is
+passed through untouched), ``q`` with a unit last stride. Every rejection is a ``TypeError`` or
+``ValueError`` that names the argument, raised before anything is written.
+
+``kv_indptr`` values are checked on the host when that costs no device sync: always for CPU
+tensors, and for GPU tensors with ``validate=True`` or ``SPARSE_MLA_VALIDATE=1`` in the
+environment (read per call). The kernels also clamp each token's CSR range to
+``[0, kv_indices.numel()]``, so an unchecked bad ``kv_indptr`` can never make them read outside
+``kv_indices`` (see :func:`sparse_mla.prefill.sparse_mla_prefill` for what such a token gets).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ENV_VALIDATE", "Inputs", "check_indptr", "validate_inputs"]
+
+ENV_VALIDATE = "SPARSE_MLA_VALIDATE"
+FLOAT_TYPES = (torch.float16, torch.bfloat16)
+INDEX_TYPES = (torch.int32, torch.int64)
+_FP32_MAX = 3.4028234663852886e38
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Arguments after :func:`validate_inputs`: what a launcher passes to its kernel."""
+
+    q: torch.Tensor  # [T, H, D], last-dim stride 1
+    kv: torch.Tensor  # [N, D], last-dim stride 1 (when N > 0)
+    kv_indices: torch.Tensor  # [nnz], contiguous
+    kv_indptr: torch.Tensor  # [T + 1], contiguous
+    softmax_scale: float
+    attn_sink: torch.Tensor | None  # [H] fp32, contiguous
+    out: torch.Tensor | None  # the caller's buffer, as given
+
+
+def _desc(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
+def _is_fp8(t: torch.Tensor) -> bool:
+    return "float8" in str(t.dtype)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, last byte + 1) that a non-empty tensor's elements occupy."""
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _has_internal_overlap(t: torch.Tensor) -> bool:
+    """True unless the dims, sorted by stride, each step past the whole of the smaller ones
+    (a sufficient condition for distinct elements at distinct addresses)."""
+    dims = sorted((s, n) for n, s in zip(t.shape, t.stride(), strict=True) if n > 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            return True
+        extent = stride * size
+    return False
+
+
+def check_indptr(kv_indptr: torch.Tensor, nnz: int, name: str = "kv_indptr") -> None:
+    """Raise ValueError unless 0 <= kv_indptr[0] <= kv_indptr[1] <= ... <= kv_indptr[-1] <= nnz.
+
+    Reads the values: call it only where that costs no device sync (CPU tensors) or where the
+    caller asked for it. A first entry above 0 is allowed (the list is a window of kv_indices).
+    """
+    ptr = kv_indptr.detach().to(device="cpu", dtype=torch.int64)
+    if ptr.numel() == 0:
+        return
+    first, last = int(ptr[0]), int(ptr[-1])
+    if first < 0:
+        raise ValueError(f"{name}[0] = {first} is negative; CSR offsets start at >= 0")
+    steps = ptr[1:] - ptr[:-1]
+    if steps.numel() and bool((steps < 0).any()):
+        t = int((steps < 0).nonzero()[0])
+        raise ValueError(
+            f"{name} must be non-decreasing, but {name}[{t}] = {int(ptr[t])} > "
+            f"{name}[{t + 1}] = {int(ptr[t + 1])}"
+        )
+    if last > nnz:
+        raise ValueError(
+            f"{name}[-1] = {last} is past the end of kv_indices ({nnz} entries); it would read "
+            "outside kv_indices"
+        )
+
+
+def _wants_value_check(validate: bool | None, device: torch.device) -> bool:
+    if validate is not None:
+        return bool(validate)
+    if device.type == "cpu":
+        return True
+    return os.environ.get(ENV_VALIDATE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def validate_inputs(
+    q,
+    kv,
+    kv_indices,
+    kv_indptr,
+    softmax_scale,
+    *,
+    attn_sink=None,
+    out=None,
+    head_dim: int | None = None,
+    validate: bool | None = None,
+    names: Mapping[str, str] | None = None,
+) -> Inputs:
+    """Check the shared arguments of a sparse-prefill call (DESIGN.md §2) and normalise them.
+
+    Args:
+        q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out: as in
+            :func:`sparse_mla.sparse_mla_prefill`.
+        head_dim: the only head dim the kernel serves (Gluon: 512); None: any D >= 1.
+        validate: check ``kv_indptr``'s values on the host (True), never (False), or when it
+            costs no device sync (None: CPU tensors, or ``SPARSE_MLA_VALIDATE=1`` for GPU ones).
+        names: how the caller names the arguments in messages, e.g. ``{"q": "q_nope"}``.
+
+    Returns:
+        :class:`Inputs`. Raises TypeError/ValueError naming the argument otherwise.
+    """
+    n = {"q": "q", "kv": "kv", "softmax_scale": "softmax_scale", **(names or {})}
+    nq, nkv, nscale = n["q"], n["kv"], n["softmax_scale"]
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"{nq} must be a [T, H, D] tensor, got {_desc(q)}")
+    if q.dtype not in FLOAT_TYPES:
+        raise TypeError(f"{nq} must be float16 or bfloat16, got {q.dtype}")
+    T, H, D = q.shape
+    if head_dim is not None and head_dim != D:
+        raise ValueError(f"{nq} head dim must be {head_dim}, got {D}")
+    if D < 1:
+        raise ValueError(f"{nq} head dim D must be >= 1, got shape {tuple(q.shape)}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()  # the kernels index the last dim with unit stride
+    if not isinstance(kv, torch.Tensor):
+        raise TypeError(f"{nkv} must be a tensor, got {type(kv).__name__}")
+    if kv.dim() == 3:
+        if kv.shape[1] != 1:
+            raise ValueError(f"{nkv} must be [N, D] or [N, 1, D], got shape {tuple(kv.shape)}")
+        kv = kv[:, 0, :]
+    if kv.dim() != 2:
+        raise ValueError(f"{nkv} must be [N, D] or [N, 1, D], got shape {tuple(kv.shape)}")
+    if kv.dtype != q.dtype:
+        fp8 = "an fp8 KV cache is not supported, dequantise it first; " if _is_fp8(kv) else ""
+        raise TypeError(
+            f"{nkv} dtype {kv.dtype} must match {nq} dtype {q.dtype} ({fp8}K and V are {nkv})"
+        )
+    if kv.shape[1] != D:
+        raise ValueError(f"{nkv} head dim {kv.shape[1]} does not match {nq} head dim {D}")
+    if kv.shape[0] > 0 and kv.stride(1) != 1:
+        raise ValueError(
+            f"{nkv} must have a contiguous last dim (stride 1), got strides {kv.stride()} "
+            "(copying the pool per call would cost more than the kernel)"
+        )
+    for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D tensor, got {_desc(t)}")
+        if t.dtype not in INDEX_TYPES:
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if kv_indptr.numel() != T + 1:
+        raise ValueError(f"kv_indptr must have T+1 = {T + 1} entries, got {kv_indptr.numel()}")
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"{nscale} must be a float, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"{nscale} must be finite, got {softmax_scale}")
+    if abs(float(softmax_scale)) * _LOG2E > _FP32_MAX:
+        raise ValueError(f"{nscale} = {softmax_scale} overflows fp32 (the kernels' logit scale)")
+    if attn_sink is not None:
+        if not isinstance(attn_sink, torch.Tensor):
+            raise TypeError(f"attn_sink must be a tensor or None, got {type(attn_sink).__name__}")
+        if attn_sink.dtype != torch.float32:
+            raise TypeError(f"attn_sink must be float32, got {attn_sink.dtype}")
+        if tuple(attn_sink.shape) != (H,):
+            raise ValueError(
+                f"attn_sink must have shape [H] = ({H},), got {tuple(attn_sink.shape)}"
+            )
+    named = [(nkv, kv), ("kv_indices", kv_indices), ("kv_indptr", kv_indptr)]
+    if attn_sink is not None:
+        named.append(("attn_sink", attn_sink))
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a tensor or None, got {type(out).__name__}")
+        if tuple(out.shape) != (T, H, D):
+            raise ValueError(f"out shape {tuple(out.shape)} must equal {nq} shape {(T, H, D)}")
+        if out.dtype != q.dtype:
+            raise TypeError(f"out dtype {out.dtype} must equal {nq} dtype {q.dtype}")
+        if out.numel() and out.stride(-1) != 1:
+            raise ValueError(f"out must have last-dim stride 1, got strides {out.stride()}")
+        named.append(("out", out))
+    for name, t in named:
+        if t.device != q.device:
+            raise ValueError(
+                f"{name} is on {t.device} but {nq} is on {q.device}; devices must match"
+            )
+    if out is not None and out.numel():
+        _check_out_memory(out, q, named[:-1], nq)
+    kv_indices = kv_indices.contiguous()
+    kv_indptr = kv_indptr.contiguous()
+    if attn_sink is not None:
+        attn_sink = attn_sink.contiguous()
+    if _wants_value_check(validate, q.device):
+        check_indptr(kv_indptr, kv_indices.numel())
+    return Inputs(q, kv, kv_indices, kv_indptr, float(softmax_scale), attn_sink, out)
+
+
+def _check_out_memory(out, q, inputs, nq) -> None:
+    """``out`` must not overlap itself or an input; ``out`` may be ``q`` itself (in place:
+    each program reads its own block of q before it writes the same block of out)."""
+    if _has_internal_overlap(out):
+        raise ValueError(
+            f"out has overlapping elements (strides {out.stride()} for shape {tuple(out.shape)})"
+        )
+    same_view = out.data_ptr() == q.data_ptr() and out.stride() == q.stride()
+    if not same_view and _shares_memory(out, q):
+        raise ValueError(f"out overlaps {nq} (only out={nq} itself, the same view, is allowed)")
+    for name, t in inputs:
+        if _shares_memory(out, t):
+            raise ValueError(f"out overlaps {name}; the kernel would read what it writes")
