@@ -680,7 +680,10 @@ def compile(
     src = Source(jit, sig, consts, attrs)
     start = time.perf_counter()
     try:
-        ck = triton.compile(src, target=triton_target(t), options=opts)
+        from . import runtime
+
+        with runtime.compiling():  # not while another thread interprets a kernel
+            ck = triton.compile(src, target=triton_target(t), options=opts)
     except RuntimeError as e:
         if not _is_gluon(jit):
             raise

@@ -36,6 +36,7 @@ from triton.runtime.jit import JITFunction
 
 __all__ = [
     "arch",
+    "compiling",
     "device_name",
     "has_gpu",
     "interpreted",
@@ -84,7 +85,19 @@ def runs_interpreted(t: torch.Tensor) -> bool:
 
 # Keyed by the Python function: hashing a JITFunction parses its source, which fails mid-launch.
 _interpreted_cache: dict[object, InterpretedFunction] = {}
-_shim_lock = threading.RLock()
+# The interpreter patches triton.language for the whole process while a kernel runs, and a
+# compile reads triton.language: one lock, held by every interpreted launch and every compile
+# this package starts (compiling(), launch()), keeps the two apart across threads.
+_triton_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def compiling():
+    """Hold this around any Triton/Gluon compile (``triton.compile``, a JIT launch or warmup)
+    that may run while another thread interprets a kernel: it waits for the interpreted launch
+    to finish, and an interpreted launch waits for it. Re-entrant."""
+    with _triton_lock:
+        yield
 
 
 def interpreted(kernel: JITFunction) -> InterpretedFunction:
@@ -130,7 +143,7 @@ def interpreting():
     # good and every later Gluon compile would fail. Import it before patching anything.
     import triton.experimental.gluon.language  # noqa: F401
 
-    with _shim_lock:
+    with _triton_lock:
         original = JITFunction.__call__
         JITFunction.__call__ = _call_device_function
         _interpreter._patch_lang_tensor = _patch_lang_tensor
@@ -144,7 +157,8 @@ def interpreting():
 def launch(kernel: JITFunction, grid, *args, interpret: bool, **kwargs):
     """Launch ``kernel`` compiled (GPU tensors) or interpreted (CPU tensors)."""
     if not interpret:
-        return kernel[grid](*args, **kwargs)
+        with compiling():  # the first launch of a specialisation compiles
+            return kernel[grid](*args, **kwargs)
     # Launch options mean nothing to the interpreter.
     for key in ("num_warps", "num_stages", "kpack", "waves_per_eu", "num_ctas", "maxnreg"):
         kwargs.pop(key, None)

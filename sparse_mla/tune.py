@@ -452,7 +452,8 @@ def _compile_only(fn):
     def warm(kernel, grid, *args, interpret, **kw):
         if interpret:
             return None
-        compiled.append(kernel.warmup(*args, grid=grid, **kw))
+        with runtime.compiling():
+            compiled.append(kernel.warmup(*args, grid=grid, **kw))
         return None
 
     runtime.launch = warm

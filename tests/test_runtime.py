@@ -160,3 +160,65 @@ def test_interpreted_range_over_a_loaded_bound_with_any_numpy():
     assert not hasattr(tl.core.tensor, "__index__") or (
         tl.core.tensor.__index__ is not runtime._tensor_index
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Threads: interpreting on one thread while compiling on another
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _scaled_copy(X, Y, SCALE: tl.constexpr):
+    offs = tl.arange(0, 16)
+    tl.store(Y + offs, tl.load(X + offs) * SCALE)
+
+
+def test_interpret_and_compile_on_two_threads(tmp_path, monkeypatch):
+    # The interpreter patches triton.language process-wide while a kernel runs; a compile on
+    # another thread at that moment builds the interpreter's objects into IR and fails. Both
+    # hold runtime's lock, so the compiles below (Triton for sm90 and gfx950, Gluon for sm90)
+    # wait for the interpreted launch in progress, and the interpreted results stay right.
+    import threading
+
+    from sparse_mla import inspect as si
+    from sparse_mla.gluon import compile_for
+
+    si.clear_cache()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile for real, not from disk
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4096, generator=g)
+    expect = x.view(-1, 16).sum(0)
+    started, done = threading.Event(), threading.Event()
+    failures: list[str] = []
+    runs = [0]
+
+    def interpret():
+        while not done.is_set():
+            y = torch.full((16,), float("nan"))
+            try:
+                runtime.launch(_loop_kernel, (1,), torch.tensor([4096]), x, y, BLOCK=16,
+                               interpret=True)  # fmt: skip
+            except Exception as e:  # reported by the main thread
+                failures.append(f"interpreted launch: {e!r}"[:400])
+                return
+            if not torch.allclose(y, expect, rtol=1e-5, atol=1e-4):
+                failures.append(f"interpreted launch gave {y} instead of {expect}")
+                return
+            runs[0] += 1
+            started.set()
+
+    worker = threading.Thread(target=interpret, daemon=True)
+    worker.start()
+    try:
+        assert started.wait(120), failures
+        sig = {"X": "*fp32", "Y": "*fp32"}
+        for i, target in enumerate(["sm90", "gfx950", "sm90"]):
+            res = si.compile(_scaled_copy, target, {"SCALE": 2.0 + i}, None, sig)
+            assert res.isa, target
+        assert compile_for("prefill", "sm90", num_heads=16).asm["ptx"]
+        interpreted_during = runs[0]
+    finally:
+        done.set()
+        worker.join(120)
+    assert not failures, failures
+    assert interpreted_during >= 1

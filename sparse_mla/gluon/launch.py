@@ -421,7 +421,8 @@ def compile_for(mode: str, target_name: str, **shape):
 
     kernel, signature, constexprs, options = compile_args(mode, target_name, **shape)
     src = GluonASTSource(kernel, signature, constexprs, compile_attrs(kernel, signature))
-    return triton.compile(src, target=get_target(target_name).gpu_target(), options=options)
+    with runtime.compiling():  # not while another thread interprets a kernel
+        return triton.compile(src, target=get_target(target_name).gpu_target(), options=options)
 
 
 # ----------------------------------------------------------------------------------------------
