@@ -381,7 +381,24 @@ def _parse_header(raw: bytes, where: str) -> dict[str, Any]:
         raise CaptureError(f"{where}: header is not valid JSON ({e}); file damaged") from e
     if not isinstance(header, dict):
         raise CaptureError(f"{where}: header is not a JSON object; file damaged")
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    end = 0
+    for k, v in header.items():
+        if k == "__metadata__":
+            if not isinstance(v, dict):
+                raise CaptureError(f"{where}: header __metadata__ is not an object; file damaged")
+            continue
+        offsets = v.get("data_offsets") if isinstance(v, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int and o >= 0 for o in offsets)
+            and offsets[0] <= offsets[1]
+            and isinstance(v.get("dtype"), str)
+            and isinstance(v.get("shape"), list)
+            and all(type(d) is int and d >= 0 for d in v["shape"])
+        ):
+            raise CaptureError(f"{where}: header entry {k!r} is malformed; file damaged")
+        end = max(end, offsets[1])
     if 8 + n + end != len(raw):
         raise CaptureError(
             f"{where}: truncated or padded: tensors need {8 + n + end} bytes, file has {len(raw)}"
@@ -389,15 +406,58 @@ def _parse_header(raw: bytes, where: str) -> dict[str, Any]:
     return header
 
 
+_FLOATS = (torch.float16, torch.bfloat16)
+_INTS = (torch.int32, torch.int64)
+
+
+def _check_structure(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Raise CaptureError unless the tensors and ``meta["call"]`` describe one valid call."""
+    call = meta.get("call")
+    if not isinstance(call, dict):
+        raise CaptureError("metadata has no 'call' object")
+    for key, typ in (("num_kv", int), ("softmax_scale", (int, float)), ("has_sink", bool)):
+        if not isinstance(call.get(key), typ) or (key == "num_kv" and call[key] < 0):
+            raise CaptureError(f"metadata call.{key} is missing or malformed: {call.get(key)!r}")
+    q, rows, slots = tensors["q"], tensors["kv_rows"], tensors["kv_slots"]
+    idx, ptr, sink = tensors["kv_indices"], tensors["kv_indptr"], tensors.get("attn_sink")
+    if q.dim() != 3 or q.dtype not in _FLOATS:
+        raise CaptureError(f"q must be a [T, H, D] fp16/bf16 tensor, got {q.dtype} {q.shape}")
+    T, H, D = q.shape
+    if rows.dim() != 2 or rows.shape[1] != D or rows.dtype != q.dtype:
+        raise CaptureError(f"kv_rows must be [U, {D}] {q.dtype}, got {rows.dtype} {rows.shape}")
+    if slots.dtype != torch.int64 or tuple(slots.shape) != (rows.shape[0],):
+        raise CaptureError(f"kv_slots must be [{rows.shape[0]}] int64, got {slots.shape}")
+    if slots.numel() and not (int(slots.min()) >= 0 and int(slots.max()) < call["num_kv"]):
+        raise CaptureError(f"kv_slots must lie in [0, num_kv={call['num_kv']})")
+    if idx.dim() != 1 or idx.dtype not in _INTS or ptr.dim() != 1 or ptr.dtype not in _INTS:
+        raise CaptureError("kv_indices and kv_indptr must be 1-D int32/int64 tensors")
+    if ptr.numel() != T + 1:
+        raise CaptureError(f"kv_indptr has {ptr.numel()} entries for T = {T} tokens")
+    if (sink is not None) != call["has_sink"]:
+        raise CaptureError("metadata call.has_sink does not match the attn_sink tensor")
+    if sink is not None and (sink.dtype != torch.float32 or tuple(sink.shape) != (H,)):
+        raise CaptureError(f"attn_sink must be [{H}] float32, got {sink.dtype} {sink.shape}")
+
+
 def load_capture(path: str | os.PathLike) -> Capture:
-    """Read and verify a capture file. Raises :class:`CaptureError` if truncated or modified."""
+    """Read and verify a capture file. Raises :class:`CaptureError` for any file that is not an
+    intact capture (truncated, modified, malformed), ``FileNotFoundError`` if there is none."""
+    path = Path(path)
+    raw = path.read_bytes()
+    try:
+        return _decode(raw, path)
+    except CaptureError:
+        raise
+    except Exception as e:  # any other failure to decode is damage too
+        raise CaptureError(f"{path}: damaged ({type(e).__name__}: {e})") from e
+
+
+def _decode(raw: bytes, path: Path) -> Capture:
     from safetensors import SafetensorError
     from safetensors.torch import load
 
-    path = Path(path)
-    raw = path.read_bytes()
     header = _parse_header(raw, str(path))
-    meta_text = (header.get("__metadata__") or {}).get(_META_KEY)
+    meta_text = header.get("__metadata__", {}).get(_META_KEY)
     if meta_text is None:
         raise CaptureError(f"{path}: a safetensors file but not a sparse_mla capture")
     try:
@@ -405,6 +465,8 @@ def load_capture(path: str | os.PathLike) -> Capture:
         tensors = load(raw)
     except (json.JSONDecodeError, SafetensorError) as e:
         raise CaptureError(f"{path}: damaged ({e})") from e
+    if not isinstance(meta, dict):
+        raise CaptureError(f"{path}: metadata is not a JSON object; file damaged")
     if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
         raise CaptureError(
             f"{path}: format {meta.get('format')!r} v{meta.get('format_version')!r} is not "
@@ -417,6 +479,10 @@ def load_capture(path: str | os.PathLike) -> Capture:
         raise CaptureError(
             f"{path}: content hash mismatch: the file was modified after it was written"
         )
+    try:
+        _check_structure(tensors, meta)
+    except CaptureError as e:
+        raise CaptureError(f"{path}: {e}") from None
     return Capture(
         q=tensors["q"],
         kv_rows=tensors["kv_rows"],

@@ -208,6 +208,141 @@ def test_tampered_file_gives_a_clear_error(tmp_path):
         cap.load_capture(tmp_path / "other.safetensors")
 
 
+def _same_capture(a, b) -> bool:
+    same = a.metadata == b.metadata and (a.attn_sink is None) == (b.attn_sink is None)
+    for name in ("q", "kv_rows", "kv_slots", "kv_indices", "kv_indptr", "attn_sink"):
+        x, y = getattr(a, name), getattr(b, name)
+        same = same and (x is None or (x.dtype == y.dtype and torch.equal(x, y)))
+    return same
+
+
+@pytest.mark.parametrize("mask", [0x01, 0x20, 0x80, 0xFF])
+def test_every_header_byte_flip_is_a_capture_error(tmp_path, mask):
+    # A flipped byte anywhere in the length prefix or the JSON header either still decodes to
+    # the same capture (it cannot: the hash covers it, but the test does not assume so) or
+    # raises CaptureError; never KeyError/TypeError/AttributeError or a wrong capture.
+    path, _ = _save(tmp_path)
+    good = cap.load_capture(path)
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    bad = tmp_path / "bad.safetensors"
+    outcomes = {"error": 0, "same": 0}
+    for i in range(8 + n):
+        flipped = bytearray(raw)
+        flipped[i] ^= mask
+        bad.write_bytes(bytes(flipped))
+        try:
+            c = cap.load_capture(bad)
+        except cap.CaptureError:
+            outcomes["error"] += 1
+            continue
+        assert _same_capture(c, good), f"byte {i} ^ {mask:#x} loaded a different capture"
+        outcomes["same"] += 1
+    assert outcomes["error"] > 0.9 * (8 + n), outcomes
+
+
+def _resave(raw: bytes, tensors=None, meta_text=None, extra_meta=None) -> bytes:
+    """The capture re-encoded with replaced tensors or metadata text (hash not recomputed)."""
+    from safetensors.torch import load, save
+
+    t = load(raw) if tensors is None else tensors
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    meta = dict(header["__metadata__"])
+    if meta_text is not None:
+        meta[cap._META_KEY] = meta_text
+    meta.update(extra_meta or {})
+    return save(t, metadata=meta)
+
+
+def test_malformed_metadata_and_tensors_are_capture_errors(tmp_path):
+    path, _ = _save(tmp_path)
+    raw = path.read_bytes()
+    meta = json.loads(json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])["__metadata__"][
+        cap._META_KEY
+    ])  # fmt: skip
+
+    def rehashed(meta_obj, tensors=None):
+        from safetensors.torch import load
+
+        t = load(raw) if tensors is None else tensors
+        if isinstance(meta_obj, dict):
+            meta_obj = {**meta_obj, cap._HASH_KEY: cap._content_hash(t, meta_obj)}
+        return _resave(raw, tensors=t, meta_text=json.dumps(meta_obj))
+
+    from safetensors.torch import load
+
+    tensors = load(raw)
+    cases = {
+        "list": _resave(raw, meta_text="[1, 2, 3]"),
+        "string": _resave(raw, meta_text='"capture"'),
+        "number": _resave(raw, meta_text="7"),
+        "not json": _resave(raw, meta_text="{nope"),
+        "no call": rehashed({k: v for k, v in meta.items() if k != "call"}),
+        "call not object": rehashed({**meta, "call": [1]}),
+        "num_kv string": rehashed({**meta, "call": {**meta["call"], "num_kv": "40"}}),
+        "q 2-D": rehashed(meta, {**tensors, "q": tensors["q"][0]}),
+        "indptr short": rehashed(meta, {**tensors, "kv_indptr": tensors["kv_indptr"][:-1]}),
+        "slot past N": rehashed(
+            meta, {**tensors, "kv_slots": tensors["kv_slots"] + meta["call"]["num_kv"]}
+        ),
+        "sink dropped": rehashed(meta, {k: v for k, v in tensors.items() if k != "attn_sink"}),
+    }
+    for name, data in cases.items():
+        bad = tmp_path / f"{name.replace(' ', '_')}.safetensors"
+        bad.write_bytes(data)
+        with pytest.raises(cap.CaptureError):
+            cap.load_capture(bad)
+    # The rehashing helper itself yields a loadable capture when nothing is broken.
+    (tmp_path / "ok.safetensors").write_bytes(rehashed(meta))
+    assert cap.load_capture(tmp_path / "ok.safetensors").num_kv == meta["call"]["num_kv"]
+    # A header whose entries are not objects, and a __metadata__ that is not one.
+    for header in ({"q": [1, 2]}, {"__metadata__": [1]}, {"q": {"data_offsets": "x"}}):
+        body = json.dumps(header).encode()
+        bad = tmp_path / "header.safetensors"
+        bad.write_bytes(struct.pack("<Q", len(body)) + body)
+        with pytest.raises(cap.CaptureError):
+            cap.load_capture(bad)
+
+
+def test_killed_writer_leaves_a_temp_that_the_next_write_removes(tmp_path):
+    # A writer SIGKILLed between writing its temp file and renaming it (fsync stalls here)
+    # leaves ".<name>.<pid>.<hex>.tmp"; the next write to that folder removes it.
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
+        "from sparse_mla import _files\n"
+        "def stall(fd):\n"
+        "    print('writing', flush=True)\n"
+        "    time.sleep(600)\n"
+        "_files.os.fsync = stall\n"
+        f"_files.atomic_write({str(tmp_path / 'k.safetensors')!r}, b'x' * 4096)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".k.safetensors.") and left[0].endswith(".tmp")
+    assert f".{proc.pid}." in left[0]
+    # A live writer's temp (this process's pid) is kept; the dead writer's one goes.
+    live = tmp_path / f".other.safetensors.{__import__('os').getpid()}.0123abcd.tmp"
+    live.write_bytes(b"in flight")
+    path, _ = _save(tmp_path, name="next.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "next.safetensors"])
+    assert cap.load_capture(path).metadata["source"] == "unit test"
+    # Old enough, even a live pid's temp is stale.
+    assert files.clean_stale_temps(tmp_path, max_age=0.0) == [live]
+
+
 class _FailingFile:
     """Writes half of what it is given, then fails like a full disk."""
 
