@@ -37,7 +37,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _int_list(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"expected comma-separated integers such as 8,16, got {text!r}") from None
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -362,6 +365,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparse-mla", description=__doc__)
+    parser.add_argument(
+        "--debug", action="store_true", help="show Python tracebacks (accepted anywhere)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("check", help="run the prefill kernel once and compare with fp32")
@@ -512,9 +518,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Least values of numeric options (by argparse dest); a smaller one is a user mistake.
+_MIN_VALUES = {
+    "tokens": 0, "heads": 1, "head_dim": 1, "pool": 0, "slots": 0, "num_requests": 1,
+    "calls": 1, "every": 1, "first": 0, "max_bytes": 0, "sample": 1, "jobs": 0, "top": 0,
+    "check_tokens": 0, "diff_lines": 0,
+}  # fmt: skip
+# Exceptions that report a user's mistake (bad value, missing or damaged file, unknown name):
+# one line on stderr and exit status 2. Anything else is an internal error and keeps its
+# traceback. CaptureError and json/csv decode errors are ValueErrors.
+_USER_ERRORS = (ValueError, TypeError, KeyError, OSError)
+
+
+class UsageError(ValueError):
+    """A command-line mistake found after parsing (reported like argparse's own)."""
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for dest, least in _MIN_VALUES.items():
+        value = getattr(args, dest, None)
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, int) and v < least:
+                flag = "--" + dest.replace("_", "-")
+                raise UsageError(f"{flag} must be >= {least}, got {v}")
+    device = getattr(args, "device", None)
+    if device is not None and str(device).split(":")[0] in ("cuda", "hip"):
+        from . import runtime
+
+        if not runtime.has_gpu():
+            raise UsageError(f"--device {device}: torch sees no CUDA or ROCm GPU here")
+
+
+def _one_line(e: BaseException) -> str:
+    text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        text = f"{e.filename}: {e.strerror}"
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return " ".join(lines) or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. A user's mistake prints one line on stderr and returns 2; ``--debug``
+    (anywhere on the line) shows the traceback instead."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        _check_args(args)
+        return args.func(args)
+    except _USER_ERRORS as e:
+        if debug:
+            raise
+        print(f"sparse-mla {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

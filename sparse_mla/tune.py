@@ -771,10 +771,24 @@ def _from_csv(col: str, text: str):
     return text
 
 
+_REQUIRED_COLUMNS = ("target", "H", "D", "mode", "BLOCK_H", "BLOCK_K", "num_warps", "status")
+
+
 def load_rows(path: Path | str) -> list[dict[str, Any]]:
-    """Rows saved by :func:`save_rows`, with ints, floats, bools and None restored."""
+    """Rows saved by :func:`save_rows`, with ints, floats, bools and None restored.
+
+    ValueError if the file lacks a column that names a row's shape, config or status (not a
+    sweep's CSV); columns added since an older sweep (e.g. ``maxnreg``) may be absent."""
     with Path(path).open(newline="") as f:
-        return [{k: _from_csv(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        missing = [c for c in _REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+            raise ValueError(
+                f"{path}: not rows saved by `sparse-mla sweep` (missing column(s) "
+                f"{', '.join(missing[:4])}{more})"
+            )
+        return [{k: _from_csv(k, v) for k, v in r.items()} for r in reader]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -899,7 +913,10 @@ def _merge_into(path: Path, arch: str, merge, dry_run: bool) -> str:
     label = str(path)
     with _locked(path):
         old_text = path.read_text() if path.exists() else ""
-        old = json.loads(old_text) if old_text.strip() else {}
+        try:
+            old = json.loads(old_text) if old_text.strip() else {}
+        except json.JSONDecodeError as e:
+            raise configs.ConfigFileError(f"{label}: not valid JSON ({e}); fix or remove it") from e
         configs.parse_entries(old, arch, label)
         new_text = configs.dump_entries(merge(old))
         configs.parse_entries(json.loads(new_text), arch, label)

@@ -1,0 +1,104 @@
+"""The CLI on a user's mistake: one line on stderr, exit status 2, no traceback (--debug: one)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+CAPTURE = ROOT / "data" / "captures" / "csa_h8_topk512_t128_r2.safetensors"
+SWEEP_CSV = ROOT / "data" / "sweeps" / "sm90_csa_topk512.csv"
+
+
+def _mistakes(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (arguments, a word the one line must contain)."""
+    damaged = tmp / "damaged.safetensors"
+    damaged.write_bytes(CAPTURE.read_bytes()[:-100])
+    wrong_csv = tmp / "wrong.csv"
+    wrong_csv.write_text("a,b\n1,2\n")
+    root = tmp / "configs"
+    cfg = root / "sm90" / "triton" / "attention" / "sparse_attention_dsv4" / "DEFAULT.json"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text('{"H16_D512": ')
+    cases = {
+        "missing file": (["replay", str(tmp / "missing.safetensors")], "missing.safetensors"),
+        "damaged file": (["replay", str(damaged)], "damaged.safetensors"),
+        "unknown target": (["isa", "--target", "gfx9000"], "gfx9000"),
+        "unknown workload": (
+            ["capture", "--workload", "nope", "--out", str(tmp / "c"), "--kernel", "reference"],
+            "nope",
+        ),
+        "bad grid key": (["sweep", "--grid", "BLOCK_X=1,2", "--target", "sm90"], "BLOCK_X"),
+        "negative tokens": (["check", "--tokens", "-1"], "--tokens"),
+        "bad heads list": (["sweep", "--heads", "8,x", "--target", "sm90"], "8,x"),
+        "bad setting": (["isa", "--target", "sm90", "--set", "BLOCK_K=24"], "BLOCK_K"),
+        "malformed configs JSON": (
+            ["export", str(SWEEP_CSV), "--arch", "sm90", "--root", str(root), "--dry-run"],
+            "DEFAULT.json",
+        ),
+        "CSV with wrong columns": (["export", str(wrong_csv), "--arch", "sm90"], "wrong.csv"),
+    }
+    if not torch.cuda.is_available():
+        cases["--device cuda without a GPU"] = (["replay", str(CAPTURE), "--device", "cuda"], "GPU")
+    return cases
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "sparse_mla.cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_each_user_mistake_is_one_line_and_exit_2(tmp_path):
+    cases = _mistakes(tmp_path)
+    procs = {name: _start(args) for name, (args, _) in cases.items()}  # run side by side
+    problems = []
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        args, word = cases[name]
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        ok = (
+            proc.returncode == 2
+            and len(lines) == 1
+            and lines[0].startswith(f"sparse-mla {args[0]}: error: ")
+            and word in lines[0]
+            and "Traceback" not in out + err
+        )
+        if not ok:
+            problems.append(f"{name}: exit {proc.returncode}, stderr {err[-600:]!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    proc = _start(["check", "--tokens", "-1", "--debug"])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode not in (0, 2)
+    assert "Traceback" in err and "--tokens must be >= 0" in err
+
+
+def test_argparse_mistakes_keep_argparse_behaviour():
+    proc = _start(["check", "--tokens", "many"])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "invalid int value" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["check", "--heads", "0"], ["capture", "--calls", "0"]])
+def test_numeric_bounds_in_process(argv, capsys):
+    from sparse_mla import cli
+
+    if argv[0] == "capture":
+        argv = [*argv, "--workload", "csa_h8_topk512", "--out", "unused"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "must be >= 1" in err[0]
