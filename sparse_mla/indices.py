@@ -402,7 +402,9 @@ def dense_to_csr(
 
     if not _use_triton(impl, indices):
         valid = indices >= 0
-        if num_kv is not None:
+        # torch compares an int32 tensor with a Python int in int32: a num_kv >= 2^31 would
+        # wrap. Every int32 is below such a pool size, so the bound only applies when it fits.
+        if num_kv is not None and num_kv <= torch.iinfo(indices.dtype).max:
             valid &= indices < num_kv
         if lens is None:
             keep = valid

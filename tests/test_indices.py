@@ -143,6 +143,19 @@ def test_dense_to_csr_out_of_range_policy():
         assert idx.tolist() == [4, -1, 7, 9, 0, -1, 5]
 
 
+@pytest.mark.parametrize("num_kv", [2**31 - 1, 2**31, 2**32 + 5, 2**33])
+def test_dense_to_csr_int32_indices_with_a_pool_past_int32(num_kv):
+    # Every non-negative int32 is a valid slot of a pool this large (torch's int32 compare
+    # with such a num_kv would wrap); the torch and Triton paths agree with a plain model.
+    dense = torch.tensor([[4, -1, 2**31 - 1], [-(2**31), 0, 7]], dtype=torch.int32)
+    want = [v for row in dense.tolist() for v in row if 0 <= v < num_kv]
+    for impl in IMPLS:
+        idx, ptr = ix.dense_to_csr(dense, num_kv=num_kv, impl=impl)
+        assert idx.tolist() == want and ptr.tolist() == [0, len(want) - 2, len(want)], impl
+        idx, _ = ix.dense_to_csr(dense, [3, 3], num_kv=num_kv, impl=impl)
+        assert idx.tolist() == [v if 0 <= v < num_kv else -1 for row in dense.tolist() for v in row]
+
+
 def test_dense_to_csr_dtypes():
     dense = torch.tensor([[1, -1, 2]], dtype=torch.int32)
     for impl in IMPLS:
