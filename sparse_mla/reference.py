@@ -55,7 +55,9 @@ def _softmax_with_sink(logits, valid, sink):
     row_max = logits.amax(dim=-1, keepdim=True)
     if sink is not None:
         row_max = torch.maximum(row_max, sink[None, :, None])
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    # Nothing to attend to (-inf): shift by 0. A sink of +inf keeps row_max = +inf, so every
+    # p is exp(x - inf) = 0 and the row is zeros (resetting it to 0 would overflow exp).
+    row_max = torch.where(row_max == float("-inf"), torch.zeros_like(row_max), row_max)
     p = torch.exp(logits - row_max)
     denom = p.sum(dim=-1, keepdim=True)
     if sink is not None:

@@ -219,6 +219,38 @@ def test_validation_errors_name_the_argument():
         mla_gluon(q_nope, q_pe, kv_c, k_pe, idx, indptr, 0.1)
 
 
+def test_prefill_validation_is_the_shared_one():
+    # The Gluon entry runs sparse_mla.validation.validate_inputs as the Triton entry does:
+    # the same checks on kv_indptr's values, the scale and out, before it asks for a GPU.
+    from sparse_mla import sparse_mla_prefill
+
+    q, _, _, _, idx, indptr = _decode_inputs(3, 16, 8, 6)
+    buf = torch.randn(8 + 48, 512).to(q.dtype)
+    kv, out_on_kv = buf[:8], buf[7:55].view(3, 16, 512)
+    bad_ptr = torch.tensor([0, 4, 2, 6], dtype=torch.int32)
+
+    def gluon(ptr=indptr, scale=0.1, **kw):
+        return mla_gluon(q, None, kv, None, idx, ptr, scale, has_pe=False, **kw)
+
+    def triton_(ptr=indptr, scale=0.1, **kw):
+        return sparse_mla_prefill(q, kv, idx, ptr, scale, **kw)
+
+    for call in (gluon, triton_):
+        with pytest.raises(ValueError, match="kv_indptr must be non-decreasing"):
+            call(ptr=bad_ptr)
+        with pytest.raises(ValueError, match="overflows fp32"):
+            call(scale=1e39)
+        with pytest.raises(ValueError, match="out overlaps kv"):
+            call(out=out_on_kv)
+    # A strided sink passes validation (then Gluon needs its GPU).
+    sinks = torch.zeros(16, 4)
+    with pytest.raises(RuntimeError, match="GPU"):
+        gluon(attn_sink=sinks[:, 2])
+    misaligned = torch.empty(9 * 512 + 1, dtype=q.dtype)[1:].view(9, 512)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        mla_gluon(q, None, misaligned, None, idx, indptr, 0.1, has_pe=False)
+
+
 # ----------------------------------------------------------------------------------------------
 # CPU: the decode reference against a naive per-token loop
 # ----------------------------------------------------------------------------------------------

@@ -220,6 +220,133 @@ def test_bad_config_is_clear():
         sparse_mla_prefill(**args, config={"BLOCK_M": 16})
 
 
+def _rejects(exc, needle, out=None, **change):
+    args = {**_good(), **change}
+    out = torch.full((3, 8, 64), 7.0, dtype=torch.bfloat16) if out is None else out
+    before = out.clone()
+    with pytest.raises(exc, match=needle):
+        sparse_mla_prefill(**args, out=out)
+    assert torch.equal(out, before), "out was written on a rejected call"
+
+
+def test_kv_indptr_values_checked_on_cpu():
+    i32 = torch.int32
+    _rejects(ValueError, "non-decreasing", kv_indptr=torch.tensor([0, 3, 1, 4], dtype=i32))
+    _rejects(
+        ValueError, r"kv_indptr\[-1\] = 5 is past the end", kv_indptr=torch.tensor([0, 1, 3, 5])
+    )
+    _rejects(ValueError, r"kv_indptr\[0\] = -1", kv_indptr=torch.tensor([-1, 1, 3, 4]))
+    _rejects(ValueError, "past the end", kv_indptr=torch.tensor([0, 1, 2**40, 2**40]))
+    # A first entry above 0 is a window of kv_indices: valid, documented.
+    g = _good()
+    idx = torch.cat([torch.tensor([5, 6], dtype=torch.int32), g["kv_indices"]])
+    shifted = sparse_mla_prefill(g["q"], g["kv"], idx, g["kv_indptr"] + 2, 0.125)
+    torch.testing.assert_close(shifted, sparse_mla_prefill(**g), rtol=0, atol=0)
+
+
+def test_validate_switch_for_gpu_tensors(monkeypatch):
+    from sparse_mla import validation
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.delenv(validation.ENV_VALIDATE, raising=False)
+    assert not validation._wants_value_check(None, gpu)  # no sync by default
+    assert validation._wants_value_check(True, gpu)
+    assert validation._wants_value_check(None, torch.device("cpu"))
+    assert not validation._wants_value_check(False, torch.device("cpu"))
+    monkeypatch.setenv(validation.ENV_VALIDATE, "1")
+    assert validation._wants_value_check(None, gpu)
+
+
+def test_strided_small_tensors_are_honoured():
+    # A per-layer sink column, and every-other-entry index views, give the contiguous result.
+    case = make_case(5, 16, 64, N=40, max_slots=20, seed=4)
+    sinks = torch.full((16, 3), float("nan"))
+    sinks[:, 1] = case.attn_sink
+    idx = torch.full((2 * case.kv_indices.numel(),), -7, dtype=case.kv_indices.dtype)
+    idx[::2] = case.kv_indices
+    ptr = torch.full((2 * case.kv_indptr.numel(),), 10**6, dtype=case.kv_indptr.dtype)
+    ptr[::2] = case.kv_indptr
+    args = (case.q, case.kv, idx[::2], ptr[::2], case.softmax_scale)
+    got = sparse_mla_prefill(*args, attn_sink=sinks[:, 1])
+    want = sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # q with a strided last dim is copied; the result is the same.
+    q2 = torch.empty(*case.q.shape[:2], 2 * case.q.shape[2], dtype=case.q.dtype)[..., ::2]
+    q2.copy_(case.q)
+    got = sparse_mla_prefill(q2, *case.args()[1:], attn_sink=case.attn_sink)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_other_new_rejections_name_the_argument():
+    g = _good()
+    kv_t = torch.randn(64, 20).bfloat16().t()  # [20, 64] with stride (1, 20)
+    _rejects(ValueError, "kv must have a contiguous last dim", kv=kv_t)
+    _rejects(ValueError, "softmax_scale .* overflows fp32", softmax_scale=3e38)
+    q0 = torch.randn(3, 8, 0).bfloat16()
+    with pytest.raises(ValueError, match="q head dim D must be >= 1"):
+        sparse_mla_prefill(q0, torch.randn(20, 0).bfloat16(), g["kv_indices"], g["kv_indptr"], 1.0)
+    # out overlapping itself, kv, the indices, or q other than as q itself.
+    _rejects(ValueError, "overlapping", out=torch.zeros(3, 1, 64).bfloat16().expand(3, 8, 64))
+    buf = torch.randn(40, 64).bfloat16()
+    kv_in = buf[:20]
+    out_on_kv = buf[16:40].view(3, 8, 64)
+    _rejects(ValueError, "out overlaps kv", out=out_on_kv, kv=kv_in)
+    big = torch.randn(4, 8, 64).bfloat16()
+    _rejects(ValueError, "out overlaps q", out=big[1:], q=big[:3])
+
+
+def test_out_may_be_q_itself():
+    case = make_case(4, 16, 64, N=30, max_slots=20, seed=6)
+    want = sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink)
+    q = case.q.clone()
+    got = sparse_mla_prefill(q, *case.args()[1:], attn_sink=case.attn_sink, out=q)
+    assert got is q
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"num_warps": 4.0}, "num_warps"),
+        ({"num_warps": True}, "num_warps"),
+        ({"USE_EXP2": "no"}, "USE_EXP2"),
+        ({"PREFETCH_KV": 1}, "PREFETCH_KV"),
+        ({"EVEN_HD": "yes"}, "EVEN_HD"),
+        ({"BLOCK_K": 512}, "BLOCK_K"),
+        ({"BLOCK_H": 16.0}, "BLOCK_H"),
+        ({"num_stages": 100}, "num_stages"),
+        ({"num_stages": 2.5}, "num_stages"),
+        ({"kpack": 3}, "kpack"),
+        ({"waves_per_eu": -1}, "waves_per_eu"),
+    ],
+)
+def test_config_types_and_bounds(change, needle):
+    out = torch.full((3, 8, 64), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=needle):
+        sparse_mla_prefill(**_good(), out=out, config=change)
+    assert (out == 7.0).all()
+
+
+def test_tile_past_tritons_limit_is_a_config_error():
+    q = torch.randn(1, 1, 8192).bfloat16()
+    kv = torch.randn(4, 8192).bfloat16()
+    idx, ptr = torch.tensor([0, 1]), torch.tensor([0, 2])
+    with pytest.raises(ValueError, match="Triton's 1048576 elements"):
+        sparse_mla_prefill(q, kv, idx, ptr, 0.01, config={"BLOCK_H": 256, "BLOCK_K": 16})
+
+
+def test_empty_token_is_zero_for_every_sink():
+    case = make_case(3, 16, 64, N=20, max_slots=6, seed=1)
+    ptr = torch.zeros_like(case.kv_indptr)  # every token empty
+    for value in (float("-inf"), float("inf"), -3e38, 3e38, -1e30, 0.0, 5.0):
+        for exp2 in (True, False):
+            sink = torch.full((16,), value)
+            out = poisoned_like(case.q)
+            sparse_mla_prefill(case.q, case.kv, case.kv_indices, ptr, case.softmax_scale,
+                               attn_sink=sink, out=out, config={"USE_EXP2": exp2})  # fmt: skip
+            assert (out == 0).all(), (value, exp2)
+
+
 def test_amd_options_accepted_off_amd():
     case = make_case(2, 16, 64, N=40, max_slots=20, seed=2)
     _run_and_check(case, config={"kpack": 2, "waves_per_eu": 1, "BLOCK_K": 16})
