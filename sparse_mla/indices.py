@@ -863,6 +863,7 @@ def global_topk_from_block_table(
 
     out = torch.empty((T, K), dtype=dtype, device=local_topk.device)
     if T and K:
+        req_of_token = req_of_token.contiguous()  # read with unit stride (a no-op if it is)
         block_k = _block(K, hi=256)
         runtime.launch(
             _block_table_kernel,

@@ -337,10 +337,14 @@ def test_global_topk_from_block_table_matches_model(case):
     local_t = torch.tensor(local, dtype=dt_local).reshape(T, K)
     table_t = torch.tensor(table, dtype=dt_table).reshape(B, max_blocks)
     req_t = torch.tensor(req, dtype=torch.int32)
+    # The same request ids as every other entry of a longer tensor: a strided view.
+    req_strided = torch.full((2 * T + 1,), B + 5, dtype=torch.int32)[1::2]
+    req_strided.copy_(req_t)
     for impl in IMPLS:
-        got = ix.global_topk_from_block_table(local_t, table_t, req_t, block_size, impl=impl)
-        assert got.dtype == dt_local and tuple(got.shape) == (T, K)
-        assert got.tolist() == want
+        for r in (req_t, req_strided):
+            got = ix.global_topk_from_block_table(local_t, table_t, r, block_size, impl=impl)
+            assert got.dtype == dt_local and tuple(got.shape) == (T, K)
+            assert got.tolist() == want
 
 
 def test_request_of_token_skips_empty_requests():
