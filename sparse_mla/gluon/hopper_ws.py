@@ -87,8 +87,10 @@ VEC = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, orde
 
 
 @gluon.jit
-def _item_range(item, indptr_ptr, num_heads):
+def _item_range(item, indptr_ptr, nnz, num_heads):
     """Work item ``item``'s token, head block and CSR slot range [lo, hi) with its tile count.
+    The range is clamped to [0, nnz] (nnz = kv_indices.numel()): no kv_indptr, checked or not,
+    reads outside kv_indices (a decreasing pair or a range past nnz keeps the in-bounds part).
 
     Items are (token, head block) with a token's head blocks adjacent; the persistent programs
     take them round-robin, so the programs that gather the same rows run at the same time and
@@ -98,7 +100,8 @@ def _item_range(item, indptr_ptr, num_heads):
     pid_r = (item // num_hb).to(gl.int64)
     lo = gl.load(indptr_ptr + pid_r).to(gl.int64)
     hi = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
-    hi = gl.maximum(hi, lo)
+    lo = gl.minimum(gl.maximum(lo, 0), nnz)
+    hi = gl.minimum(gl.maximum(hi, lo), nnz)
     num_tiles = ((hi - lo + BLOCK_K - 1) // BLOCK_K).to(gl.int32)
     return pid_r, pid_h, lo, hi, num_tiles
 
@@ -128,7 +131,7 @@ def _gather_half(dst, kv_ptr, slot, stride_kvn, col0):
 @gluon.jit
 def _producer(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
-    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
+    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p_smem, vec_smem, bars,
 ):  # fmt: skip
     offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
@@ -136,7 +139,7 @@ def _producer(
     g0 = 0  # pairs of tiles gathered so far, over all items: the barriers' phase
     it = 0  # items so far
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, num_heads)
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads)
 
         # Q [64, 512] of this head block (rows past num_heads zero-filled), once both consumers
         # are past their last QK^T of the previous item.
@@ -263,7 +266,7 @@ def _epilogue(
 @gluon.jit
 def _consumer0(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
-    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
+    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p_smem, vec_smem, bars,
 ):  # fmt: skip
     """Even tiles' S, O[:, 0:256]; the first of each pair to update the running max."""
@@ -271,7 +274,7 @@ def _consumer0(
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, num_heads)
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads)
         num_pairs = (num_tiles + 1) // 2
         m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
@@ -344,7 +347,7 @@ def _consumer0(
 @gluon.jit
 def _consumer1(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
-    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
+    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p_smem, vec_smem, bars,
 ):  # fmt: skip
     """Odd tiles' S, O[:, 256:512]; sets each pair's running max."""
@@ -352,7 +355,7 @@ def _consumer1(
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, num_heads)
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads)
         num_pairs = (num_tiles + 1) // 2
         m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
@@ -403,7 +406,7 @@ def _consumer1(
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["nnz"])
 def _prefill_ws_kernel(
     q_ptr,  # [R, H, 512]
     kv_ptr,  # [N, 512]
@@ -418,6 +421,7 @@ def _prefill_ws_kernel(
     stride_oh,
     num_heads,
     num_kv,
+    nnz,  # kv_indices.numel(): each item's CSR range is clamped to [0, nnz]
     qk_scale,  # sm_scale * log2(e)
     num_items,  # R * cdiv(H, 64) work items (token, head block)
 ):
@@ -441,7 +445,7 @@ def _prefill_ws_kernel(
 
     args = (
         q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
-        stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, qk_scale,
+        stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
         num_items, q_smem, kv_smem, p_smem, vec_smem, bars,
     )  # fmt: skip
     gl.warp_specialize(

@@ -361,7 +361,7 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
             "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
             "sink_ptr": "*fp32", "out_ptr": elem, "stride_qr": "i32", "stride_qh": "i32",
             "stride_kvn": "i32", "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32",
-            "num_kv": "i32", "qk_scale": "fp32", "num_items": "i32",
+            "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32", "num_items": "i32",
         }  # fmt: skip
         return _prefill_ws_kernel, signature, constexprs, {"num_warps": 4, "num_stages": 1}
     if use_wgmma(cfg, target, has_pe=has_pe):
@@ -616,7 +616,8 @@ def run_validated(
         _prefill_ws_kernel[(min(items, _num_compute_units(dev)),)](
             q_nope, kv2, kv_indices, kv_indptr, sink, out,
             q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
-            H, N, float(sm_scale) * _LOG2E, items, num_warps=4, num_stages=1,
+            H, N, kv_indices.numel(), float(sm_scale) * _LOG2E, items, num_warps=4,
+            num_stages=1,
         )  # fmt: skip
         return out
     if use_wgmma(cfg, tgt, has_pe=has_pe):
