@@ -105,6 +105,14 @@ BROKEN = {
         {"H16_D512": {"launch": {**LAUNCH, "BLOCK_K": 48}, "provenance": PROV}},
         "power of two",
     ),
+    "BLOCK_K unbounded": (
+        {"H16_D512": {"launch": {**LAUNCH, "BLOCK_K": 1024}, "provenance": PROV}},
+        r"BLOCK_K must be a power of two in \[16, 256\]",
+    ),
+    "num_stages unbounded": (
+        {"H16_D512": {"launch": {**LAUNCH, "num_stages": 100}, "provenance": PROV}},
+        "num_stages must be an int in",
+    ),
     "EVEN_HD invalid for shape": (
         {"H8_D512": {"launch": {**LAUNCH, "EVEN_HD": True}, "provenance": PROV}},
         "EVEN_HD",

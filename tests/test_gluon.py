@@ -246,6 +246,11 @@ def test_prefill_validation_is_the_shared_one():
     sinks = torch.zeros(16, 4)
     with pytest.raises(RuntimeError, match="GPU"):
         gluon(attn_sink=sinks[:, 2])
+    for bad in (GluonConfig(num_warps=4.0), GluonConfig(BLOCK_K=True), GluonConfig(BLOCK_H=48)):
+        with pytest.raises(ValueError, match="config"):
+            gluon(config=bad)
+    with pytest.raises(TypeError, match="GluonConfig"):
+        gluon(config={"BLOCK_H": 16})
     misaligned = torch.empty(9 * 512 + 1, dtype=q.dtype)[1:].view(9, 512)
     with pytest.raises(ValueError, match="16-byte aligned"):
         mla_gluon(q, None, misaligned, None, idx, indptr, 0.1, has_pe=False)

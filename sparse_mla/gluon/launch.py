@@ -121,6 +121,10 @@ class GluonConfig:
     warp_specialized: bool | None = None
 
     def validate(self) -> None:
+        for name in ("BLOCK_H", "BLOCK_K", "num_warps", "num_stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):  # not 4.0, not True
+                raise ValueError(f"config: {name} must be an int, got {v!r}")
         if self.BLOCK_H not in (16, 32, 64):
             raise ValueError(f"config: BLOCK_H must be 16, 32 or 64, got {self.BLOCK_H!r}")
         if self.BLOCK_K not in (16, 32, 64):
@@ -553,6 +557,10 @@ def mla_gluon(
         q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, attn_sink, out,
         num_kv_splits, validate,
     )  # fmt: skip
+    if config is not None:
+        if not isinstance(config, GluonConfig):
+            raise TypeError(f"config must be a GluonConfig or None, got {type(config).__name__}")
+        config.validate()
     return run_validated(
         x.q, q_pe, x.kv, kpe2, x.kv_indices, x.kv_indptr, x.softmax_scale,
         has_pe=has_pe, attn_sink=x.attn_sink, out=out, num_kv_splits=num_kv_splits,
