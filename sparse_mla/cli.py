@@ -271,7 +271,7 @@ def _cmd_isa(args: argparse.Namespace) -> int:
     def variant(settings: list[tuple[str, object]], base: PrefillConfig):
         cfg_kw, opts = {}, {}
         for key, value in settings:
-            if key in ("EVEN_HD", "USE_EXP2") and value in (0, 1):
+            if key in ("EVEN_HD", "USE_EXP2", "PREFETCH_KV") and value in (0, 1):
                 value = bool(value)
             (cfg_kw if key in cfg_names else opts)[key] = value
         return replace(base, **cfg_kw), opts
