@@ -413,10 +413,11 @@ def _resolve_gluon(launch, call: dispatch.Call):
 def _run_gluon(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
     from .gluon import launch as gluon_launch
 
-    return gluon_launch.run_validated(
-        q, None, kv2, None, kv_indices, kv_indptr, softmax_scale, has_pe=False,
-        attn_sink=attn_sink, out=out, config=cfg,
-    )  # fmt: skip
+    with runtime.compiling():  # a launch may compile: not while another thread interprets
+        return gluon_launch.run_validated(
+            q, None, kv2, None, kv_indices, kv_indptr, softmax_scale, has_pe=False,
+            attn_sink=attn_sink, out=out, config=cfg,
+        )  # fmt: skip
 
 
 dispatch.register(

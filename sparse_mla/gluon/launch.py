@@ -561,11 +561,12 @@ def mla_gluon(
         if not isinstance(config, GluonConfig):
             raise TypeError(f"config must be a GluonConfig or None, got {type(config).__name__}")
         config.validate()
-    return run_validated(
-        x.q, q_pe, x.kv, kpe2, x.kv_indices, x.kv_indptr, x.softmax_scale,
-        has_pe=has_pe, attn_sink=x.attn_sink, out=out, num_kv_splits=num_kv_splits,
-        return_lse=return_lse, target=target, config=config,
-    )  # fmt: skip
+    with runtime.compiling():  # a launch may compile: not while another thread interprets
+        return run_validated(
+            x.q, q_pe, x.kv, kpe2, x.kv_indices, x.kv_indptr, x.softmax_scale,
+            has_pe=has_pe, attn_sink=x.attn_sink, out=out, num_kv_splits=num_kv_splits,
+            return_lse=return_lse, target=target, config=config,
+        )  # fmt: skip
 
 
 def run_validated(
