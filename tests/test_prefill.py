@@ -335,6 +335,7 @@ def test_tile_past_tritons_limit_is_a_config_error():
         sparse_mla_prefill(q, kv, idx, ptr, 0.01, config={"BLOCK_H": 256, "BLOCK_K": 16})
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")  # inf - inf
 def test_empty_token_is_zero_for_every_sink():
     case = make_case(3, 16, 64, N=20, max_slots=6, seed=1)
     ptr = torch.zeros_like(case.kv_indptr)  # every token empty
