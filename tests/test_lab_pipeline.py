@@ -1,0 +1,215 @@
+"""Notebook 07's helpers (sparse_mla/lab/pipeline.py): the tables against the kernel's source,
+the budget against the compiled kernel, the readers against the committed CSV and log."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from pathlib import Path
+
+import pytest
+
+from sparse_mla import bench
+from sparse_mla.gluon import hopper_ws
+from sparse_mla.lab import figures
+from sparse_mla.lab import pipeline as pl
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "bench"
+CSV = DATA / "nvidia-h200.csv"
+LOG = DATA / "ws_probe_steps_h200.log"
+
+
+@functools.cache
+def _resources():
+    from sparse_mla import inspect
+
+    return inspect.compile_gluon("prefill", "sm90", num_heads=128).resources
+
+
+# ------------------------------------------------------------------------------------------------
+# The tables against the kernel
+# ------------------------------------------------------------------------------------------------
+
+
+def test_barrier_table_is_the_kernels_barrier_array():
+    for b in pl.BARRIERS:
+        const = getattr(hopper_ws, b.const, None)
+        assert const is not None, f"{b.const} is not a constant of hopper_ws"
+        assert isinstance(const.value, int), b
+    slots = [b.slot for b in pl.BARRIERS]
+    assert slots == list(range(hopper_ws.NUM_BARS.value)), "one entry per slot, in slot order"
+    for b in pl.BARRIERS:
+        if b.const in ("READY", "FREE"):  # <READY|FREE> <buffer><half>: + 2 * buffer + half
+            buf, half = int(b.name.split()[1][0]), b.name.split()[1][1]
+            assert b.offset == 2 * buf + "LR".index(half), b
+        else:
+            assert b.name == b.const and b.offset == 0, b
+    names = {p.name for p in pl.PARTITIONS}
+    assert all(set(b.arrived_by) | set(b.waited_by) <= names for b in pl.BARRIERS)
+
+
+def test_partitions_in_warp_specialize_order():
+    assert [p.function for p in pl.PARTITIONS] == pl.kernel_partitions()
+    assert [p.inspect_name for p in pl.PARTITIONS] == ["default"] + [
+        f"worker {i}" for i in range(len(pl.PARTITIONS) - 1)
+    ]
+
+
+def test_producer_gather_order_is_the_kernels():
+    """The table's gathers, in order, are the ``_gather_half`` calls of ``_producer``; each is
+    preceded by a wait on its half's FREE barrier and followed by an arrival on its READY."""
+    gathers = pl.kernel_gathers()
+    assert [g for g, _, _ in gathers] == pl.gather_order()
+    by_name = {b.name: b.slot for b in pl.BARRIERS}
+    for half, free, ready in gathers:
+        assert free == by_name[f"FREE {half}"] and ready == by_name[f"READY {half}"], half
+    # The table itself: each gather waits on FREE of its half and arrives on its READY.
+    for s in pl.TIMELINE:
+        if s.gather:
+            assert s.waits == ((f"FREE {s.gather}", -1),) and s.arrives == (f"READY {s.gather}",)
+
+
+@pytest.mark.parametrize("part", pl.PARTITIONS, ids=lambda p: p.name)
+def test_each_partition_waits_and_arrives_where_the_kernel_does(part):
+    src = pl.source_events(part.function)
+    table = pl.table_events(part.name)
+    assert set(table) == set(src), (sorted(set(table) - set(src)), sorted(set(src) - set(table)))
+    for op, name in src:  # and the barrier table says so
+        b = next(b for b in pl.BARRIERS if b.name == name)
+        assert part.name in (b.arrived_by if op == "arrive" else b.waited_by), (op, name)
+
+    def order(events, keep):
+        out = []
+        for e in events:
+            if keep(e) and e not in out:
+                out.append(e)
+        return out
+
+    # The exchange between the consumers (M0, M1, P0, P1) and the release of the halves happen
+    # in the table's order.
+    exchange = lambda e: e[1] in ("M0", "M1", "P0", "P1")  # noqa: E731
+    frees = lambda e: e[1].startswith("FREE") and e[0] == "arrive"  # noqa: E731
+    for keep in (exchange, frees):
+        assert order(table, keep) == order(src, keep)
+
+
+def test_schedule_plays_without_deadlock_and_respects_barriers():
+    for pairs in (1, 2, 3):
+        placed = pl.schedule(pairs)
+        gathers = [p for p in placed if p.step.gather]
+        assert len(gathers) == 4 * pairs
+        for p in placed:
+            for _name, _key, t in p.waited:
+                assert p.start >= t
+        for lane in pl.LANES:
+            mine = sorted((p for p in placed if p.step.lane == lane), key=lambda p: p.start)
+            assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(mine))
+    # A table whose consumer waits on a barrier nobody arrives at deadlocks.
+    broken = (*pl.TIMELINE, pl.Step(pl.C1, "bad", "sync", 1.0, (("P0", 1),), (), "last"))
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        pl.schedule(2, broken)
+
+
+# ------------------------------------------------------------------------------------------------
+# The budget
+# ------------------------------------------------------------------------------------------------
+
+
+def test_smem_buffers_from_the_kernel_constants():
+    bufs = {b.var: b for b in pl.smem_buffers()}
+    bh, bk, hd = hopper_ws.BLOCK_H.value, hopper_ws.BLOCK_K.value, hopper_ws.HEAD_DIM.value
+    assert bufs["q_smem"].nbytes == bh * hd * 2
+    assert bufs["kv_smem"].nbytes == 2 * bk * hd * 2
+    assert bufs["p_smem"].nbytes == 2 * bh * bk * 2
+    assert bufs["bars"].nbytes == hopper_ws.NUM_BARS.value * 8
+
+
+def test_budget_adds_up_against_the_sm():
+    res = _resources()
+    regs = pl.partition_registers(res)
+    assert set(regs) == {p.name for p in pl.PARTITIONS}
+    total = sum(w * 32 * r for w, r in regs.values())
+    assert total <= pl.REGISTER_FILE
+    assert regs[pl.PRODUCER][1] < min(regs[pl.C0][1], regs[pl.C1][1])
+    buffers = sum(b.nbytes for b in pl.smem_buffers())
+    assert buffers <= res.shared_bytes <= pl.SMEM_LIMIT
+    rows = {r[0]: r[1] for r in pl.budget_table(res)}
+    assert rows["registers: all partitions"] == total
+    assert rows["shared: all"] == res.shared_bytes
+    shared_parts = [v for k, v in rows.items() if k.startswith("shared:") and k != "shared: all"]
+    assert sum(shared_parts) == res.shared_bytes and min(shared_parts) >= 0
+    for fig in (pl.budget_figure(res), pl.buffers_figure(res)):
+        assert figures.to_png(fig)[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="partitions"):
+        pl.partition_registers(type(res)(backend="cuda", arch=90, num_warps=4, occupancy=1,
+                                         spill_bytes=0))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# Figures and the measured data
+# ------------------------------------------------------------------------------------------------
+
+
+def test_pipeline_figures_render():
+    fig = pl.timeline_figure(2)
+    ax = fig.get_axes()[0]
+    texts = {t.get_text() for t in ax.texts}
+    assert {"M0", "M1", "P0", "P1", "Q_READY", "L0", "L1"} <= texts
+    assert any(t.startswith("FREE") for t in texts) and any(t.startswith("READY") for t in texts)
+    assert figures.to_png(fig)[:4] == b"\x89PNG"
+    assert figures.to_png(pl.split_figure())[:4] == b"\x89PNG"
+    assert figures.to_png(pl.buffers_figure())[:4] == b"\x89PNG"
+
+
+def test_bench_summary_takes_the_latest_run_and_both_workloads(tmp_path):
+    rows = bench.read_rows(CSV)
+    latest = max(r["timestamp"] for r in rows if r.get("workload"))
+    s = pl.bench_summary(CSV)
+    assert s["run"] == latest
+    assert list(s["workloads"]) == list(pl.WORKLOADS)
+    mine = [r for r in rows if r["timestamp"] == latest]
+    assert s["commit"] == mine[0]["commit"] and s["device"] == mine[0]["device"]
+    for name, w in s["workloads"].items():
+        assert w["H"] >= 64
+        for p in pl.PROVIDERS:
+            row = next(r for r in mine if r.get("workload") == name and r["provider"] == p)
+            assert w["ms"][p] == pytest.approx(row["ms"])
+            assert w["tflops"][p] == pytest.approx(row["tflops"], rel=1e-3)
+        assert 0 < max(w["tflops"].values()) < w["matmul_tflops"]
+    table = pl.bench_table(s)
+    assert len(table) == len(pl.WORKLOADS) * len(pl.PROVIDERS)
+    assert all(r[5] == "1.000" for r in table if r[1] == "flashmla")
+    assert figures.to_png(pl.bench_figure(s))[:4] == b"\x89PNG"
+    # An older run is picked when named, and a run missing a workload says so.
+    older = sorted({r["timestamp"] for r in rows if r.get("workload")})[0]
+    if older != latest:
+        assert pl.bench_summary(CSV, older)["run"] == older
+    with pytest.raises(ValueError, match="no rows"):
+        pl.bench_summary(CSV, workloads=("csa_h64_topk512", "no_such_workload"))
+
+
+def test_read_steps_parses_every_step_of_the_log(tmp_path):
+    runs = pl.read_steps(LOG)
+    text = LOG.read_text()
+    steps = [int(line.split()[2].rstrip(":")) for line in text.splitlines()
+             if line.startswith("## step ")]  # fmt: skip
+    assert sorted({r.step for r in runs}) == steps
+    assert len(runs) == text.count("flashmla: ") // 2  # one H64 and one H128 line per run
+    for r in runs:
+        assert r.ratio("H64 topk512") > 0.5 and r.matmul_tflops
+    assert runs[0].ratio("H64 topk512") > runs[-1].ratio("H64 topk512")
+    log = tmp_path / "steps.log"
+    log.write_text(
+        "## step 1: a\nmatmul ceiling 700 TFLOP/s\n"
+        "H64 topk512 gluon_ws: 3.000 ms 400 TFLOP/s\nH64 topk512 flashmla: 2.000 ms x\n"
+        "## step 2: b\n### V=1\nH64 topk512 gluon_ws: 2.2 ms\nH64 topk512 flashmla: 2.0 ms\n"
+        "### V=0\nH64 topk512 gluon_ws: 2.1 ms\nH64 topk512 flashmla: 2.0 ms\n"
+    )
+    small = pl.read_steps(log)
+    assert [(r.step, r.variant) for r in small] == [(1, None), (2, "V=1"), (2, "V=0")]
+    assert [round(r.ratio("H64 topk512"), 3) for r in small] == [1.5, 1.1, 1.05]
+    assert small[0].matmul_tflops == 700.0
+    fig = pl.steps_figure(runs)
+    labels = [t.get_text() for t in fig.get_axes()[0].get_yticklabels()]
+    assert len(labels) == len(runs) and labels[0].startswith("1: first version")
+    assert figures.to_png(fig)[:4] == b"\x89PNG"
