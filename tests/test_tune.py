@@ -296,6 +296,9 @@ def test_a_config_ptxas_refuses_is_one_quiet_row(capsys):
     )  # fmt: skip
     (row,) = rows
     assert row["status"] == "error"
-    assert row["reason"].startswith("PTXASError: ptxas") and "registers" in row["reason"]
+    assert (
+        row["reason"].startswith("ptxas (stage cubin) failed: ptxas")
+        and "registers" in row["reason"]
+    )
     out = capsys.readouterr().out
     assert ".entry" not in out and "reproducer" not in out, out[:500]
