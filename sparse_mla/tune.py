@@ -883,7 +883,7 @@ def export(
         root: config root (default: the package's configs/).
         provenance: fields set on every written entry, over those taken from the rows
             (required in the end: device, triton, date, workload, time_ms, sweep_size).
-        dry_run: compute the diff without writing.
+        dry_run: compute the diff without writing anything (no folder, lock or file).
 
     Entries for other shapes are kept. The write is atomic (a temporary file in the same
     folder, then os.replace) and runs under an exclusive lock on ``DEFAULT.json.lock``, so
@@ -911,7 +911,8 @@ def _merge_into(path: Path, arch: str, merge, dry_run: bool) -> str:
     """Under the file's lock: validate the old file, write ``merge(old)`` atomically if it
     differs (unless ``dry_run``); returns the unified diff."""
     label = str(path)
-    with _locked(path):
+    # A dry run reads the file as it is and writes nothing: no folder, no lock file.
+    with contextlib.nullcontext() if dry_run else _locked(path):
         old_text = path.read_text() if path.exists() else ""
         try:
             old = json.loads(old_text) if old_text.strip() else {}

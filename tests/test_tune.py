@@ -193,6 +193,29 @@ def test_export_into_empty_then_existing_file(tmp_path):
     assert not list(path.parent.glob("*.tmp"))
 
 
+def _tree(root):
+    return sorted((str(p.relative_to(root)), p.stat().st_size) for p in root.rglob("*"))
+
+
+def test_cli_export_dry_run_leaves_the_tree_untouched(tmp_path, capsys):
+    timed = tmp_path / "timed.csv"
+    tune.save_rows([_row(16, 512, 1.0, BLOCK_K=16)], timed)
+    root = tmp_path / "cfg"
+    # Into a root that does not exist yet: no folder, no lock file, no config file.
+    before = _tree(tmp_path)
+    argv = ["export", str(timed), "--arch", "sm90", "--root", str(root), "--dry-run"]
+    assert cli.main(argv) == 0
+    assert '+  "H16_D512": {' in capsys.readouterr().out
+    assert _tree(tmp_path) == before and not root.exists()
+    # Into an existing file: the file, its folder and the lock file stay as they were.
+    tune.export([_row(8, 512, 0.5)], "sm90", root=root)
+    lock = configs.config_path("sm90", root).with_suffix(".json.lock")
+    lock.unlink(missing_ok=True)
+    before = _tree(tmp_path)
+    assert cli.main(argv) == 0
+    assert _tree(tmp_path) == before
+
+
 def test_export_refuses_invalid_entry_and_keeps_file(tmp_path):
     tune.export([_row(16, 512, 1.0)], "sm90", root=tmp_path)
     path = configs.config_path("sm90", tmp_path)
