@@ -3,14 +3,19 @@
 :func:`compile` cross-compiles a ``@triton.jit`` or Gluon kernel for a named target
 (:mod:`sparse_mla.targets`) and returns a :class:`CompileResult`: every IR stage, the final ISA
 (SASS on NVIDIA via Triton's bundled ``cuobjdump``, the AMDGCN listing on AMD), the resources
-the compiler reports, the occupancy they allow (ENVIRONMENT.md's formulas) and an instruction
-mix. :func:`diff` compares two variants: resources side by side and a unified ISA diff with
-addresses, register numbers and hex constants normalised. :func:`compile_prefill` does all of
-this for the prefill kernel from a :class:`~sparse_mla.prefill.PrefillConfig`.
+the compiler reports, the occupancy they allow (the formulas in docs/ENVIRONMENT.md) and an
+instruction mix. :func:`diff` compares two variants: resources side by side and a unified ISA
+diff with addresses, register numbers and hex constants normalised; :func:`diff_by_line`
+summarises it by kernel source line. :func:`by_line` maps each source line to the instructions
+it produced and finds the main loop's body. :func:`compile_prefill` does all of this for the
+prefill kernel from a :class:`~sparse_mla.prefill.PrefillConfig`.
 
 Results are cached in memory by (kernel source, target, constexprs, options, signature), so a
-widget that flips a constexpr back gets its answer at once. Triton's on-disk cache also applies:
-``compile_seconds`` is the time this process spent, which is small on a disk-cache hit.
+widget that flips a constexpr back gets its answer at once (``from_cache`` says so). Triton's
+on-disk cache also applies: ``compile_seconds`` is the time this process spent, which is small
+on a disk-cache hit. What the compiler prints is captured per call (:func:`compiler_output`);
+a failed compile raises :class:`CompileFailed`, one line naming the pass, with the compiler's
+whole output kept in a file.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------------------------------------
-# Occupancy formulas (ENVIRONMENT.md, "Occupancy")
+# Occupancy formulas (docs/ENVIRONMENT.md, "Occupancy formulas")
 # ----------------------------------------------------------------------------------------------
 
 _CDNA_REGS_PER_SIMD = 512  # unified VGPR + AGPR file per lane, per SIMD

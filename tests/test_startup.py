@@ -1,11 +1,16 @@
-"""The command starts without torch or Triton: `sparse-mla --help` is instant."""
+"""First run: the command starts without torch or Triton (`sparse-mla --help` is instant), and
+`make lab` works as root."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,3 +53,17 @@ def test_help_is_fast():
         best = min(best, time.perf_counter() - t0)
         assert r.returncode == 0 and "usage: sparse-mla" in r.stdout
     assert best < 0.5, f"sparse-mla --help took {best:.2f} s"
+
+
+def test_make_lab_passes_allow_root_exactly_when_root(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    stamp = tmp_path / "installed"
+    stamp.touch()  # newer than pyproject.toml: no install step
+    r = subprocess.run(
+        ["make", "-n", "lab", f"STAMP={stamp}"], cwd=REPO, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if "jupyter lab" in ln]
+    assert ("--allow-root" in line) == (os.geteuid() == 0), line
