@@ -192,6 +192,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         source=f"sparse-mla capture --workload {args.workload} ({w.name})",
         extra=extra,
         strict=True,
+        synthetic=True,  # a generated workload, not an engine's inputs
     )
     import sparse_mla
     from sparse_mla import reference
