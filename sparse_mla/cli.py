@@ -138,8 +138,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         return 1
     prov = {k: v for k, v in (("source", args.source), ("notes", args.notes)) if v}
     diff = tune.export(
-        winners.values(), arch, root=args.root, provenance=prov, dry_run=args.dry_run
-    )
+        winners.values(), arch, root=args.root, provenance=prov, dry_run=args.dry_run,
+        allow_compile_only=args.allow_compile_only,
+    )  # fmt: skip
     print(diff or "export: no change")
     return 0
 

@@ -193,6 +193,23 @@ def test_export_into_empty_then_existing_file(tmp_path):
     assert not list(path.parent.glob("*.tmp"))
 
 
+def test_export_refuses_compile_only_winners_over_timed_entries(tmp_path):
+    tune.export([_row(16, 512, 1.0)], "sm90", root=tmp_path)  # a timed entry
+    path = configs.config_path("sm90", tmp_path)
+    before = path.read_text()
+    compiled = {**_row(16, 512, None, BLOCK_K=16), "mode": "compile", "spill_bytes": 0}
+    with pytest.raises(ValueError, match=r"compile-only.*would replace timed entries"):
+        tune.export([compiled], "sm90", root=tmp_path)
+    assert path.read_text() == before
+    # Said explicitly, it goes through (as --allow-compile-only does on the CLI).
+    assert "H16_D512" in tune.export([compiled], "sm90", root=tmp_path, allow_compile_only=True)
+    assert configs.lookup("sm90", 16, 512, root=tmp_path).BLOCK_K == 16
+    # A compile-only winner for a shape with no entry is refused too, without the "timed" part.
+    with pytest.raises(ValueError, match=r"\['H8_D512'\] were ranked by compile-only") as e:
+        tune.export([{**compiled, "H": 8}], "sm90", root=tmp_path)
+    assert "would replace" not in str(e.value)
+
+
 def _tree(root):
     return sorted((str(p.relative_to(root)), p.stat().st_size) for p in root.rglob("*"))
 
