@@ -90,6 +90,42 @@ def test_figures_draw():
     assert figures.to_png(figures.error_figure(out + 1e-3, out, out + 2e-3))[:4] == b"\x89PNG"
 
 
+def test_occupancy_chart_marks_the_right_step():
+    from sparse_mla import inspect as si
+
+    # The formula's own steps: 256 unified VGPRs -> 2 waves, 257 -> 1; 168 -> 3.
+    xs, ys = figures.occupancy_curve("gfx950")
+    step = dict(zip(xs, ys, strict=True))
+    assert (step[64], step[65], step[168], step[169], step[256], step[257]) == (8, 7, 3, 2, 2, 1)
+    nxs, nys = figures.occupancy_curve("sm90", num_warps=4)
+    nstep = dict(zip(nxs, nys, strict=True))
+    assert nstep[128] == 16 and nstep[255] == 8  # 65536 / (128 * 32) = 16 warps
+    # A known kernel: the mark sits on the curve at its own register count and limit.
+    r = si.compile_prefill("gfx950", PrefillConfig(BLOCK_H=16, BLOCK_K=32, num_warps=4,
+                                                   num_stages=2, EVEN_HD=False))  # fmt: skip
+    pinned = si.compile_prefill("gfx950", PrefillConfig(BLOCK_H=16, BLOCK_K=16, num_warps=4,
+                                                        num_stages=2))  # fmt: skip
+    fig = figures.occupancy_figure(r, pinned)
+    x, y = fig.marks["current"]
+    assert x == r.resources.total_vgprs and y == step[x] == r.resources.limits["registers"]
+    assert fig.marks["pinned"] == (pinned.resources.total_vgprs, step[pinned.resources.total_vgprs])
+    assert figures.to_png(fig)[:4] == b"\x89PNG"
+
+
+def test_error_figure_draws_the_tolerance_and_a_token_head_heatmap():
+    out = torch.randn(3, 4, 8)
+    fig = figures.error_figure(out + 1e-3, out, out + 2e-3, title="error of BLOCK_K=32")
+    ax_hist, ax_head, ax_heat = fig.axes[:3]
+    labels = [ln.get_label() for ln in ax_head.get_lines()]
+    assert "tolerance (2x torch)" in labels
+    tol = next(ln for ln in ax_head.get_lines() if ln.get_label().startswith("tolerance"))
+    base = figures.per_head_rel_l2(out + 2e-3, out)
+    assert list(tol.get_ydata()) == pytest.approx((2 * base).tolist())
+    assert ax_heat.get_images()[0].get_array().shape == (3, 4)  # token x head
+    assert fig.legends and not ax_hist.get_legend() and not ax_head.get_legend()  # off the data
+    assert fig._suptitle.get_text() == "error of BLOCK_K=32"
+
+
 def test_html_helpers_escape():
     t = figures.html_table([("<b>", None)], ["a&b", "c"])
     assert "&lt;b&gt;" in t and "a&amp;b" in t and ">-<" in t
@@ -129,6 +165,7 @@ def test_panel_even_hd_toggle_updates_table_and_plots(panel):
     assert "next step" in table
     assert panel.result.resources.occupancy >= 1
     assert panel.mix_image.value[:4] == b"\x89PNG"
+    assert panel.occupancy_image.value[:4] == b"\x89PNG"
     assert "sml-isa" in panel.isa.value and "v_mfma" in panel.isa.value
     assert panel.error is not None and panel.error.report.ok
     assert panel.error_image.value[:4] == b"\x89PNG"
@@ -386,6 +423,12 @@ def test_sweep_heatmaps_and_scratch_root():
         for bh in (16, 32) for bk in (16, 32)
     ]  # fmt: skip
     assert figures.to_png(heatmaps(rows, target="gfx950", H=16, D=512))[:4] == b"\x89PNG"
+    # Cells name the config they show on the grid's other axes (here num_warps varies).
+    rows4 = [{**r, "num_warps": w, "registers": r["registers"] + (0 if w == 8 else 5)}
+             for r in rows for w in (4, 8)]  # fmt: skip
+    fig = heatmaps(rows4, target="gfx950", H=16, D=512, metrics=("registers",))
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "116\nw8" in texts and all("\nw8" in t for t in texts), texts
     with pytest.raises(ValueError, match="no rows"):
         heatmaps(rows, target="sm90", H=16, D=512)
     original = configs.CONFIG_ROOT
@@ -406,6 +449,14 @@ def test_gluon_layout_ownership():
                                 warps_per_cta=[1, 4])  # fmt: skip
     own = ownership(mfma, (16, 64))
     assert (own["copies"] == 1).all()
+    # The kernel's own tile (BLOCK_K=32) is narrower than 4 warps x 16 columns: the figure of
+    # that tile says each element has two holders.
+    from sparse_mla.lab.gluon import layout_figure
+
+    assert (ownership(mfma, (16, 32))["copies"] == 2).all()
+    fig = layout_figure(mfma, (16, 32), title="S tile")
+    assert "held by 2" in fig.axes[0].get_title() and fig.axes[0].get_images()[0].get_array(
+        ).shape == (16, 32)  # fmt: skip
     # Transposed MFMA: lane l owns row l % 16 and 4 consecutive columns from 4 * (l // 16).
     assert own["lane"][3, 0] == 3 and own["lane"][3, 4] == 19 and own["lane"][3, 12] == 51
     assert own["warp"][:, :16].eq(0).all() and own["warp"][:, 48:].eq(3).all()

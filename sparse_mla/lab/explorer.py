@@ -12,6 +12,16 @@ Every change
 3. runs the kernel at a small size (Triton's interpreter on CPU, the GPU when there is one)
    against the fp32 reference, and times it when the target is this machine's GPU.
 
+The status line names one state (``panel.phase``), each with its own colour and words:
+``compiling`` (working; the views of the previous setting stay greyed and marked stale until
+replaced), ``ok``, ``invalid`` (the setting is refused before compiling), ``failed`` (the
+compiler failed: one line names the pass, its first error and the setting, and the compiler's
+whole output, e.g. MLIR's reproducer, is kept in the file ``panel.failure_log``), ``cannot-launch``
+(it compiles but occupancy is 0, e.g. more LDS than a CU has: nothing is run) and ``stale``
+(the panel stopped: closed, or a bug in its run). Invalid and failed settings clear every view;
+nothing of an older setting is left looking current. The compiler's output is captured per
+call, so a print from another cell during a compile still shows.
+
 Results of an older widget state are dropped when they arrive late. ``panel.update(wait=True)``
 (or ``panel.wait()`` after setting widget values) is the synchronous mode the tests use.
 """
@@ -32,7 +42,7 @@ from .. import inspect as _inspect
 from .. import runtime, targets
 from ..prefill import PrefillConfig, default_config, launch_constexprs, sparse_mla_prefill
 from ..reference import error_report, sparse_mla_prefill_ref
-from .figures import error_figure, html_table, mix_figure, pre_block, to_png
+from .figures import error_figure, html_table, mix_figure, occupancy_figure, pre_block, to_png
 
 __all__ = ["ExplorerPanel", "PanelState", "check_state", "error_run"]
 
@@ -231,6 +241,7 @@ class ExplorerPanel:
         self.error: ErrorRun | None = None
         self.time_ms: float | None = None
         self.dropped = 0  # results that arrived after a newer widget state
+        self.in_compile = threading.Event()  # set while the worker is inside a compile
         self._gen = 0
         self._lock = threading.Lock()
         self._future: cf.Future | None = None
@@ -282,7 +293,13 @@ class ExplorerPanel:
         self.status = W.HTML(_state_html("idle", ""))
         self.resources = W.HTML()
         self.resources.add_class("sml-resources")
-        self.mix_image = W.Image(format="png", layout=W.Layout(max_width="520px"))
+        # align_self: the chart keeps its own height instead of stretching to the table's.
+        self.mix_image = W.Image(
+            format="png", layout=W.Layout(max_width="520px", align_self="flex-start")
+        )
+        self.occupancy_image = W.Image(
+            format="png", layout=W.Layout(max_width="560px", align_self="flex-start")
+        )
         self.isa = W.HTML()
         self.isa_search = W.Text(placeholder="search the ISA (regular expression)",
                                  layout=W.Layout(width="320px"))  # fmt: skip
@@ -299,7 +316,8 @@ class ExplorerPanel:
         self.default_text.add_class("sml-default-kernel")
         if not runtime.has_gpu():  # nothing to time: no empty "no time" line
             self.time_text.layout.display = "none"
-        self.views = [self.resources, self.mix_image, self.isa, self.by_line_view,
+        self.views = [self.resources, self.mix_image, self.occupancy_image, self.isa,
+                      self.by_line_view,
                       self.diff_view, self.error_text, self.error_image,
                       self.time_text]  # fmt: skip
 
@@ -327,7 +345,7 @@ class ExplorerPanel:
         self.widget = W.VBox([
             W.HTML(_STYLE),
             W.HBox([left, mid, right]),
-            W.HBox([self.resources, self.mix_image]),
+            W.HBox([self.resources, W.VBox([self.mix_image, self.occupancy_image])]),
             self.time_text,
             self.default_text,
             self.error_text,
@@ -462,7 +480,7 @@ class ExplorerPanel:
         not emptied, so the browser shows no broken-image icon)."""
         for v in self.views:
             v.remove_class("sml-stale")
-            if v in (self.mix_image, self.error_image):
+            if v in (self.mix_image, self.occupancy_image, self.error_image):
                 v.layout.display = "none"
                 v.value = b""
             else:
@@ -499,6 +517,7 @@ class ExplorerPanel:
         try:
             # compile_prefill captures the compiler's output per call (a failed pass's MLIR
             # reproducer, ptxas's PTX dump) and keeps it in a file named by the failure.
+            self.in_compile.set()
             res = _inspect.compile_prefill(
                 state.target, state.config, num_heads=state.num_heads,
                 head_dim=state.head_dim, dtype="bf16", has_sink=True,
@@ -506,6 +525,8 @@ class ExplorerPanel:
             failure = None
         except Exception as e:  # a compiler failure is a result to show, not a crash
             res, failure = None, e
+        finally:
+            self.in_compile.clear()
         if not self._current(gen):
             return
         if res is None:
@@ -537,7 +558,7 @@ class ExplorerPanel:
             if not self._current(gen):
                 return
             self.error = run
-            self._show_error(run)
+            self._show_error(run, state)
         else:
             self.error_text.value, self.error_image.value = "", b""
             self.error_image.layout.display = "none"
@@ -631,7 +652,9 @@ class ExplorerPanel:
         self.resources.value = html_table(rows, header, cls="sml-resource-table")
         base = self.pinned.mix if pin else None
         self.mix_image.value = to_png(mix_figure(res.mix, base))
-        self._fresh(self.resources, self.mix_image, self.isa, self.by_line_view, self.diff_view)
+        self.occupancy_image.value = to_png(occupancy_figure(res, self.pinned if pin else None))
+        self._fresh(self.resources, self.mix_image, self.occupancy_image, self.isa,
+                    self.by_line_view, self.diff_view)  # fmt: skip
         self._show_isa()
         self._show_by_line()
         self._show_diff()
@@ -722,7 +745,7 @@ class ExplorerPanel:
             + f"<details><summary>normalised ISA diff ({n_lines} lines)</summary>{raw}</details>"
         )
 
-    def _show_error(self, run: ErrorRun) -> None:
+    def _show_error(self, run: ErrorRun, state: PanelState) -> None:
         r = run.report
         color = "#070" if r.ok else "#b00"
         where = "Triton interpreter (CPU)" if run.device == "cpu" else run.device
@@ -730,7 +753,8 @@ class ExplorerPanel:
             f"<div class='sml-error' style='color:{color}'>error vs fp32, {tuple(run.out.shape)} "
             f"on {html.escape(where)} ({run.seconds:.2f} s): {html.escape(str(r))}</div>"
         )
-        self.error_image.value = to_png(error_figure(run.out, run.ref, run.baseline))
+        title = f"error against fp32 of {state.label()}"
+        self.error_image.value = to_png(error_figure(run.out, run.ref, run.baseline, title=title))
         self._fresh(self.error_text, self.error_image)
 
     def _show_time(self, state: PanelState) -> None:
