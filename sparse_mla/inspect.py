@@ -313,7 +313,15 @@ def _amd_resources(amdgcn: str, arch: str, num_warps: int, triton_shared: int) -
         num_warps=num_warps,
         occupancy=occ,
         spill_bytes=scratch,
-        next_step=_next_step_text(arch, occ, limits, arch_vgprs, agprs, num_warps),
+        next_step=_next_step_text(
+            arch,
+            occ,
+            limits,
+            arch_vgprs,
+            agprs,
+            num_warps,
+            memory=(lds, _CDNA_LDS_PER_CU.get(arch, 64 * 1024)),
+        ),
         limits=limits,
         arch_vgprs=arch_vgprs,
         agprs=agprs,
@@ -360,7 +368,15 @@ def _nvidia_resources(usage: str, arch: int, num_warps: int, triton_shared: int)
         num_warps=num_warps,
         occupancy=occ,
         spill_bytes=local,
-        next_step=_next_step_text(arch, occ, limits, regs, 0, num_warps),
+        next_step=_next_step_text(
+            arch,
+            occ,
+            limits,
+            regs,
+            0,
+            num_warps,
+            memory=(shared + _NV_SMEM_RESERVED, _NV_SMEM_PER_SM),
+        ),
         limits=limits,
         registers=regs,
         shared_bytes=shared,
@@ -372,7 +388,14 @@ def _nvidia_resources(usage: str, arch: int, num_warps: int, triton_shared: int)
 
 
 def _next_step_text(
-    arch: int | str, occ: int, limits: dict[str, int], used: int, agprs: int, num_warps: int
+    arch: int | str,
+    occ: int,
+    limits: dict[str, int],
+    used: int,
+    agprs: int,
+    num_warps: int,
+    *,
+    memory: tuple[int, int] | None = None,
 ) -> str | None:
     amd = isinstance(arch, str)
     unit, reg_name = ("waves/SIMD", "VGPRs") if amd else ("warps/SM", "registers")
@@ -381,6 +404,9 @@ def _next_step_text(
         return None
     if occ == 0:
         where = "a CU's LDS" if amd else "an SM's shared memory"
+        if memory is not None:
+            need, have = memory
+            return f"does not launch: one workgroup needs {need} B, more than {where} ({have} B)"
         return f"does not launch: one workgroup needs more than {where}"
     if limits["registers"] == occ:
         step = registers_to_next_step(arch, used, agprs, num_warps)
@@ -566,7 +592,7 @@ class LoopBody:
     label: str
     indices: frozenset[int]  # listing indices of its instructions
     mix: dict[str, int]
-    lines: tuple[int, ...]
+    lines: tuple[tuple[str, int], ...]  # (file, line) of its instructions
 
 
 @dataclass
@@ -699,7 +725,7 @@ def _main_loop(listing, backend: str) -> LoopBody | None:
         matrix = sum(mix.get(k, 0) for k in ("mfma", "mma", "wgmma", "tcgen05_mma"))
         score = (matrix, -mix["total"])
         if best is None or score > best[0]:
-            lines = tuple(sorted({listing[i][2][1] for i in idx
+            lines = tuple(sorted({listing[i][2] for i in idx
                                   if listing[i][0] == "instr" and listing[i][2][1]}))  # fmt: skip
             loop = LoopBody(listing[blocks[head][0]][1], frozenset(idx), mix, lines)
             best = (score, loop)
@@ -795,7 +821,10 @@ def loop_table(res: CompileResult) -> str:
     if lm.loop is None:
         return "main loop: none found (no backward branch)"
     lp = lm.loop
-    span = f"source lines {lp.lines[0]}-{lp.lines[-1]}" if lp.lines else "no line info"
+    by_file: dict[str, list[int]] = {}
+    for f, n in lp.lines:
+        by_file.setdefault(f, []).append(n)
+    span = ", ".join(f"{f} lines {min(ns)}-{max(ns)}" for f, ns in by_file.items()) or "no lines"
     rows = [[k, res.mix.get(k, 0), lp.mix.get(k, 0)] for k in res.mix if res.mix.get(k, 0)]
     return f"main loop body (label {lp.label}, {span}): static counts of one iteration\n" + _table(
         ["instructions", "whole kernel", "loop body"], rows

@@ -70,6 +70,9 @@ def test_cdna_lds_and_sgpr_limits():
     assert si.amd_waves_per_simd(64, 0, 65537, "gfx942", 4) == 0
     text = si._next_step_text("gfx942", 0, {"registers": 8, "lds": 0}, 64, 0, 4)
     assert "does not launch" in text
+    text = si._next_step_text("gfx942", 0, {"registers": 8, "lds": 0}, 64, 0, 4,
+                              memory=(65537, 65536))  # fmt: skip
+    assert "needs 65537 B, more than a CU's LDS (65536 B)" in text
     assert si.amd_waves_per_simd(64, 0, sgprs=100) == 8
     assert si.amd_waves_per_simd(64, 0, sgprs=101) == 7
 
@@ -482,7 +485,7 @@ def test_cli_isa_cannot_launch_exits_nonzero(capsys):
     # gfx942, BLOCK_K=128: one workgroup needs more LDS than a CU's 64 KiB.
     assert cli.main(["isa", "--target", "gfx942", "--set", "BLOCK_K=128"]) == 1
     captured = capsys.readouterr()
-    assert "cannot launch" in captured.err and "LDS" in captured.err
+    assert "cannot launch" in captured.err and "more than a CU's LDS (65536 B)" in captured.err
     assert "waves/SIMD" in captured.out  # the resources are still printed
 
 
