@@ -556,7 +556,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time", action="store_true", help="also time the kernel (GPU)")
     p.add_argument("--info", action="store_true", help="print each capture's metadata")
     p.set_defaults(func=_cmd_replay)
-    p = sub.add_parser("isa", help="cross-compile the prefill kernel: resources, ISA, diff")
+    p = sub.add_parser(
+        "isa",
+        help="cross-compile the prefill kernel: resources, ISA, diff",
+        epilog="exit status: 0 compiled and launchable; 1 the compile failed (one line naming "
+        "the pass, the compiler's output kept in a file) or the config cannot launch "
+        "(occupancy 0); 2 a --set value of the wrong type or an unknown setting",
+    )
     p.add_argument("--target", default="gfx942", help="sm90, sm100, gfx942, gfx950 or local")
     p.add_argument(
         "--set",
