@@ -67,3 +67,16 @@ def test_make_lab_passes_allow_root_exactly_when_root(tmp_path):
     assert r.returncode == 0, r.stderr
     (line,) = [ln for ln in r.stdout.splitlines() if "jupyter lab" in ln]
     assert ("--allow-root" in line) == (os.geteuid() == 0), line
+
+
+def test_the_kernel_registry_fills_on_first_use():
+    # `import sparse_mla` no longer imports the entry's module, which registers the kernels:
+    # reading the registry does, however the caller got to it.
+    r = _run(
+        "import sys; from sparse_mla import dispatch; "
+        "assert 'sparse_mla.prefill' not in sys.modules; "
+        "assert 'triton' in dispatch.KERNELS and dispatch.kernel('gluon').name == 'gluon'; "
+        "print(' '.join(sorted(dispatch.KERNELS)))"
+    )
+    assert r.returncode == 0, r.stderr
+    assert {"gluon", "triton"} <= set(r.stdout.split())
