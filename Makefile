@@ -20,8 +20,12 @@ endif
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# JupyterLab refuses to start as root ("Running as root is not recommended") unless told;
+# containers often run as root, so pass --allow-root there, as JupyterLab's docker images do.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks/
 
 test: $(STAMP)
 	@# The browser test drives Debian's chromium; installing it needs root (apt-get). Without it

@@ -38,6 +38,7 @@ import os
 import platform
 import struct
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,16 +49,21 @@ import torch
 from ._files import atomic_write as _atomic_write
 
 __all__ = [
+    "ENGINES",
     "Capture",
     "CaptureError",
     "CaptureTooLarge",
+    "EngineMapping",
     "Recorder",
     "ReplayReport",
+    "aiter_pa_prefill_sparse_extract",
     "encode_capture",
+    "flashmla_sparse_extract",
     "load_capture",
     "replay",
     "save_capture",
     "slot_stats",
+    "update_metadata",
 ]
 
 FORMAT = "sparse_mla.capture"
@@ -202,11 +208,14 @@ def encode_capture(
     *,
     source: str = "",
     extra: dict[str, Any] | None = None,
+    synthetic: bool = False,
 ) -> tuple[bytes, dict[str, Any]]:
     """Encode one call as safetensors bytes; returns (file bytes, metadata). Writes nothing.
 
     Only the pool rows referenced by a valid slot are stored (``kv_rows`` with their ids in
     ``kv_slots``); ``kv`` may be a view into a larger buffer and may live on any device.
+    ``synthetic``: the inputs were generated (e.g. by :mod:`sparse_mla.workloads`), not
+    recorded from a serving engine; stored as ``metadata["synthetic"]``.
     """
     from safetensors.torch import save
 
@@ -231,6 +240,7 @@ def encode_capture(
         "format_version": FORMAT_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "source": source,
+        "synthetic": bool(synthetic),
         "call": {
             "T": T,
             "H": H,
@@ -270,6 +280,7 @@ def save_capture(
     source: str = "",
     extra: dict[str, Any] | None = None,
     max_bytes: int | None = None,
+    synthetic: bool = False,
 ) -> Path:
     """Write one prefill call to ``path`` (a ``.safetensors`` file), atomically.
 
@@ -282,8 +293,9 @@ def save_capture(
     if not path.parent.is_dir():
         raise FileNotFoundError(f"path: folder {str(path.parent)!r} does not exist")
     data, _ = encode_capture(
-        q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, source=source, extra=extra
-    )
+        q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, source=source, extra=extra,
+        synthetic=synthetic,
+    )  # fmt: skip
     if max_bytes is not None and len(data) > max_bytes:
         raise CaptureTooLarge(len(data), max_bytes)
     _atomic_write(path, data)
@@ -320,6 +332,12 @@ class Capture:
     @property
     def name(self) -> str:
         return self.path.stem if self.path is not None else "capture"
+
+    @property
+    def synthetic(self) -> bool | None:
+        """True: generated inputs, not an engine's; None: the file does not say (older
+        captures)."""
+        return self.metadata.get("synthetic")
 
     def rebuild(
         self,
@@ -495,6 +513,28 @@ def _decode(raw: bytes, path: Path) -> Capture:
     )
 
 
+def update_metadata(path: str | os.PathLike, **fields: Any) -> Capture:
+    """Set top-level metadata ``fields`` of a capture file (e.g. ``synthetic=True``), keeping
+    its tensors; the content hash is recomputed and the file rewritten atomically. The
+    call-describing fields (format, call, tensors, slots, content hash) cannot be changed."""
+    from safetensors.torch import save
+
+    fixed = {"format", "format_version", "call", "tensors", "slots", _HASH_KEY}
+    bad = sorted(set(fields) & fixed)
+    if bad:
+        raise ValueError(f"update_metadata: {bad} describe the call and cannot be changed")
+    cap = load_capture(path)
+    meta = {**cap.metadata, **fields}
+    tensors = {k: v for k, v in (("q", cap.q), ("kv_rows", cap.kv_rows),
+                                 ("kv_slots", cap.kv_slots), ("kv_indices", cap.kv_indices),
+                                 ("kv_indptr", cap.kv_indptr), ("attn_sink", cap.attn_sink))
+               if v is not None}  # fmt: skip
+    meta[_HASH_KEY] = _content_hash(tensors, meta)
+    data = save(tensors, metadata={_META_KEY: json.dumps(meta, sort_keys=True)})
+    _atomic_write(Path(path), data)
+    return load_capture(path)
+
+
 # ----------------------------------------------------------------------------------------------
 # Replay
 # ----------------------------------------------------------------------------------------------
@@ -614,6 +654,151 @@ def default_extract(args: tuple, kwargs: dict) -> dict[str, Any]:
     return found
 
 
+def _bind(names: tuple[str, ...], args: tuple, kwargs: dict, what: str) -> dict[str, Any]:
+    """A call's arguments by parameter name (positional first, then keywords)."""
+    if len(args) > len(names):
+        raise ValueError(f"{what}: {len(args)} positional arguments, at most {len(names)} known")
+    bound = dict(zip(names, args, strict=False))
+    for k, v in kwargs.items():
+        if k in names:
+            bound[k] = v
+    return bound
+
+
+# FlashMLA's sparse prefill (deepseek-ai/FlashMLA, flash_mla/flash_mla_interface.py):
+#   flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None)
+#   -> (out, max_logits, lse)
+_FLASHMLA_PARAMS = ("q", "kv", "indices", "sm_scale", "d_v", "attn_sink", "topk_length")
+
+
+def flashmla_sparse_extract(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Capture operands of a FlashMLA-style ``flash_mla_sparse_fwd`` call.
+
+    q [s_q, h_q, d_qk], kv [s_kv, 1, d_qk], indices [s_q, 1, topk] int32 (invalid: -1 or
+    >= s_kv), optional attn_sink [h_q] fp32 and topk_length [s_q] (token t uses its first
+    topk_length[t] entries). The dense indices become CSR with the package's own
+    :func:`~sparse_mla.indices.dense_to_csr`, so an invalid entry stays invalid. Only calls
+    with d_qk == d_v (DSv4: 512) map: this operator has one row width for K and V; a
+    DeepSeek-V3.2-style call (d_qk 576, d_v 512) is refused with that reason.
+    """
+    from .indices import dense_to_csr
+
+    a = _bind(_FLASHMLA_PARAMS, args, kwargs, "flash_mla_sparse_fwd")
+    missing = [k for k in _FLASHMLA_PARAMS[:4] if k not in a]
+    if missing:
+        raise ValueError(f"flash_mla_sparse_fwd call without {missing}")
+    q, kv, indices = a["q"], a["kv"], a["indices"]
+    d_v = a.get("d_v", 512)
+    if q.shape[-1] != d_v:
+        raise ValueError(
+            f"flash_mla_sparse_fwd with d_qk={q.shape[-1]} != d_v={d_v}: this operator reads K "
+            "and V from the same row of one width (DSv4: 512), so this call cannot be captured"
+        )
+    if kv.dim() == 3 and kv.shape[1] != 1:
+        raise ValueError(f"flash_mla_sparse_fwd: kv must have one KV head, got {tuple(kv.shape)}")
+    if indices.dim() == 3:
+        if indices.shape[1] != 1:
+            raise ValueError(f"indices must be [s_q, 1, topk], got {tuple(indices.shape)}")
+        indices = indices[:, 0, :]
+    kv_indices, kv_indptr = dense_to_csr(indices, a.get("topk_length"), num_kv=kv.shape[0])
+    return {
+        "q": q,
+        "kv": kv,
+        "kv_indices": kv_indices,
+        "kv_indptr": kv_indptr,
+        "softmax_scale": float(a["sm_scale"]),
+        "attn_sink": a.get("attn_sink"),
+    }
+
+
+# aiter's sparse prefill (ROCm/aiter, aiter/ops/triton/attention/pa_prefill_sparse.py):
+#   pa_prefill_sparse(q, unified_kv, kv_indices_prefix, kv_indptr_prefix, kv,
+#                     kv_indices_extend, kv_indptr_extend, attn_sink, softmax_scale,
+#                     has_invalid=None, out=None) -> out
+_AITER_PARAMS = (
+    "q", "unified_kv", "kv_indices_prefix", "kv_indptr_prefix", "kv", "kv_indices_extend",
+    "kv_indptr_extend", "attn_sink", "softmax_scale", "has_invalid", "out",
+)  # fmt: skip
+
+
+def aiter_pa_prefill_sparse_extract(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Capture operands of aiter's ``pa_prefill_sparse``: its prefix source (``unified_kv``
+    with ``kv_indices_prefix`` / ``kv_indptr_prefix``, already CSR) is this operator's pool.
+    A call that also reads the second ("extend") source is refused: one capture holds one
+    pool."""
+    a = _bind(_AITER_PARAMS, args, kwargs, "pa_prefill_sparse")
+    missing = [k for k in ("q", "unified_kv", "kv_indices_prefix", "kv_indptr_prefix",
+                           "softmax_scale") if k not in a]  # fmt: skip
+    if missing:
+        raise ValueError(f"pa_prefill_sparse call without {missing}")
+    ext = a.get("kv_indices_extend")
+    if ext is not None and ext.numel() > 0:
+        raise ValueError(
+            "pa_prefill_sparse with a non-empty extend source: two KV pools cannot be one capture"
+        )
+    return {
+        "q": a["q"],
+        "kv": a["unified_kv"],
+        "kv_indices": a["kv_indices_prefix"],
+        "kv_indptr": a["kv_indptr_prefix"],
+        "softmax_scale": float(a["softmax_scale"]),
+        "attn_sink": a.get("attn_sink"),
+    }
+
+
+@dataclass(frozen=True)
+class EngineMapping:
+    """Where to record an engine's sparse prefill: the function to patch (``target``), how its
+    arguments become capture operands (``extract``), its signature and where that signature
+    was read (``checked``), and what is not checked (``caveat``)."""
+
+    name: str
+    target: str
+    extract: Callable[[tuple, dict], dict[str, Any]]
+    signature: str
+    checked: str
+    caveat: str = ""
+
+
+_FLASHMLA_SIG = (
+    "flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None)"
+)
+ENGINES: dict[str, EngineMapping] = {
+    m.name: m
+    for m in (
+        EngineMapping(
+            "flashmla", "flash_mla:flash_mla_sparse_fwd", flashmla_sparse_extract, _FLASHMLA_SIG,
+            "deepseek-ai/FlashMLA flash_mla/flash_mla_interface.py (exported by flash_mla)",
+        ),
+        EngineMapping(
+            "vllm", "vllm.v1.attention.backends.mla.flashmla_sparse:flash_mla_sparse_fwd",
+            flashmla_sparse_extract, _FLASHMLA_SIG,
+            "vllm-project/vllm: the sparse MLA backend imports flash_mla_sparse_fwd by name "
+            "from vllm.v1.attention.ops.flashmla, which re-exports FlashMLA's own",
+            "the vendored copy's signature (vllm/third_party/flashmla) was not read; the "
+            "backend's call sites were not checked",
+        ),
+        EngineMapping(
+            "sglang", "sgl_kernel.flash_mla:flash_mla_sparse_fwd", flashmla_sparse_extract,
+            _FLASHMLA_SIG,
+            "sgl-project/sglang sgl-kernel/python/sgl_kernel/flash_mla.py (the stored copy "
+            "has q, kv, indices, sm_scale, d_v; newer ones add attn_sink, topk_length)",
+            "SGLang's DSv4 attention backend and how it imports this function were not "
+            "checked: if it imports the name at module load, patch its module instead",
+        ),
+        EngineMapping(
+            "aiter", "aiter.ops.triton.attention.pa_prefill_sparse:pa_prefill_sparse",
+            aiter_pa_prefill_sparse_extract,
+            "pa_prefill_sparse(q, unified_kv, kv_indices_prefix, kv_indptr_prefix, kv, "
+            "kv_indices_extend, kv_indptr_extend, attn_sink, softmax_scale, has_invalid=None, "
+            "out=None)",
+            "ROCm/aiter aiter/ops/triton/attention/pa_prefill_sparse.py",
+            "calls with a non-empty extend source are refused",
+        ),
+    )
+}  # fmt: skip
+
+
 def _resolve(target: str):
     if ":" not in target:
         raise ValueError(f"target must look like 'package.module:function', got {target!r}")
@@ -651,8 +836,10 @@ class Recorder:
         extract: ``(args, kwargs) -> dict(q, kv, kv_indices, kv_indptr, softmax_scale,
             attn_sink)`` for functions with another signature (default: :func:`default_extract`).
         filename: file name pattern; ``{call}`` is the call number.
-        strict: re-raise recording errors; default False records them in :attr:`errors` and
-            lets the wrapped call run unaffected.
+        strict: re-raise recording errors; default False records them in :attr:`errors`,
+            warns once (at the first), and lets the wrapped call run unaffected.
+        synthetic: the calls run on generated inputs (a workload), not an engine's; stored in
+            each file's metadata.
 
     After the block, :attr:`files` lists the files written (also returned by :meth:`close`).
     """
@@ -671,6 +858,7 @@ class Recorder:
         source: str | None = None,
         extra: dict[str, Any] | None = None,
         strict: bool = False,
+        synthetic: bool = False,
     ):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be an int >= 1, got {every!r}")
@@ -690,6 +878,7 @@ class Recorder:
         self.source = source
         self.extra = dict(extra or {})
         self.strict = strict
+        self.synthetic = synthetic
         self.files: list[Path] = []
         self.errors: list[str] = []
         self.calls = 0
@@ -765,10 +954,33 @@ class Recorder:
                 if self.strict:
                     raise
                 self.errors.append(f"call {call}: {type(e).__name__}: {e}")
+                if len(self.errors) == 1:  # say it once; the rest are in .errors
+                    warnings.warn(
+                        f"Recorder: call {call} of {self._target_name()} was not recorded "
+                        f"({type(e).__name__}: {e}); the call itself ran. Pass extract= (or "
+                        "Recorder.for_engine) for this signature; later failures go to "
+                        ".errors only",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+
+    def _target_name(self) -> str:
+        return self.target if isinstance(self.target, str) else _qualname(self.target)
+
+    @classmethod
+    def for_engine(cls, engine: str, out_dir: str | os.PathLike, **kwargs) -> Recorder:
+        """A Recorder on an engine's sparse prefill with its argument mapping
+        (:data:`ENGINES`: ``"flashmla"``, ``"vllm"``, ``"sglang"``, ``"aiter"``). ``target=``
+        overrides where to patch (e.g. the module that imported the function by name)."""
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {engine!r}")
+        m = ENGINES[engine]
+        kwargs.setdefault("source", f"{m.name}: {m.signature}")
+        return cls(out_dir, kwargs.pop("target", m.target), extract=m.extract, **kwargs)
 
     def _record(self, call: int, args: tuple, kwargs: dict) -> None:
         ops = self.extract(args, kwargs)
-        target = self.target if isinstance(self.target, str) else _qualname(self.target)
+        target = self._target_name()
         source = self.source or f"Recorder({target})"
         path = self.out_dir / self.filename.format(call=call)
         budget = self.max_bytes - self.bytes_written
@@ -783,6 +995,7 @@ class Recorder:
             source=source,
             extra={**self.extra, "call": call, "target": target},
             max_bytes=budget,
+            synthetic=self.synthetic,
         )
         self.files.append(path)
         self.bytes_written += path.stat().st_size

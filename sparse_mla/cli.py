@@ -138,8 +138,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         return 1
     prov = {k: v for k, v in (("source", args.source), ("notes", args.notes)) if v}
     diff = tune.export(
-        winners.values(), arch, root=args.root, provenance=prov, dry_run=args.dry_run
-    )
+        winners.values(), arch, root=args.root, provenance=prov, dry_run=args.dry_run,
+        allow_compile_only=args.allow_compile_only,
+    )  # fmt: skip
     print(diff or "export: no change")
     return 0
 
@@ -192,6 +193,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         source=f"sparse-mla capture --workload {args.workload} ({w.name})",
         extra=extra,
         strict=True,
+        synthetic=True,  # a generated workload, not an engine's inputs
     )
     import sparse_mla
     from sparse_mla import reference
@@ -257,27 +259,99 @@ def _parse_setting(text: str) -> tuple[str, object]:
     return key.strip(), value
 
 
+# Compiler options `isa --set` takes besides PrefillConfig fields: name -> type.
+_OPTION_TYPES: dict[str, type] = {
+    "num_warps": int,
+    "num_stages": int,
+    "num_ctas": int,
+    "kpack": int,
+    "waves_per_eu": int,
+    "matrix_instr_nonkdim": int,
+    "maxnreg": int,
+    "enable_fp_fusion": bool,
+    "debug": bool,
+    "schedule_hint": str,
+}
+
+
+def _typed_settings(
+    settings: list[tuple[str, object]], field_types: dict[str, tuple[type, bool]]
+) -> tuple[dict[str, object], dict[str, object]]:
+    """Split ``--set`` values into PrefillConfig fields and compiler options, checking each
+    value's type (``EVEN_HD=maybe`` is refused here, not deep inside Triton)."""
+    cfg_kw: dict[str, object] = {}
+    opts: dict[str, object] = {}
+    for key, value in settings:
+        if key in field_types:
+            kind, nullable = field_types[key]
+        elif key in _OPTION_TYPES:
+            kind, nullable = _OPTION_TYPES[key], True
+        else:
+            known = sorted(set(field_types) | set(_OPTION_TYPES))
+            raise ValueError(f"--set {key}: unknown setting; known: {', '.join(known)}")
+        if kind is bool and value in (0, 1) and not isinstance(value, bool):
+            value = bool(value)
+        ok = (
+            (value is None and nullable)
+            or (kind is bool and isinstance(value, bool))
+            or (kind is int and isinstance(value, int) and not isinstance(value, bool))
+            or (kind is str and isinstance(value, str))
+        )
+        if not ok:
+            what = {bool: "true/false (or 1/0)", int: "an integer", str: "a string"}[kind]
+            none = " or none" if nullable else ""
+            raise ValueError(f"--set {key}={value!r}: {key} takes {what}{none}")
+        (cfg_kw if key in field_types else opts)[key] = value
+    return cfg_kw, opts
+
+
+def _config_origin(arch: str, num_heads: int, head_dim: int) -> str:
+    """Where `isa`'s base config comes from: a tuned entry (with its provenance) or the
+    default."""
+    from . import configs
+
+    path = configs.config_path(arch)
+    entry = configs.lookup_entry(arch, num_heads, head_dim)
+    if entry is None:
+        return (
+            f"base config: the default for H={num_heads} D={head_dim} "
+            f"(prefill.default_config; no tuned entry {configs.shape_key(num_heads, head_dim)} "
+            f"in {path})"
+        )
+    p = entry.provenance
+    when = ", ".join(
+        str(v)
+        for v in (
+            p.get("device"),
+            f"triton {p['triton']}" if p.get("triton") else None,
+            p.get("date"),
+            f"{p['time_ms']:.3f} ms" if isinstance(p.get("time_ms"), (int, float)) else None,
+            p.get("mode") and f"{p['mode']} sweep",
+        )
+        if v
+    )
+    return f"base config: tuned entry {entry.key} in {path} ({when})"
+
+
 def _cmd_isa(args: argparse.Namespace) -> int:
     """Cross-compile the prefill kernel for a target; print resources, mix, ISA or a diff."""
-    from dataclasses import fields, replace
+    from dataclasses import replace
 
+    from . import configs
     from . import inspect as si
-    from .prefill import PrefillConfig, resolve_config
+    from .prefill import resolve_config
     from .targets import get_target
 
     target = get_target(args.target)
-    cfg_names = {f.name for f in fields(PrefillConfig)}
-
-    def variant(settings: list[tuple[str, object]], base: PrefillConfig):
-        cfg_kw, opts = {}, {}
-        for key, value in settings:
-            if key in ("EVEN_HD", "USE_EXP2", "PREFETCH_KV") and value in (0, 1):
-                value = bool(value)
-            (cfg_kw if key in cfg_names else opts)[key] = value
-        return replace(base, **cfg_kw), opts
+    field_types = configs.launch_types()
+    try:
+        cfg_kw, opts = _typed_settings(args.set or [], field_types)
+        other_kw, other_opts = _typed_settings(args.diff_against or [], field_types)
+    except ValueError as e:  # one line on stderr, exit 2, as for every user mistake
+        raise UsageError(str(e)) from None
 
     base = resolve_config(args.heads, args.head_dim, None, target.name)
-    cfg, opts = variant(args.set or [], base)
+    cfg = replace(base, **cfg_kw)
     shape = dict(
         num_heads=args.heads,
         head_dim=args.head_dim,
@@ -285,19 +359,36 @@ def _cmd_isa(args: argparse.Namespace) -> int:
         has_sink=args.sink,
         index_dtype=args.index_dtype,
     )
-    res = si.compile_prefill(target, cfg, options=opts, **shape)
+    origin = _config_origin(target.name, args.heads, args.head_dim)
+    if args.set:
+        origin += "; with " + " ".join(f"{k}={v}" for k, v in args.set) + " over it"
+    try:
+        res = si.compile_prefill(target, cfg, options=opts, **shape)
+    except si.CompileFailed as e:
+        print(f"sparse-mla isa: {e.summary}", file=sys.stderr)
+        if e.log_path:
+            print(f"sparse-mla isa: compiler output and reproducer kept in {e.log_path}",
+                  file=sys.stderr)  # fmt: skip
+        return 1
     print(f"target: {target.name} ({target.description})")
+    print(origin)
     print(res.label)
-    print(f"compiled in {res.compile_seconds:.2f} s")
+    if res.from_cache:
+        print(f"from the in-memory cache (first compile took {res.compile_seconds:.2f} s)")
+    else:
+        print(f"compiled in {res.compile_seconds:.2f} s")
     print()
     print(res.resources)
     print()
     print(si._table(["instructions", "count"], [[k, v] for k, v in res.mix.items()]))
+    if args.by_line:
+        print()
+        print(si.by_line_table(res, top=args.by_line_top))
     if args.asm:
         print()
         print(res.isa if args.asm == "isa" else res.asm[args.asm])
     if args.diff_against:
-        other_cfg, other_opts = variant(args.diff_against, cfg)
+        other_cfg = replace(cfg, **other_kw)
         other = si.compile_prefill(target, other_cfg, options={**opts, **other_opts}, **shape)
         d = si.diff(other, res)
         print()
@@ -309,6 +400,13 @@ def _cmd_isa(args: argparse.Namespace) -> int:
         print("\n".join(shown) if shown else "(ISA identical after normalising)")
         if len(shown) < len(lines):
             print(f"... {len(lines) - len(shown)} more lines (--diff-lines 0 shows all)")
+    if res.resources.occupancy == 0:
+        print(
+            f"sparse-mla isa: this config compiles but cannot launch on {target.name}: "
+            f"{res.resources.next_step} ({res.resources.limits_text()})",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -458,7 +556,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time", action="store_true", help="also time the kernel (GPU)")
     p.add_argument("--info", action="store_true", help="print each capture's metadata")
     p.set_defaults(func=_cmd_replay)
-    p = sub.add_parser("isa", help="cross-compile the prefill kernel: resources, ISA, diff")
+    p = sub.add_parser(
+        "isa",
+        help="cross-compile the prefill kernel: resources, ISA, diff",
+        epilog="exit status: 0 compiled and launchable; 1 the compile failed (one line naming "
+        "the pass, the compiler's output kept in a file) or the config cannot launch "
+        "(occupancy 0); 2 a --set value of the wrong type or an unknown setting",
+    )
     p.add_argument("--target", default="gfx942", help="sm90, sm100, gfx942, gfx950 or local")
     p.add_argument(
         "--set",
@@ -487,6 +591,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also compile with these settings changed and diff the two",
     )
     p.add_argument("--diff-lines", type=int, default=200, help="ISA diff lines shown (0: all)")
+    p.add_argument(
+        "--by-line",
+        action="store_true",
+        help="per kernel source line: the instructions, memory ops, MFMA/MMA and spills it made",
+    )
+    p.add_argument("--by-line-top", type=int, default=0, help="source lines shown (0: all)")
     p.set_defaults(func=_cmd_isa)
 
     p = sub.add_parser("bench", help="check and time providers on workloads against the floor")

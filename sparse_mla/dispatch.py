@@ -64,7 +64,55 @@ class Kernel:
     per_call_keys: tuple[str, ...] = ()  # launch keys the kernel computes per call (not recorded)
 
 
-KERNELS: dict[str, Kernel] = {}
+class _Registry(dict):
+    """The kernel registry. The package's own kernels register when :mod:`sparse_mla.prefill`
+    is imported; ``import sparse_mla`` no longer imports it (it stays light: no torch), so the
+    first read of the registry imports it, and a caller that reached this module another way
+    (``from sparse_mla import bench, dispatch``) still sees them."""
+
+    _loaded = False
+
+    def _load(self) -> None:
+        if not _Registry._loaded:
+            _Registry._loaded = True
+            import importlib
+
+            importlib.import_module(f"{__package__}.prefill")
+
+    def __getitem__(self, key):
+        self._load()
+        return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        self._load()
+        return super().__contains__(key)
+
+    def __iter__(self):
+        self._load()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._load()
+        return super().__len__()
+
+    def get(self, key, default=None):
+        self._load()
+        return super().get(key, default)
+
+    def keys(self):
+        self._load()
+        return super().keys()
+
+    def values(self):
+        self._load()
+        return super().values()
+
+    def items(self):
+        self._load()
+        return super().items()
+
+
+KERNELS: dict[str, Kernel] = _Registry()
 FALLBACK = "triton"
 
 

@@ -3,43 +3,56 @@
 :func:`compile` cross-compiles a ``@triton.jit`` or Gluon kernel for a named target
 (:mod:`sparse_mla.targets`) and returns a :class:`CompileResult`: every IR stage, the final ISA
 (SASS on NVIDIA via Triton's bundled ``cuobjdump``, the AMDGCN listing on AMD), the resources
-the compiler reports, the occupancy they allow (ENVIRONMENT.md's formulas) and an instruction
-mix. :func:`diff` compares two variants: resources side by side and a unified ISA diff with
-addresses, register numbers and hex constants normalised. :func:`compile_prefill` does all of
-this for the prefill kernel from a :class:`~sparse_mla.prefill.PrefillConfig`.
+the compiler reports, the occupancy they allow (the formulas in docs/ENVIRONMENT.md) and an
+instruction mix. :func:`diff` compares two variants: resources side by side and a unified ISA
+diff with addresses, register numbers and hex constants normalised; :func:`diff_by_line`
+summarises it by kernel source line. :func:`by_line` maps each source line to the instructions
+it produced and finds the main loop's body. :func:`compile_prefill` does all of this for the
+prefill kernel from a :class:`~sparse_mla.prefill.PrefillConfig`.
 
 Results are cached in memory by (kernel source, target, constexprs, options, signature), so a
-widget that flips a constexpr back gets its answer at once. Triton's on-disk cache also applies:
-``compile_seconds`` is the time this process spent, which is small on a disk-cache hit.
+widget that flips a constexpr back gets its answer at once (``from_cache`` says so). Triton's
+on-disk cache also applies: ``compile_seconds`` is the time this process spent, which is small
+on a disk-cache hit. What the compiler prints is captured per call (:func:`compiler_output`);
+a failed compile raises :class:`CompileFailed`, one line naming the pass, with the compiler's
+whole output kept in a file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import hashlib
 import io
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from .targets import Target, get_target, triton_target, validate_options
 
 __all__ = [
+    "CompileFailed",
     "CompileResult",
     "Diff",
     "Resources",
     "amd_unified_vgprs",
     "amd_waves_per_simd",
+    "by_line",
+    "by_line_table",
     "clear_cache",
     "compile",
     "compile_prefill",
+    "compiler_output",
     "diff",
     "instruction_mix",
     "nvidia_warps_per_sm",
@@ -48,7 +61,7 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------------------------------------
-# Occupancy formulas (ENVIRONMENT.md, "Occupancy")
+# Occupancy formulas (docs/ENVIRONMENT.md, "Occupancy formulas")
 # ----------------------------------------------------------------------------------------------
 
 _CDNA_REGS_PER_SIMD = 512  # unified VGPR + AGPR file per lane, per SIMD
@@ -179,6 +192,15 @@ def registers_to_next_step(
 # ----------------------------------------------------------------------------------------------
 
 
+_LIMIT_NAMES = {
+    "registers": "registers",
+    "sgprs": "SGPRs",
+    "lds": "LDS",
+    "shared": "shared memory",
+    "warps": "warp slots",
+}
+
+
 @dataclass
 class Resources:
     """What one compiled kernel uses and the occupancy that allows.
@@ -245,13 +267,23 @@ class Resources:
                         ", ".join(f"{n}: {w} warps x {r}" for n, w, r in self.partitions),
                     )
                 )
-        limiter = ", ".join(f"{k} {v}" for k, v in self.limits.items())
         return [
             ("num_warps", self.num_warps),
             *names,
-            ("limits", limiter),
+            ("occupancy allowed by", self.limits_text()),
             ("next step", self.next_step or "-"),
         ]
+
+    def limits_text(self) -> str:
+        """What each resource alone would allow, in the occupancy's unit, and which binds:
+        e.g. "registers 1, SGPRs 8, LDS 5 waves/SIMD; registers bind"."""
+        if not self.limits:
+            return "-"
+        unit = "waves/SIMD" if self.backend == "hip" else "warps/SM"
+        allowed = ", ".join(f"{_LIMIT_NAMES.get(k, k)} {v}" for k, v in self.limits.items())
+        binding = [_LIMIT_NAMES.get(k, k) for k, v in self.limits.items() if v == self.occupancy]
+        verb = "binds" if len(binding) == 1 else "bind"
+        return f"{allowed} {unit}; {' and '.join(binding)} {verb}"
 
     def __str__(self) -> str:
         return _table(["resource", "value"], [[k, v] for k, v in self.as_rows()])
@@ -281,7 +313,15 @@ def _amd_resources(amdgcn: str, arch: str, num_warps: int, triton_shared: int) -
         num_warps=num_warps,
         occupancy=occ,
         spill_bytes=scratch,
-        next_step=_next_step_text(arch, occ, limits, arch_vgprs, agprs, num_warps),
+        next_step=_next_step_text(
+            arch,
+            occ,
+            limits,
+            arch_vgprs,
+            agprs,
+            num_warps,
+            memory=(lds, _CDNA_LDS_PER_CU.get(arch, 64 * 1024)),
+        ),
         limits=limits,
         arch_vgprs=arch_vgprs,
         agprs=agprs,
@@ -328,7 +368,15 @@ def _nvidia_resources(usage: str, arch: int, num_warps: int, triton_shared: int)
         num_warps=num_warps,
         occupancy=occ,
         spill_bytes=local,
-        next_step=_next_step_text(arch, occ, limits, regs, 0, num_warps),
+        next_step=_next_step_text(
+            arch,
+            occ,
+            limits,
+            regs,
+            0,
+            num_warps,
+            memory=(shared + _NV_SMEM_RESERVED, _NV_SMEM_PER_SM),
+        ),
         limits=limits,
         registers=regs,
         shared_bytes=shared,
@@ -340,7 +388,14 @@ def _nvidia_resources(usage: str, arch: int, num_warps: int, triton_shared: int)
 
 
 def _next_step_text(
-    arch: int | str, occ: int, limits: dict[str, int], used: int, agprs: int, num_warps: int
+    arch: int | str,
+    occ: int,
+    limits: dict[str, int],
+    used: int,
+    agprs: int,
+    num_warps: int,
+    *,
+    memory: tuple[int, int] | None = None,
 ) -> str | None:
     amd = isinstance(arch, str)
     unit, reg_name = ("waves/SIMD", "VGPRs") if amd else ("warps/SM", "registers")
@@ -349,6 +404,9 @@ def _next_step_text(
         return None
     if occ == 0:
         where = "a CU's LDS" if amd else "an SM's shared memory"
+        if memory is not None:
+            need, have = memory
+            return f"does not launch: one workgroup needs {need} B, more than {where} ({have} B)"
         return f"does not launch: one workgroup needs more than {where}"
     if limits["registers"] == occ:
         step = registers_to_next_step(arch, used, agprs, num_warps)
@@ -467,24 +525,327 @@ def instruction_mix(isa: str, backend: str) -> dict[str, int]:
     """
     if backend not in ("hip", "cuda"):
         raise ValueError(f"backend must be 'hip' or 'cuda', got {backend!r}")
+    return _mix_of(_instructions(isa, backend), backend)
+
+
+def _empty_mix(backend: str) -> dict[str, int]:
     table = _AMD_MIX if backend == "hip" else _NV_MIX
     mix = dict.fromkeys([k for k, _ in table], 0)
     mix["log2e_mul"] = 0
-    instrs = _instructions(isa, backend)
+    mix["total"] = 0
+    return mix
+
+
+def _kind(instr: str, backend: str) -> str | None:
+    """The instruction-mix kind of one instruction, or None."""
+    op = _opcode(instr, backend)
+    for key, prefixes in _AMD_MIX if backend == "hip" else _NV_MIX:
+        if backend == "hip":
+            hit = op.startswith(prefixes)
+        else:
+            hit = any(op == p or op.startswith(p + ".") for p in prefixes)
+        if hit:
+            return key
+    return None
+
+
+def _mix_of(instrs: Iterable[str], backend: str) -> dict[str, int]:
+    mix = _empty_mix(backend)
     for instr in instrs:
-        op = _opcode(instr, backend)
-        for key, prefixes in table:
-            if backend == "hip":
-                hit = op.startswith(prefixes)
-            else:
-                hit = any(op == p or op.startswith(p + ".") for p in prefixes)
-            if hit:
-                mix[key] += 1
-                break
+        kind = _kind(instr, backend)
+        if kind is not None:
+            mix[kind] += 1
         if any(c in instr for c in _LOG2E_IMM[backend]):
             mix["log2e_mul"] += 1
-    mix["total"] = len(instrs)
+        mix["total"] += 1
     return mix
+
+
+# ----------------------------------------------------------------------------------------------
+# Source line <-> ISA, and the main loop's body
+# ----------------------------------------------------------------------------------------------
+
+_AMD_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)")
+_AMD_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"\s+"([^"]*)"')
+_LABEL = re.compile(r"^\s*(\.?[\w$.]+):")
+_NV_LOC = re.compile(r'^\s*//## File "([^"]*)", line (\d+)')
+_BRANCH_TARGET = {"hip": re.compile(r"^s_c?branch\w*\s+(\S+)"),
+                  "cuda": re.compile(r"^BRA\b.*?`?\(?(\.L_x_\d+)\)?")}  # fmt: skip
+
+
+@dataclass
+class SourceLine:
+    """The instructions one kernel source line produced (static counts)."""
+
+    file: str  # file name ("" for instructions without a line)
+    line: int  # 1-based; 0 when the compiler gave none
+    source: str  # the line's text
+    mix: dict[str, int]  # instruction mix of its instructions (``total`` = their number)
+    in_loop: int = 0  # how many of them are in the main loop's body
+
+
+@dataclass
+class LoopBody:
+    """The main loop: the backward branch whose body holds the most matrix instructions.
+    ``mix`` is one iteration's static instruction mix; ``lines`` the source lines in it."""
+
+    label: str
+    indices: frozenset[int]  # listing indices of its instructions
+    mix: dict[str, int]
+    lines: tuple[tuple[str, int], ...]  # (file, line) of its instructions
+
+
+@dataclass
+class LineMap:
+    """Source line <-> ISA of one compile: :attr:`lines` (by file and line) and the main loop."""
+
+    backend: str
+    lines: list[SourceLine]
+    loop: LoopBody | None
+    # (kind, text, (file, line), predicated): kind "instr" or "label"
+    listing: list[tuple[str, str, tuple[str, int], bool]]
+
+    def totals(self) -> dict[str, int]:
+        """Sum of every line's mix: equals the whole kernel's instruction mix."""
+        out = _empty_mix(self.backend)
+        for sl in self.lines:
+            for k, v in sl.mix.items():
+                out[k] += v
+        return out
+
+    def isa_of(self, file: str, line: int) -> list[str]:
+        """The instructions a source line produced, in listing order."""
+        return [t for kind, t, loc, _ in self.listing if kind == "instr" and loc == (file, line)]
+
+
+def _listing(res: CompileResult) -> list[tuple[str, str, tuple[str, int], bool]]:
+    """The kernel as (kind, text, (file, line), predicated) records: kind is "instr" or
+    "label"; ``predicated`` is True for a SASS instruction under a predicate."""
+    backend = res.target.backend
+    out: list[tuple[str, str, tuple[str, int], bool]] = []
+    loc = ("", 0)
+    if backend == "hip":
+        files = {m.group(1): m.group(3) for m in map(_AMD_FILE.match, res.asm.get(
+            "amdgcn", "").splitlines()) if m}  # fmt: skip
+        for raw in res.isa.splitlines():
+            m = _AMD_LOC.match(raw)
+            if m:
+                loc = (files.get(m.group(1), "?"), int(m.group(2)))
+                if loc[1] == 0:
+                    loc = ("", 0)
+                continue
+            s = raw.split(";", 1)[0].strip()
+            lab = _LABEL.match(s)
+            if lab:
+                out.append(("label", lab.group(1), loc, False))
+            elif s and not s.startswith("."):
+                out.append(("instr", s, loc, False))
+        return out
+    text = _nvdisasm(res.binary)
+    for raw in text.splitlines():
+        m = _NV_LOC.match(raw)
+        if m:
+            loc = (Path(m.group(1)).name, int(m.group(2)))
+            continue
+        lab = _LABEL.match(raw)
+        if lab and lab.group(1).startswith(".L_x_"):
+            out.append(("label", lab.group(1), loc, False))
+            continue
+        m = _SASS_LINE.match(raw)
+        if m:
+            text = _SASS_PRED.sub("", m.group(1))
+            out.append(("instr", text, loc, text != m.group(1)))
+    return out
+
+
+def _nvdisasm(cubin: bytes) -> str:
+    from triton import knobs
+
+    tool = os.path.join(os.path.dirname(knobs.nvidia.cuobjdump.path), "nvdisasm")
+    fd, path = tempfile.mkstemp(suffix=".cubin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        return subprocess.run(
+            [tool, "-g", "-c", path], check=True, capture_output=True, text=True
+        ).stdout
+    finally:
+        os.remove(path)
+
+
+def _main_loop(listing, backend: str) -> LoopBody | None:
+    """The natural loop (basic blocks that reach a backward branch without passing its
+    target) holding the most matrix instructions, the smallest such loop on a tie."""
+    pat = _BRANCH_TARGET[backend]
+    # Basic blocks: [start, end] listing indices; a label starts one, a branch ends one.
+    starts = {0}
+    for i, (kind, text, _, _) in enumerate(listing):
+        if kind == "label":
+            starts.add(i)
+        elif pat.match(text) or text.startswith(("s_endpgm", "EXIT")):
+            starts.add(i + 1)
+    bounds = sorted(x for x in starts if x < len(listing))
+    blocks = [(s0, (bounds[j + 1] if j + 1 < len(bounds) else len(listing)) - 1)
+              for j, s0 in enumerate(bounds)]  # fmt: skip
+    block_of_label = {listing[s0][1]: j for j, (s0, _) in enumerate(blocks)
+                      if listing[s0][0] == "label"}  # fmt: skip
+    succ: list[list[int]] = [[] for _ in blocks]
+    backedges = []
+    for j, (_, e0) in enumerate(blocks):
+        kind, text, _, predicated = listing[e0]
+        m = pat.match(text) if kind == "instr" else None
+        unconditional = m is not None and (
+            text.startswith("s_branch") or (backend == "cuda" and not predicated)
+        )
+        ends = kind == "instr" and text.startswith(("s_endpgm", "EXIT"))
+        if m:
+            t = block_of_label.get(m.group(1).strip("`()"))
+            if t is not None:
+                succ[j].append(t)
+                if t <= j:
+                    backedges.append((j, t))
+        if not unconditional and not ends and j + 1 < len(blocks):
+            succ[j].append(j + 1)
+    pred: list[list[int]] = [[] for _ in blocks]
+    for j, ss in enumerate(succ):
+        for t in ss:
+            pred[t].append(j)
+    best = None
+    for tail, head in backedges:
+        body, todo = {head, tail}, [tail]
+        while todo:
+            n = todo.pop()
+            for p in pred[n]:
+                if p not in body:
+                    body.add(p)
+                    todo.append(p)
+        idx = sorted(i for j in body for i in range(blocks[j][0], blocks[j][1] + 1))
+        instrs = [listing[i][1] for i in idx if listing[i][0] == "instr"]
+        mix = _mix_of(instrs, backend)
+        matrix = sum(mix.get(k, 0) for k in ("mfma", "mma", "wgmma", "tcgen05_mma"))
+        score = (matrix, -mix["total"])
+        if best is None or score > best[0]:
+            lines = tuple(sorted({listing[i][2] for i in idx
+                                  if listing[i][0] == "instr" and listing[i][2][1]}))  # fmt: skip
+            loop = LoopBody(listing[blocks[head][0]][1], frozenset(idx), mix, lines)
+            best = (score, loop)
+    return best[1] if best else None
+
+
+_line_maps: dict[tuple, LineMap] = {}
+
+
+def by_line(res: CompileResult) -> LineMap:
+    """Per kernel source line, the instructions it produced (from the AMDGCN ``.loc``
+    directives, or ``nvdisasm -g`` line info on NVIDIA), and the main loop's body."""
+    import linecache
+
+    with _cache_lock:
+        hit = _line_maps.get(res.key) if res.key else None
+    if hit is not None:
+        return hit
+    backend = res.target.backend
+    listing = _listing(res)
+    loop = _main_loop(listing, backend)
+    groups: dict[tuple[str, int], list[str]] = {}
+    in_loop: Counter = Counter()
+    for i, (kind, text, loc, _) in enumerate(listing):
+        if kind != "instr":
+            continue
+        groups.setdefault(loc, []).append(text)
+        if loop is not None and i in loop.indices:
+            in_loop[loc] += 1
+    paths = _source_paths(res)
+    lines = []
+    for (file, line), instrs in sorted(groups.items()):
+        src = linecache.getline(paths.get(file, file), line).strip() if line else ""
+        lines.append(SourceLine(file, line, src, _mix_of(instrs, backend), in_loop[(file, line)]))
+    out = LineMap(backend, lines, loop, listing)
+    if res.key:
+        with _cache_lock:
+            _line_maps[res.key] = out
+    return out
+
+
+def _source_paths(res: CompileResult) -> dict[str, str]:
+    """File name -> full path, for the files the compile's line info names."""
+    out = {}
+    for m in map(_AMD_FILE.match, res.asm.get("amdgcn", "").splitlines()):
+        if m:
+            out[m.group(3)] = os.path.join(m.group(2), m.group(3))
+    for m in re.finditer(r'\.file\s+\d+\s+"([^"]+)"', res.asm.get("ptx", "")):
+        out[Path(m.group(1)).name] = m.group(1)
+    return out
+
+
+_BY_LINE_COLS = {
+    "hip": [("matrix", ("mfma",)), ("loads", ("global_load", "buffer_load", "lds_load")),
+            ("stores", ("global_store", "buffer_store", "lds_store")), ("exp2", ("exp2",)),
+            ("spills", ("spill_load", "spill_store"))],
+    "cuda": [("matrix", ("mma", "wgmma", "tcgen05_mma")),
+             ("loads", ("global_load", "async_copy", "shared_load")),
+             ("stores", ("global_store", "shared_store")), ("exp2", ("exp2",)),
+             ("spills", ("spill_load", "spill_store"))],
+}  # fmt: skip
+
+
+def by_line_rows(lm: LineMap) -> tuple[list[str], list[list[Any]]]:
+    """(header, rows) of the by-line table: line, instructions, matrix, loads, stores, exp2,
+    spills, in main loop, source."""
+    cols = _BY_LINE_COLS[lm.backend]
+    header = ["line", "instrs", *[c for c, _ in cols], "in loop", "source"]
+    rows = []
+    for sl in lm.lines:
+        where = f"{sl.file}:{sl.line}" if sl.line else "(no line)"
+        counts = [sum(sl.mix.get(k, 0) for k in kinds) for _, kinds in cols]
+        rows.append([where, sl.mix["total"], *counts, sl.in_loop, sl.source[:70]])
+    return header, rows
+
+
+def by_line_table(res: CompileResult, top: int = 0) -> str:
+    """Text table of :func:`by_line` (``top``: the lines with most instructions, in line
+    order), then the main loop body's mix beside the whole kernel's."""
+    lm = by_line(res)
+    header, rows = by_line_rows(lm)
+    if top:
+        keep = sorted(range(len(rows)), key=lambda i: -rows[i][1])[:top]
+        rows = [rows[i] for i in sorted(keep)]
+    parts = [f"instructions by kernel source line ({len(lm.lines)} lines)", _table(header, rows)]
+    parts.append(loop_table(res))
+    return "\n".join(parts[:2]) + "\n\n" + parts[2]
+
+
+def loop_table(res: CompileResult) -> str:
+    """The main loop body's instruction mix (one iteration) beside the whole kernel's."""
+    lm = by_line(res)
+    if lm.loop is None:
+        return "main loop: none found (no backward branch)"
+    lp = lm.loop
+    by_file: dict[str, list[int]] = {}
+    for f, n in lp.lines:
+        by_file.setdefault(f, []).append(n)
+    span = ", ".join(f"{f} lines {min(ns)}-{max(ns)}" for f, ns in by_file.items()) or "no lines"
+    rows = [[k, res.mix.get(k, 0), lp.mix.get(k, 0)] for k in res.mix if res.mix.get(k, 0)]
+    return f"main loop body (label {lp.label}, {span}): static counts of one iteration\n" + _table(
+        ["instructions", "whole kernel", "loop body"], rows
+    )
+
+
+def diff_by_line(a: CompileResult, b: CompileResult) -> list[list[Any]]:
+    """Source lines whose instruction count changed from a to b: [line, a, b, change, source],
+    largest change first; a readable summary of a long ISA diff."""
+    la = {(s.file, s.line): s for s in by_line(a).lines}
+    lb = {(s.file, s.line): s for s in by_line(b).lines}
+    rows = []
+    for key in sorted(set(la) | set(lb)):
+        na = la[key].mix["total"] if key in la else 0
+        nb = lb[key].mix["total"] if key in lb else 0
+        if na != nb:
+            src = (lb.get(key) or la.get(key)).source
+            where = f"{key[0]}:{key[1]}" if key[1] else "(no line)"
+            rows.append([where, na, nb, f"{nb - na:+d}", src[:70]])
+    rows.sort(key=lambda r: -abs(int(r[3])))
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -509,12 +870,13 @@ class CompileResult:
     compile_seconds: float
     binary: bytes = b""
     key: tuple = ()
+    # True when this answer came from the in-memory cache: compile_seconds is then the time the
+    # first compile took, not time spent on this call.
+    from_cache: bool = False
 
     @property
     def label(self) -> str:
-        bits = [f"{k}={v}" for k, v in self.constexprs.items()]
-        bits += [f"{k}={v}" for k, v in self.options.items()]
-        return f"{self.kernel_name} @ {self.target.name}: " + " ".join(bits)
+        return _label(self.kernel_name, self.target, self.constexprs, self.options)
 
     def __repr__(self) -> str:
         r = self.resources
@@ -522,6 +884,12 @@ class CompileResult:
             f"CompileResult({self.label}; occupancy {r.occupancy} {self.target.occupancy_unit}, "
             f"spill {r.spill_bytes} B, {self.compile_seconds:.2f} s)"
         )
+
+
+def _label(name: str, target: Target, constexprs: Mapping[str, Any], options: Mapping[str, Any]):
+    bits = [f"{k}={v}" for k, v in constexprs.items()]
+    bits += [f"{k}={v}" for k, v in options.items()]
+    return f"{name} @ {target.name}: " + " ".join(bits)
 
 
 _cache: dict[tuple, CompileResult] = {}
@@ -671,7 +1039,7 @@ def compile(
     with _cache_lock:
         hit = _cache.get(key)
     if hit is not None:
-        return hit
+        return replace(hit, from_cache=True)
 
     if _is_gluon(jit):
         from triton.experimental.gluon._runtime import GluonASTSource as Source
@@ -679,19 +1047,26 @@ def compile(
         from triton.compiler.compiler import ASTSource as Source
     src = Source(jit, sig, consts, attrs)
     start = time.perf_counter()
-    try:
-        from . import runtime
+    from . import runtime
 
-        with runtime.compiling():  # not while another thread interprets a kernel
-            ck = triton.compile(src, target=triton_target(t), options=opts)
-    except RuntimeError as e:
-        if not _is_gluon(jit):
-            raise
-        raise RuntimeError(
-            f"compiling Gluon kernel {jit.__name__} for {t.name} failed ({e}); its layouts must "
-            f"use the target's warp size, {t.warp_size} threads per warp (MLIR's message is on "
-            "stderr)"
-        ) from e
+    failure: BaseException | None = None
+    # The capture is taken before the compile lock, as everywhere (tune's compiler_quiet around
+    # a launch): one lock order, fd capture -> runtime.compiling().
+    with compiler_output() as printed:
+        try:
+            with runtime.compiling():  # not while another thread interprets a kernel
+                ck = triton.compile(src, target=triton_target(t), options=opts)
+        except Exception as e:
+            failure = e
+    if failure is not None:
+        hint = (
+            f"a Gluon kernel's layouts must use the target's warp size, {t.warp_size} threads "
+            "per warp"
+            if _is_gluon(jit)
+            else ""
+        )
+        setting = _label(jit.__name__, t, consts, opts)
+        raise _compile_failed(failure, printed.text, setting, key, hint) from failure
     name = ck.metadata.name
     if t.is_amd:
         binary = ck.asm.get("hsaco", b"")
@@ -721,22 +1096,239 @@ def compile(
 
 
 def failure_reason(e: BaseException, limit: int = 300) -> str:
-    """One line saying why a compile failed: the assembler's own complaint when there is one
-    (Triton ends a failed ``ptxas`` run's message with the repro command), else the last
-    line of the message, after the exception's type."""
+    """One line saying why a compile failed: a :class:`CompileFailed`'s own summary (the pass
+    or assembler that failed, its first error and the setting), the assembler's complaint when
+    there is one (Triton ends a failed ``ptxas`` run's message with the repro command), else the
+    last line of the message, after the exception's type."""
+    if isinstance(e, CompileFailed):
+        return e.summary[:limit]
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     said = [ln for ln in lines if ln.startswith("ptxas") and ("fatal" in ln or "error" in ln)]
     text = said[0] if said else (lines[-1] if lines else "")
     return f"{type(e).__name__}: {text}"[:limit]
 
 
+# ----------------------------------------------------------------------------------------------
+# The compiler's own output, captured per call
+# ----------------------------------------------------------------------------------------------
+#
+# Triton prints in two ways: Python ``print`` (the whole PTX when ptxas fails) and C++ writes
+# to file descriptors 1 and 2 (MLIR's diagnostics and its crash reproducer when a pass fails).
+# compiler_output() takes both for the calling thread only: file descriptors 1 and 2 point at a
+# temporary file while the block runs (one block at a time, process-wide lock), and Python-level
+# writes of *that thread* go to the same log through a forwarding stream; every other thread's
+# ``print`` goes where it always went. In Jupyter a cell's ``print`` is a Python-level write to
+# the kernel's own stream (never file descriptor 1), so a print from another cell during a
+# compile still shows; so does everything printed once the block ends.
+
+_tls = threading.local()
+_fd_lock = threading.RLock()  # re-entrant: blocks may nest (compiler_quiet around compile)
+_route_lock = threading.Lock()
+_route_users = 0
+
+
+class _ThreadRoutedStream:
+    """Forwards writes to the stream it wraps, except a capturing thread's, which go to that
+    thread's log."""
+
+    def __init__(self, inner, which: str):
+        self._inner = inner
+        self._which = which
+
+    def write(self, text):
+        buf = getattr(_tls, self._which, None)
+        if buf is not None:
+            return buf.write(text)
+        return self._inner.write(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        if getattr(_tls, self._which, None) is None:
+            self._inner.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _route_python_streams(on: bool) -> None:
+    global _route_users
+    with _route_lock:
+        if on:
+            _route_users += 1
+            for which in ("stdout", "stderr"):
+                cur = getattr(sys, which)
+                if cur is not None and not isinstance(cur, _ThreadRoutedStream):
+                    setattr(sys, which, _ThreadRoutedStream(cur, which))
+            return
+        _route_users -= 1
+        if _route_users == 0:
+            for which in ("stdout", "stderr"):
+                cur = getattr(sys, which)
+                if isinstance(cur, _ThreadRoutedStream):
+                    setattr(sys, which, cur._inner)
+
+
+def _flush_c_stdio() -> None:
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+
+
+@dataclass
+class CompilerOutput:
+    """What the compiler printed inside one :func:`compiler_output` block (``text`` is filled in
+    when the block ends)."""
+
+    text: str = ""
+
+
+@contextlib.contextmanager
+def compiler_output():
+    """Capture what the compiler prints during the block, for this call only (see above):
+    yields a :class:`CompilerOutput` whose ``text`` holds it after the block."""
+    out = CompilerOutput()
+    py = io.StringIO()
+    with _fd_lock, tempfile.TemporaryFile(mode="w+b") as log:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        _flush_c_stdio()
+        saved: dict[int, int] = {}
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                copy = os.dup(fd)
+                os.dup2(log.fileno(), fd)
+                saved[fd] = copy
+        outer = (getattr(_tls, "stdout", None), getattr(_tls, "stderr", None))
+        _tls.stdout = _tls.stderr = py
+        _route_python_streams(True)
+        try:
+            yield out
+        finally:
+            _tls.stdout, _tls.stderr = outer
+            _route_python_streams(False)
+            _flush_c_stdio()
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+            log.seek(0)
+            out.text = py.getvalue() + log.read().decode(errors="replace")
+
+
 @contextlib.contextmanager
 def compiler_quiet():
-    """Keep what the compiler prints out of the caller's output: Triton 3.6 prints the whole
-    PTX to stdout when ptxas fails (thousands of lines); :func:`failure_reason` keeps the
-    assembler's message. Redirects ``sys.stdout`` of the whole process while it lasts."""
-    with contextlib.redirect_stdout(io.StringIO()):
+    """Keep what the compiler prints during the block out of the caller's output (it is
+    dropped; :func:`compile` keeps it in :attr:`CompileFailed.output` instead). Per call: other
+    threads' output is untouched (see :func:`compiler_output`)."""
+    with compiler_output():
         yield
+
+
+class CompileFailed(RuntimeError):
+    """A compile that failed, said in one line (:attr:`summary`): which pass or tool failed
+    (``pass_name``, at Triton stage ``stage``), its first error (``message``, at ``location`` in
+    the kernel source) and the setting (``setting``). The compiler's whole output (MLIR's
+    reproducer, ptxas's log) is kept in :attr:`log_path`, a file the user can open, and in
+    :attr:`output`."""
+
+    def __init__(
+        self,
+        *,
+        setting: str,
+        pass_name: str | None,
+        stage: str | None,
+        message: str,
+        location: str | None,
+        output: str,
+        log_path: Path | None,
+        hint: str = "",
+    ):
+        self.setting, self.pass_name, self.stage = setting, pass_name, stage
+        self.message, self.location, self.output, self.log_path = (
+            message,
+            location,
+            output,
+            log_path,
+        )
+        where = pass_name or "compile"
+        if stage:
+            where += f" (stage {stage})"
+        at = f" at {location}" if location else ""
+        self.summary = f"{where} failed: {message}{at}; setting {setting}"
+        if hint:
+            self.summary += f" ({hint})"
+        keep = f" [compiler output and reproducer: {log_path}]" if log_path else ""
+        super().__init__(self.summary + keep)
+
+
+_MLIR_PASS = re.compile(r"Pipeline failed while executing \[`([^`]+)`")
+_MLIR_ERROR = re.compile(r"^(\S+?):(\d+):\d+: error: (.*)$", re.MULTILINE)
+
+
+def _classify_failure(
+    e: BaseException, output: str
+) -> tuple[str | None, str | None, str, str | None]:
+    """(pass name, Triton stage, first error message, source location) of a failed compile."""
+    stage = None
+    for frame in traceback.extract_tb(e.__traceback__):
+        if frame.name.startswith("make_") and "triton" in frame.filename:
+            stage = frame.name.removeprefix("make_")
+    text = f"{output}\n{e}"
+    pass_name = location = None
+    m = _MLIR_PASS.search(text)
+    if m:
+        pass_name = m.group(1)
+    said = [
+        ln.strip()
+        for ln in str(e).splitlines()
+        if ln.strip().startswith("ptxas") and ("fatal" in ln or "error" in ln)
+    ]
+    err = _MLIR_ERROR.search(output)
+    if said:
+        pass_name, message = "ptxas", said[0]
+    elif err:
+        location = f"{Path(err.group(1)).name}:{err.group(2)}"
+        message = err.group(3).strip()
+    else:
+        llvm = re.search(r"^LLVM ERROR: (.*)$", output, re.MULTILINE)
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        message = llvm.group(1) if llvm else f"{type(e).__name__}: {lines[-1] if lines else ''}"
+    return pass_name, stage, message, location
+
+
+def failure_dir() -> Path:
+    """Where failed compiles leave their compiler output: ``$TMPDIR/sparse-mla-compile-failures``
+    (``SPARSE_MLA_FAILURE_DIR`` overrides it)."""
+    given = os.environ.get("SPARSE_MLA_FAILURE_DIR")
+    return Path(given) if given else Path(tempfile.gettempdir()) / "sparse-mla-compile-failures"
+
+
+def _compile_failed(
+    e: BaseException, output: str, setting: str, key: tuple, hint: str = ""
+) -> CompileFailed:
+    pass_name, stage, message, location = _classify_failure(e, output)
+    log_path: Path | None = None
+    try:
+        folder = failure_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+        log_path = folder / f"{digest}.log"
+        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        log_path.write_text(
+            f"setting: {setting}\npass: {pass_name}\nstage: {stage}\nerror: {message}\n"
+            f"location: {location}\n\n---- exception ----\n{tb}\n"
+            f"---- compiler output (MLIR reproducer, ptxas log, ...) ----\n{output}"
+        )
+    except OSError:
+        log_path = None
+    return CompileFailed(
+        setting=setting, pass_name=pass_name, stage=stage, message=message,
+        location=location, output=output, log_path=log_path, hint=hint,
+    )  # fmt: skip
 
 
 def resources_of(ck, target: str | Target = "local") -> Resources:

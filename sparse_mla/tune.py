@@ -873,6 +873,7 @@ def export(
     root: Path | str | None = None,
     provenance: Mapping[str, Any] | None = None,
     dry_run: bool = False,
+    allow_compile_only: bool = False,
 ) -> str:
     """Merge winners into ``arch``'s DEFAULT.json; returns a unified diff of the file.
 
@@ -883,7 +884,10 @@ def export(
         root: config root (default: the package's configs/).
         provenance: fields set on every written entry, over those taken from the rows
             (required in the end: device, triton, date, workload, time_ms, sweep_size).
-        dry_run: compute the diff without writing.
+        dry_run: compute the diff without writing anything (no folder, lock or file).
+        allow_compile_only: export winners ranked by compile-only resources (provenance
+            ``mode`` "compile"). Refused by default, as ``sparse-mla export`` refuses them:
+            they are candidates to time, and would replace measured entries.
 
     Entries for other shapes are kept. The write is atomic (a temporary file in the same
     folder, then os.replace) and runs under an exclusive lock on ``DEFAULT.json.lock``, so
@@ -893,6 +897,18 @@ def export(
     new_entries = dict(_entry_from(k, v, arch, provenance) for k, v in _winner_items(winners))
     if not new_entries:
         return ""
+    compiled = sorted(k for k, e in new_entries.items() if e["provenance"].get("mode") == "compile")
+    if compiled and not allow_compile_only:
+        timed = sorted(
+            k for k in compiled
+            if (old := configs.lookup_entry(arch, *configs.parse_shape_key(k), root=root))
+            is not None and old.provenance.get("mode") == "time"
+        )  # fmt: skip
+        over = f"; {timed} would replace timed entries" if timed else ""
+        raise ValueError(
+            f"export: {compiled} were ranked by compile-only resources, not timed{over}; run a "
+            "time sweep, or pass allow_compile_only=True (CLI: --allow-compile-only)"
+        )
     label = str(path)
     # Validate the new entries alone first so the error names them, not the old file.
     configs.parse_entries(new_entries, arch, f"{label} (new entries)")
@@ -911,7 +927,8 @@ def _merge_into(path: Path, arch: str, merge, dry_run: bool) -> str:
     """Under the file's lock: validate the old file, write ``merge(old)`` atomically if it
     differs (unless ``dry_run``); returns the unified diff."""
     label = str(path)
-    with _locked(path):
+    # A dry run reads the file as it is and writes nothing: no folder, no lock file.
+    with contextlib.nullcontext() if dry_run else _locked(path):
         old_text = path.read_text() if path.exists() else ""
         try:
             old = json.loads(old_text) if old_text.strip() else {}

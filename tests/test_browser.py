@@ -1,4 +1,5 @@
-"""A real browser runs notebook 02 in JupyterLab and toggles EVEN_HD in the explorer panel.
+"""A real browser runs notebook 02 in JupyterLab, toggles EVEN_HD in the explorer panel, then
+drives it into its failed, invalid and cannot-launch states and prints during a compile.
 
 Needs Debian's chromium at /usr/bin/chromium (``scripts/ci_browser_setup.sh`` installs it) and
 the ``playwright`` Python package (a dev dependency; its own browser downloads are never used).
@@ -132,6 +133,48 @@ def _table_text(page) -> str:
     return loc.first.inner_text(timeout=5000) if loc.count() else ""
 
 
+def _state(page) -> str | None:
+    loc = page.locator(".sml-explorer .sml-status")
+    return loc.first.get_attribute("data-state", timeout=5000) if loc.count() else None
+
+
+def _run_cell(page, code: str) -> None:
+    """Append a code cell at the end of the notebook and run it."""
+    page.locator(".jp-NotebookPanel .jp-Cell").last.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")  # insert a cell below, in command mode
+    page.keyboard.press("Enter")  # edit it
+    page.keyboard.insert_text(code)
+    page.keyboard.press("Shift+Enter")
+
+
+def _last_output(page) -> str:
+    loc = page.locator(".jp-NotebookPanel .jp-CodeCell .jp-OutputArea-output")
+    n = loc.count()
+    return "\n".join(loc.nth(i).text_content() or "" for i in range(max(0, n - 3), n))
+
+
+def _status_text(page) -> str:
+    # text_content, not inner_text: JupyterLab does not render cells scrolled out of view.
+    return page.locator(".sml-explorer .sml-status").first.text_content(timeout=5000) or ""
+
+
+def _assert_cleared(page) -> None:
+    """No view of an older setting is left: no ISA, no by-line table, no error text, and the
+    images hidden (display: none, so no broken-image icon either)."""
+    page.locator(".sml-explorer").first.scroll_into_view_if_needed()
+    isa = page.locator(".sml-explorer .sml-isa")
+    assert isa.count() == 0 or not (isa.first.text_content() or "").strip()
+    for cls in ("sml-error", "sml-by-line"):
+        assert page.locator(f".sml-explorer .{cls}").count() == 0, cls
+    imgs = page.locator(".sml-explorer img").all()
+    assert imgs, "the panel's images are missing from the page"
+    for img in imgs:
+        display = img.evaluate("e => getComputedStyle(e).display")
+        assert display == "none", f"an image of an older setting is shown ({display})"
+    assert page.locator(".sml-explorer .sml-stale").count() == 0
+
+
 def _wait_for(predicate, timeout: float, what: str, page=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -203,15 +246,43 @@ def test_explorer_in_jupyterlab(tmp_path):
             )  # fmt: skip
             assert after != before
             assert "VGPRs" in after
-            _wait_for(
-                lambda: "done" in page.locator(".sml-explorer .sml-status").first.inner_text(),
-                TOGGLE_S, "the panel to finish its error run", page,
-            )  # fmt: skip
+            _wait_for(lambda: _state(page) == "ok", TOGGLE_S, "the panel's ok state", page)
             with contextlib.suppress(Exception):  # JupyterLab's news question, if shown
                 page.locator(".jp-toast-button", has_text="No").first.click(timeout=2000)
             page.locator(".sml-explorer").first.scroll_into_view_if_needed()
             page.wait_for_timeout(500)
             page.screenshot(path=str(shot), full_page=False)
+
+            # A failing compile (Triton 3.6's AMD pipeliner) clears every older view.
+            _run_cell(page, "panel.set(EVEN_HD=True, BLOCK_K=64, num_warps=1, num_stages=4)")
+            _wait_for(lambda: _state(page) == "failed", TOGGLE_S, "the failed state", page)
+            status = _status_text(page)
+            assert "compile failed" in status and "TritonAMDGPUPipeline" in status, status
+            _assert_cleared(page)
+            failed = page.locator(".sml-explorer .sml-resources").first.text_content() or ""
+            assert "Compile failed" in failed and "sparse-mla-compile-failures" in failed, failed
+            # An invalid setting likewise.
+            _run_cell(page, "panel.set(H=8, BLOCK_K=32, num_warps=4, num_stages=2)")
+            _wait_for(lambda: _state(page) == "invalid", TOGGLE_S, "the invalid state", page)
+            _assert_cleared(page)
+            # A config that compiles but cannot launch (LDS over a gfx942 CU's 64 KiB).
+            _run_cell(page, "panel.set(H=16, target='gfx942', BLOCK_K=128)")
+            _wait_for(lambda: _state(page) == "cannot-launch", TOGGLE_S, "cannot-launch", page)
+            status = _status_text(page)
+            assert "cannot launch" in status and "LDS" in status, status
+            # A print from another cell while the panel compiles still shows.
+            _run_cell(
+                page,
+                "panel.set(target='gfx950', BLOCK_K=16, num_warps=8)\n"
+                "assert panel.in_compile.wait(120)\n"
+                "print('printed-during-compile', panel.in_compile.is_set())\n"
+                "panel.wait()",
+            )
+            _wait_for(
+                lambda: "printed-during-compile True" in _last_output(page),
+                TOGGLE_S, "the print made during a compile", page,
+            )  # fmt: skip
+            _wait_for(lambda: _state(page) == "ok", TOGGLE_S, "ok after the print", page)
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser_02_failure.png"))

@@ -478,11 +478,124 @@ def test_engine_signature_and_recording_errors(tmp_path):
 
     with cap.Recorder(tmp_path, engine_prefill) as rec:
         rec.fn(query=q, unified_kv=kv, indices=idx, indptr=ptr, sm_scale=scale, sink=s)
-        # A call the recorder cannot read still runs; the error is kept, nothing is written.
-        assert rec.fn(q, kv[:, :5], idx, ptr, scale) is q
+        # A call the recorder cannot read still runs; the error is kept, nothing is written,
+        # and the first such failure is said at once.
+        with pytest.warns(RuntimeWarning, match="call 1 of .* was not recorded"):
+            assert rec.fn(q, kv[:, :5], idx, ptr, scale) is q
     assert len(rec.files) == 1 and len(rec.errors) == 1 and "head dim" in rec.errors[0]
     c = cap.load_capture(rec.files[0])
     assert torch.equal(c.attn_sink, s) and torch.equal(c.kv_indices, idx)
+
+
+def test_an_unmapped_call_warns_once_and_writes_nothing(tmp_path):
+    # FlashMLA's (q, kv, indices, sm_scale) under the default mapping: indices is dense
+    # [T, 1, topk] and there is no indptr, so nothing can be recorded; the user hears it once.
+    q, kv, *_, scale, _ = _call()
+    dense = torch.full((q.shape[0], 1, 8), -1, dtype=torch.int32)
+
+    def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None,
+                             topk_length=None):  # fmt: skip
+        return q
+
+    with cap.Recorder(tmp_path, flash_mla_sparse_fwd) as rec:
+        with pytest.warns(RuntimeWarning, match="not recorded.*for_engine") as seen:
+            rec.fn(q, kv[:, None, :], dense, scale, 64)
+            rec.fn(q, kv[:, None, :], dense, scale, 64)
+        assert len(seen) == 1
+    assert rec.files == [] and len(rec.errors) == 2 and not list(tmp_path.iterdir())
+
+
+def _flashmla_semantics(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    """What FlashMLA's sparse prefill computes, written from its docstring with dense loops: per
+    token, softmax over the valid entries of its first topk_length[t] indices (invalid: < 0 or
+    >= s_kv), the sink adding exp(sink) to the denominator; a token with no valid entry gives
+    zeros."""
+    T, H, _ = q.shape
+    kv2 = kv[:, 0, :].double()
+    out = torch.zeros(T, H, d_v, dtype=torch.float64)
+    for t in range(T):
+        row = indices[t, 0, :]
+        if topk_length is not None:
+            row = row[: int(topk_length[t])]
+        row = row[(row >= 0) & (row < kv.shape[0])].long()
+        if row.numel() == 0:
+            continue
+        logits = q[t].double() @ kv2[row].T * sm_scale  # [H, n]
+        m = logits.max(dim=1, keepdim=True).values
+        if attn_sink is not None:
+            m = torch.maximum(m, attn_sink.double()[:, None])
+        p = (logits - m).exp()
+        denom = p.sum(dim=1, keepdim=True)
+        if attn_sink is not None:
+            denom = denom + (attn_sink.double()[:, None] - m).exp()
+        out[t] = (p / denom) @ kv2[row][:, :d_v]
+    return out.to(q.dtype), None, None
+
+
+@pytest.mark.parametrize("with_length", [False, True])
+def test_flashmla_call_recorded_through_the_shipped_mapping_replays(tmp_path, with_length):
+    g = torch.Generator().manual_seed(5)
+    T, H, D, N, topk = 5, 16, 64, 48, 12
+    q = torch.randn(T, H, D, generator=g).to(torch.bfloat16)
+    kv = torch.randn(N, 1, D, generator=g).to(torch.bfloat16)
+    indices = torch.randint(1, N - 1, (T, 1, topk), generator=g, dtype=torch.int32)
+    indices[:, :, -3:] = -1  # padding
+    indices[1, 0, 0] = N  # out of range: invalid
+    indices[3, 0, :] = -1  # a token with nothing to attend to
+    sink = torch.randn(H, generator=g)
+    length = torch.tensor([12, 4, 0, 7, 9], dtype=torch.int32) if with_length else None
+
+    def flash_mla_sparse_fwd(*args, **kwargs):  # stands in for FlashMLA's, same signature
+        return _flashmla_semantics(*args, **kwargs)
+
+    rec = cap.Recorder.for_engine("flashmla", tmp_path, target=flash_mla_sparse_fwd)
+    with rec:
+        out, _, _ = rec.fn(q, kv, indices, D**-0.5, d_v=D, attn_sink=sink, topk_length=length)
+    assert rec.errors == [] and len(rec.files) == 1
+    c = cap.load_capture(rec.files[0])
+    assert c.synthetic is False and "flashmla" in c.metadata["source"]
+    # Replay (every unreferenced pool row NaN) through the Triton kernel passes the fp32 check ...
+    report = cap.replay(c, device="cpu")
+    assert report.ok and report.nan_outputs == 0, str(report)
+    # ... and the recorded slot lists mean what FlashMLA computed on the dense indices.
+    w = c.rebuild("cpu")
+    torch.testing.assert_close(
+        sparse_mla_prefill_ref(*w.args(), **w.kwargs()).float(), out.float(), atol=2e-2, rtol=0
+    )
+
+
+def test_flashmla_mapping_refuses_what_it_cannot_represent():
+    q = torch.zeros(2, 4, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(8, 1, 576, dtype=torch.bfloat16)
+    idx = torch.zeros(2, 1, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="d_qk=576 != d_v=512"):
+        cap.flashmla_sparse_extract((q, kv, idx, 0.1), {})
+    with pytest.raises(ValueError, match="without"):
+        cap.flashmla_sparse_extract((q, kv), {})
+
+
+def test_aiter_mapping_takes_the_prefix_source_and_refuses_an_extend():
+    q, kv, idx, ptr, scale, s = _call()
+    ops = cap.aiter_pa_prefill_sparse_extract(
+        (q, kv, idx, ptr, None, None, None, s, scale), {"has_invalid": True}
+    )
+    assert ops["kv"] is kv and ops["kv_indices"] is idx and ops["kv_indptr"] is ptr
+    assert ops["attn_sink"] is s and ops["softmax_scale"] == scale
+    extend = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="extend"):
+        cap.aiter_pa_prefill_sparse_extract((q, kv, idx, ptr, kv, extend, ptr, s, scale), {})
+    assert set(cap.ENGINES) == {"flashmla", "vllm", "sglang", "aiter"}
+    assert all(":" in m.target and m.checked for m in cap.ENGINES.values())
+
+
+def test_update_metadata_keeps_tensors_and_refuses_call_fields(tmp_path):
+    path, _ = _save(tmp_path)
+    before = cap.load_capture(path)
+    after = cap.update_metadata(path, synthetic=True, synthetic_note="made up")
+    assert after.synthetic is True and after.metadata["synthetic_note"] == "made up"
+    assert torch.equal(after.q, before.q) and torch.equal(after.kv_rows, before.kv_rows)
+    with pytest.raises(ValueError, match="call"):
+        cap.update_metadata(path, call={})
 
 
 def test_cli_capture_and_replay(tmp_path, capsys):
@@ -497,6 +610,7 @@ def test_cli_capture_and_replay(tmp_path, capsys):
     assert [f.name for f in files] == ["w_00000.safetensors", "w_00002.safetensors"]
     meta = cap.load_capture(files[0]).metadata
     assert meta["extra"]["workload"] == "csa_h8_topk512" and meta["call"]["D"] == 64
+    assert meta["synthetic"] is True  # a generated workload, labelled so
     assert main(["replay", str(files[0]), "--device", "cpu"]) == 0
     assert main(["replay", *map(str, files), "--kernel", "reference", "--info"]) == 0
     printed = capsys.readouterr().out
@@ -522,6 +636,8 @@ def test_shipped_captures_exist_and_are_documented():
 def test_shipped_capture_loads_and_replays(path):
     c = cap.load_capture(path)
     assert c.q.shape[-1] == 512 and c.metadata["source"].startswith("sparse-mla capture")
+    assert c.synthetic is True and "not recorded from a serving engine" in c.metadata[
+        "synthetic_note"]  # fmt: skip
     report = cap.replay(c, sparse_mla_prefill_ref, device="cpu")
     assert report.ok, str(report)
 

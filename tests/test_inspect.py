@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -69,6 +70,9 @@ def test_cdna_lds_and_sgpr_limits():
     assert si.amd_waves_per_simd(64, 0, 65537, "gfx942", 4) == 0
     text = si._next_step_text("gfx942", 0, {"registers": 8, "lds": 0}, 64, 0, 4)
     assert "does not launch" in text
+    text = si._next_step_text("gfx942", 0, {"registers": 8, "lds": 0}, 64, 0, 4,
+                              memory=(65537, 65536))  # fmt: skip
+    assert "needs 65537 B, more than a CU's LDS (65536 B)" in text
     assert si.amd_waves_per_simd(64, 0, sgprs=100) == 8
     assert si.amd_waves_per_simd(64, 0, sgprs=101) == 7
 
@@ -271,7 +275,50 @@ def test_diff_of_identical_results_is_empty(prefill):
 def test_results_are_cached(prefill):
     first = prefill("sm90")
     again = si.compile_prefill("sm90", BASE)
-    assert again is first
+    # The same compile (nothing recompiled), flagged as a cache hit: its compile_seconds is
+    # the first compile's time, not this call's.
+    assert again.isa is first.isa and again.binary is first.binary and again.key == first.key
+    assert again.from_cache and again.compile_seconds == first.compile_seconds
+
+
+@pytest.mark.parametrize("target", ["gfx950", "sm90"])
+def test_by_line_totals_equal_the_whole_kernel_and_the_loop_is_a_subset(prefill, target):
+    r = prefill(target)
+    lm = si.by_line(r)
+    assert lm.totals() == r.mix  # every instruction is counted on exactly one source line
+    lines = {(s.file, s.line): s for s in lm.lines}
+    # The two tl.dot calls go through one helper line; the gather is the masked tl.load.
+    matrix = "mfma" if target.startswith("gfx") else "mma"
+    dot = [s for s in lm.lines if "tl.dot(" in s.source]
+    assert dot and sum(s.mix[matrix] for s in dot) == r.mix[matrix]
+    assert any("tl.load(kv_ptrs" in s.source and s.mix["total"] for s in lines.values())
+    loop = lm.loop
+    assert loop is not None and loop.mix[matrix] > 0
+    assert all(0 <= loop.mix[k] <= r.mix[k] for k in r.mix), (loop.mix, r.mix)
+    assert loop.mix["total"] < r.mix["total"]
+    assert sum(s.in_loop for s in lm.lines) == loop.mix["total"]
+    # Each line's instructions are the listing's instructions tagged with that line.
+    s = dot[0]
+    assert len(lm.isa_of(s.file, s.line)) == s.mix["total"]
+
+
+def test_cli_isa_by_line(prefill, capsys):
+    r = prefill("gfx950")
+    argv = ["isa", "--target", "gfx950", "--set", "BLOCK_H=16", "--set", "BLOCK_K=32",
+            "--set", "num_warps=4", "--set", "num_stages=2", "--by-line"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "instructions by kernel source line" in out and "main loop body" in out
+    rows = re.findall(r"^(prefill\.py:\d+|\(no line\)|\S+\.py:\d+)\s+(\d+)\s", out, re.MULTILINE)
+    assert sum(int(n) for _, n in rows) == r.mix["total"]
+    assert re.search(rf"^mfma\s+{r.mix['mfma']}\s+\d+", out, re.MULTILINE)
+
+
+def test_diff_by_line_names_the_lines_that_changed(prefill):
+    even, masked = prefill("gfx942"), prefill("gfx942", EVEN_HD=False)
+    rows = si.diff_by_line(even, masked)
+    assert rows and all(int(r[3]) != 0 for r in rows)
+    assert sum(int(r[3]) for r in rows) == masked.mix["total"] - even.mix["total"]
 
 
 def test_compile_needs_pointer_dtypes_and_constexprs():
@@ -368,6 +415,106 @@ def test_cli_isa_prints_resources_and_a_diff(prefill, capsys):
     assert re.search(rf"waves/SIMD\s+{res.waves_per_simd}\b", out)
     assert "EVEN_HD=True" in out and "--- a: " in out and "more lines" in out
     assert re.search(r"v_cmp_\w+\s+-\d+", out)  # the opcode table shows compares removed
+
+
+def test_compiler_output_is_per_call_and_other_threads_still_print(capsys):
+    import os
+    import threading
+
+    inside, release, box = threading.Event(), threading.Event(), {}
+
+    def compile_like():
+        with si.compiler_output() as out:
+            print("python print from the compiler")
+            os.write(2, b"C++ write to fd 2 from the compiler\n")
+            inside.set()
+            release.wait(30)
+        box["out"] = out
+
+    t = threading.Thread(target=compile_like)
+    t.start()
+    assert inside.wait(30)
+    print("a print from another cell")  # while the other thread captures
+    release.set()
+    t.join(30)
+    printed = capsys.readouterr()
+    assert "a print from another cell" in printed.out
+    assert "from the compiler" not in printed.out + printed.err
+    assert "python print from the compiler" in box["out"].text
+    assert "C++ write to fd 2 from the compiler" in box["out"].text
+    assert not isinstance(sys.stdout, si._ThreadRoutedStream)  # nothing left installed
+    # Blocks nest (compiler_quiet around compile): the inner one takes its own output only.
+    with si.compiler_output() as outer:
+        print("outer before")
+        with si.compiler_output() as inner:
+            print("inner")
+        print("outer after")
+    assert inner.text == "inner\n" and outer.text == "outer before\nouter after\n"
+
+
+def test_failed_compile_names_the_pass_in_one_line_and_keeps_the_reproducer(
+    tmp_path, monkeypatch, capfd
+):
+    monkeypatch.setenv("SPARSE_MLA_FAILURE_DIR", str(tmp_path))
+    cfg = PrefillConfig(BLOCK_K=64, num_warps=1, num_stages=4)  # Triton 3.6's AMD pipeliner fails
+    with pytest.raises(si.CompileFailed) as info:
+        si.compile_prefill("gfx950", cfg, num_heads=16, head_dim=512)
+    e = info.value
+    assert e.pass_name == "TritonAMDGPUPipeline" and e.stage == "ttgir"
+    assert e.location and e.location.startswith("prefill.py:")
+    assert "\n" not in e.summary and "BLOCK_K=64" in e.summary and "num_stages=4" in e.summary
+    assert si.failure_reason(e) == e.summary[:300]
+    assert e.log_path.parent == tmp_path and "mlir_reproducer" in e.log_path.read_text()
+    printed = capfd.readouterr()
+    assert "mlir_reproducer" not in printed.out + printed.err
+
+
+def test_cli_isa_failed_compile_is_one_line_and_exits_1(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("SPARSE_MLA_FAILURE_DIR", str(tmp_path))
+    argv = ["isa", "--target", "gfx950", "--set", "BLOCK_K=64", "--set", "num_warps=1",
+            "--set", "num_stages=4"]  # fmt: skip
+    assert cli.main(argv) == 1
+    err = capfd.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2, err
+    assert "TritonAMDGPUPipeline (stage ttgir) failed" in lines[0]
+    assert str(tmp_path) in lines[1]
+
+
+def test_cli_isa_cannot_launch_exits_nonzero(capsys):
+    # gfx942, BLOCK_K=128: one workgroup needs more LDS than a CU's 64 KiB.
+    assert cli.main(["isa", "--target", "gfx942", "--set", "BLOCK_K=128"]) == 1
+    captured = capsys.readouterr()
+    assert "cannot launch" in captured.err and "more than a CU's LDS (65536 B)" in captured.err
+    assert "waves/SIMD" in captured.out  # the resources are still printed
+
+
+def test_cli_isa_names_its_base_config(capsys):
+    assert cli.main(["isa", "--target", "gfx950", "--heads", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "base config: the default for H=16 D=512" in out and "no tuned entry" in out
+    assert cli.main(["isa", "--target", "sm90", "--heads", "16", "--set", "BLOCK_K=16"]) == 0
+    out = capsys.readouterr().out
+    assert "base config: tuned entry H16_D512" in out and "NVIDIA H200" in out
+    assert "with BLOCK_K=16 over it" in out
+
+
+@pytest.mark.parametrize(
+    "setting, said",
+    [("EVEN_HD=maybe", "EVEN_HD takes true/false"), ("BLOCK_K=big", "BLOCK_K takes an integer"),
+     ("num_warps=true", "num_warps takes an integer"), ("BLOCK_Q=16", "unknown setting")],
+)  # fmt: skip
+def test_cli_isa_type_checks_set_values(setting, said, capsys):
+    assert cli.main(["isa", "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+def test_limits_are_explained():
+    r = si.Resources(backend="hip", arch="gfx942", num_warps=4, occupancy=1, spill_bytes=0,
+                     limits={"registers": 1, "sgprs": 8, "lds": 5})  # fmt: skip
+    assert r.limits_text() == "registers 1, SGPRs 8, LDS 5 waves/SIMD; registers binds"
+    assert dict(r.as_rows())["occupancy allowed by"] == r.limits_text()
 
 
 def test_cli_isa_rejects_a_bad_setting(capsys):

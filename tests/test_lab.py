@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from sparse_mla import check_against_reference, sparse_mla_prefill
+from sparse_mla import check_against_reference, inspect, sparse_mla_prefill
 from sparse_mla.lab import figures
 from sparse_mla.lab import softmax as lab
 from sparse_mla.lab.explorer import ExplorerPanel, PanelState, check_state, default_kernel_line
@@ -89,6 +90,42 @@ def test_figures_draw():
     assert figures.to_png(figures.error_figure(out + 1e-3, out, out + 2e-3))[:4] == b"\x89PNG"
 
 
+def test_occupancy_chart_marks_the_right_step():
+    from sparse_mla import inspect as si
+
+    # The formula's own steps: 256 unified VGPRs -> 2 waves, 257 -> 1; 168 -> 3.
+    xs, ys = figures.occupancy_curve("gfx950")
+    step = dict(zip(xs, ys, strict=True))
+    assert (step[64], step[65], step[168], step[169], step[256], step[257]) == (8, 7, 3, 2, 2, 1)
+    nxs, nys = figures.occupancy_curve("sm90", num_warps=4)
+    nstep = dict(zip(nxs, nys, strict=True))
+    assert nstep[128] == 16 and nstep[255] == 8  # 65536 / (128 * 32) = 16 warps
+    # A known kernel: the mark sits on the curve at its own register count and limit.
+    r = si.compile_prefill("gfx950", PrefillConfig(BLOCK_H=16, BLOCK_K=32, num_warps=4,
+                                                   num_stages=2, EVEN_HD=False))  # fmt: skip
+    pinned = si.compile_prefill("gfx950", PrefillConfig(BLOCK_H=16, BLOCK_K=16, num_warps=4,
+                                                        num_stages=2))  # fmt: skip
+    fig = figures.occupancy_figure(r, pinned)
+    x, y = fig.marks["current"]
+    assert x == r.resources.total_vgprs and y == step[x] == r.resources.limits["registers"]
+    assert fig.marks["pinned"] == (pinned.resources.total_vgprs, step[pinned.resources.total_vgprs])
+    assert figures.to_png(fig)[:4] == b"\x89PNG"
+
+
+def test_error_figure_draws_the_tolerance_and_a_token_head_heatmap():
+    out = torch.randn(3, 4, 8)
+    fig = figures.error_figure(out + 1e-3, out, out + 2e-3, title="error of BLOCK_K=32")
+    ax_hist, ax_head, ax_heat = fig.axes[:3]
+    labels = [ln.get_label() for ln in ax_head.get_lines()]
+    assert "tolerance (2x torch)" in labels
+    tol = next(ln for ln in ax_head.get_lines() if ln.get_label().startswith("tolerance"))
+    base = figures.per_head_rel_l2(out + 2e-3, out)
+    assert list(tol.get_ydata()) == pytest.approx((2 * base).tolist())
+    assert ax_heat.get_images()[0].get_array().shape == (3, 4)  # token x head
+    assert fig.legends and not ax_hist.get_legend() and not ax_head.get_legend()  # off the data
+    assert fig._suptitle.get_text() == "error of BLOCK_K=32"
+
+
 def test_html_helpers_escape():
     t = figures.html_table([("<b>", None)], ["a&b", "c"])
     assert "&lt;b&gt;" in t and "a&amp;b" in t and ">-<" in t
@@ -128,11 +165,13 @@ def test_panel_even_hd_toggle_updates_table_and_plots(panel):
     assert "next step" in table
     assert panel.result.resources.occupancy >= 1
     assert panel.mix_image.value[:4] == b"\x89PNG"
+    assert panel.occupancy_image.value[:4] == b"\x89PNG"
     assert "sml-isa" in panel.isa.value and "v_mfma" in panel.isa.value
     assert panel.error is not None and panel.error.report.ok
     assert panel.error_image.value[:4] == b"\x89PNG"
     assert "no GPU" in panel.time_text.value or "time" in panel.time_text.value
-    assert "done" in panel.status.value and panel.progress.value == panel.progress.max
+    assert panel.phase == "ok" and "data-state='ok'" in panel.status.value
+    assert panel.progress.value == panel.progress.max
     mix_before, isa_before = panel.mix_image.value, panel.isa.value
 
     panel.w_even.value = False  # the observer starts a recompile
@@ -190,9 +229,127 @@ def test_panel_maxnreg_caps_registers_and_a_refused_cap_says_why(panel, capsys):
     # ptxas refuses, and the panel shows ptxas's line, not Triton's PTX dump.
     panel.set(H=64, BLOCK_H=64)
     panel.wait()
-    assert panel.result is None and panel.failure.startswith("PTXASError: ptxas")
+    assert panel.result is None and panel.failure.startswith("ptxas (stage cubin) failed: ptxas")
     assert "registers" in panel.resources.value and "compile failed" in panel.status.value
+    assert panel.phase == "failed" and "maxnreg=128" in panel.failure
     assert ".entry" not in capsys.readouterr().out
+
+
+def _shown(panel) -> dict[str, bool]:
+    """Which views show something (a hidden image or an empty text shows nothing)."""
+    names = ["resources", "mix_image", "isa", "diff_view", "error_text", "error_image"]
+    out = {}
+    for n in names:
+        v = getattr(panel, n)
+        out[n] = bool(v.value) and v.layout.display != "none"
+    return out
+
+
+def test_panel_failed_compile_clears_every_view_and_names_the_pass(panel, capfd):
+    panel.update(wait=True)
+    assert panel.phase == "ok" and panel.error is not None
+    # Triton 3.6's AMD pipeliner fails on this setting ("PassManager::run failed").
+    panel.set(BLOCK_K=64, num_warps=1, num_stages=4)
+    panel.wait()
+    assert panel.phase == "failed" and panel.result is None and panel.error is None
+    assert "data-state='failed'" in panel.status.value
+    assert "TritonAMDGPUPipeline" in panel.failure and "stage ttgir" in panel.failure
+    assert "BLOCK_K=64" in panel.failure and "num_stages=4" in panel.failure
+    assert "\n" not in panel.failure  # one line
+    shown = _shown(panel)
+    assert shown.pop("resources")  # the failure itself
+    assert not any(v for k, v in shown.items() if k != "diff_view"), shown
+    assert "v_mfma" not in panel.isa.value and panel.mix_image.value == b""
+    assert "sml-failed" in panel.resources.value and panel.failure_log in panel.resources.value
+    log = Path(panel.failure_log).read_text()
+    assert "mlir_reproducer" in log and "TritonAMDGPUPipeline" in log
+    # The reproducer went to the file, not to the process's output.
+    printed = capfd.readouterr()
+    assert "mlir_reproducer" not in printed.out + printed.err
+
+
+def test_panel_invalid_setting_clears_views_and_hides_images(panel):
+    panel.update(wait=True)
+    panel.set(H=8)  # EVEN_HD with H % BLOCK_H != 0
+    assert panel.phase == "invalid" and "data-state='invalid'" in panel.status.value
+    assert panel.mix_image.layout.display == "none"  # no broken-image icon
+    assert panel.error_image.layout.display == "none"
+    assert panel.isa.value == "" and panel.error_text.value == ""
+    panel.set(H=16)
+    panel.wait()
+    assert panel.phase == "ok" and panel.error_image.layout.display is None
+    assert panel.mix_image.value[:4] == b"\x89PNG"
+
+
+def test_panel_cannot_launch_is_its_own_state(panel):
+    # 131 KiB of LDS for one workgroup: more than gfx942's 64 KiB per CU.
+    panel.set(target="gfx942", BLOCK_K=128)
+    panel.wait()
+    assert panel.phase == "cannot-launch", panel.status_text()
+    assert panel.result.resources.occupancy == 0
+    assert "data-state='cannot-launch'" in panel.status.value and "LDS" in panel.status_text()
+    assert panel.error is None and "not run" in panel.error_text.value
+    assert panel.error_image.layout.display == "none"
+    assert "sml-resource-table" in panel.resources.value  # the resources say why
+
+
+def test_panel_greys_older_views_while_working_and_says_cache_hits(panel):
+    import threading
+
+    panel.run_errors = False
+    panel.update(wait=True)
+    first = panel.result.compile_seconds
+    gate = threading.Event()
+    panel._executor.submit(gate.wait)  # hold the worker so the next update stays pending
+    panel.set(BLOCK_K=16)
+    assert panel.phase == "compiling" and "data-state='compiling'" in panel.status.value
+    for v in (panel.resources, panel.mix_image, panel.isa):
+        assert "sml-stale" in v._dom_classes
+    gate.set()
+    panel.wait()
+    assert panel.phase == "ok"
+    assert all("sml-stale" not in v._dom_classes for v in panel.views)
+    panel.set(BLOCK_K=32)  # compiled above: the in-memory cache answers
+    panel.wait()
+    assert panel.result.from_cache and "from the in-memory cache" in panel.status_text()
+    assert f"{first:.2f} s" in panel.status_text()
+    panel.close()
+    assert panel.phase == "stale" and "data-state='stale'" in panel.status.value
+
+
+def test_panel_isa_search_main_loop_and_by_line_views(panel):
+    panel.run_errors = False
+    panel.update(wait=True)
+    assert (
+        "sml-by-line" in panel.by_line_view.value and "main loop body" in panel.by_line_view.value
+    )
+    assert "tl.dot(" in panel.by_line_view.value
+    panel.isa_search.value = "v_mfma"
+    n = panel.result.mix["mfma"]
+    assert f"{n} lines match" in panel.isa.value
+    panel.isa_scope.value = "main loop"
+    loop = inspect.by_line(panel.result).loop
+    assert (
+        f"{loop.mix['mfma']} lines match" in panel.isa.value and "main loop body" in panel.isa.value
+    )
+    panel.isa_search.value = "("  # not a regular expression: said, not raised
+    assert "not a regular expression" in panel.isa.value
+    panel.isa_search.value = ""
+    panel.isa_scope.value = "whole kernel"
+    panel.pin()
+    panel.set(EVEN_HD=False)
+    panel.wait()
+    assert "sml-diff-by-line" in panel.diff_view.value and "<details>" in panel.diff_view.value
+
+
+def test_panel_states_have_their_own_colour_and_words():
+    from sparse_mla.lab.explorer import STATES
+
+    need = {"compiling", "ok", "invalid", "failed", "cannot-launch", "stale"}
+    assert need <= set(STATES)
+    colours = [STATES[k][0] for k in need]
+    words = [STATES[k][1] for k in need]
+    assert len(set(colours)) == len(need) and len(set(words)) == len(need)
 
 
 def test_panel_pin_and_diff(panel):
@@ -266,6 +423,12 @@ def test_sweep_heatmaps_and_scratch_root():
         for bh in (16, 32) for bk in (16, 32)
     ]  # fmt: skip
     assert figures.to_png(heatmaps(rows, target="gfx950", H=16, D=512))[:4] == b"\x89PNG"
+    # Cells name the config they show on the grid's other axes (here num_warps varies).
+    rows4 = [{**r, "num_warps": w, "registers": r["registers"] + (0 if w == 8 else 5)}
+             for r in rows for w in (4, 8)]  # fmt: skip
+    fig = heatmaps(rows4, target="gfx950", H=16, D=512, metrics=("registers",))
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "116\nw8" in texts and all("\nw8" in t for t in texts), texts
     with pytest.raises(ValueError, match="no rows"):
         heatmaps(rows, target="sm90", H=16, D=512)
     original = configs.CONFIG_ROOT
@@ -286,6 +449,14 @@ def test_gluon_layout_ownership():
                                 warps_per_cta=[1, 4])  # fmt: skip
     own = ownership(mfma, (16, 64))
     assert (own["copies"] == 1).all()
+    # The kernel's own tile (BLOCK_K=32) is narrower than 4 warps x 16 columns: the figure of
+    # that tile says each element has two holders.
+    from sparse_mla.lab.gluon import layout_figure
+
+    assert (ownership(mfma, (16, 32))["copies"] == 2).all()
+    fig = layout_figure(mfma, (16, 32), title="S tile")
+    assert "held by 2" in fig.axes[0].get_title() and fig.axes[0].get_images()[0].get_array(
+        ).shape == (16, 32)  # fmt: skip
     # Transposed MFMA: lane l owns row l % 16 and 4 consecutive columns from 4 * (l // 16).
     assert own["lane"][3, 0] == 3 and own["lane"][3, 4] == 19 and own["lane"][3, 12] == 51
     assert own["warp"][:, :16].eq(0).all() and own["warp"][:, 48:].eq(3).all()

@@ -193,6 +193,46 @@ def test_export_into_empty_then_existing_file(tmp_path):
     assert not list(path.parent.glob("*.tmp"))
 
 
+def test_export_refuses_compile_only_winners_over_timed_entries(tmp_path):
+    tune.export([_row(16, 512, 1.0)], "sm90", root=tmp_path)  # a timed entry
+    path = configs.config_path("sm90", tmp_path)
+    before = path.read_text()
+    compiled = {**_row(16, 512, None, BLOCK_K=16), "mode": "compile", "spill_bytes": 0}
+    with pytest.raises(ValueError, match=r"compile-only.*would replace timed entries"):
+        tune.export([compiled], "sm90", root=tmp_path)
+    assert path.read_text() == before
+    # Said explicitly, it goes through (as --allow-compile-only does on the CLI).
+    assert "H16_D512" in tune.export([compiled], "sm90", root=tmp_path, allow_compile_only=True)
+    assert configs.lookup("sm90", 16, 512, root=tmp_path).BLOCK_K == 16
+    # A compile-only winner for a shape with no entry is refused too, without the "timed" part.
+    with pytest.raises(ValueError, match=r"\['H8_D512'\] were ranked by compile-only") as e:
+        tune.export([{**compiled, "H": 8}], "sm90", root=tmp_path)
+    assert "would replace" not in str(e.value)
+
+
+def _tree(root):
+    return sorted((str(p.relative_to(root)), p.stat().st_size) for p in root.rglob("*"))
+
+
+def test_cli_export_dry_run_leaves_the_tree_untouched(tmp_path, capsys):
+    timed = tmp_path / "timed.csv"
+    tune.save_rows([_row(16, 512, 1.0, BLOCK_K=16)], timed)
+    root = tmp_path / "cfg"
+    # Into a root that does not exist yet: no folder, no lock file, no config file.
+    before = _tree(tmp_path)
+    argv = ["export", str(timed), "--arch", "sm90", "--root", str(root), "--dry-run"]
+    assert cli.main(argv) == 0
+    assert '+  "H16_D512": {' in capsys.readouterr().out
+    assert _tree(tmp_path) == before and not root.exists()
+    # Into an existing file: the file, its folder and the lock file stay as they were.
+    tune.export([_row(8, 512, 0.5)], "sm90", root=root)
+    lock = configs.config_path("sm90", root).with_suffix(".json.lock")
+    lock.unlink(missing_ok=True)
+    before = _tree(tmp_path)
+    assert cli.main(argv) == 0
+    assert _tree(tmp_path) == before
+
+
 def test_export_refuses_invalid_entry_and_keeps_file(tmp_path):
     tune.export([_row(16, 512, 1.0)], "sm90", root=tmp_path)
     path = configs.config_path("sm90", tmp_path)
@@ -296,6 +336,9 @@ def test_a_config_ptxas_refuses_is_one_quiet_row(capsys):
     )  # fmt: skip
     (row,) = rows
     assert row["status"] == "error"
-    assert row["reason"].startswith("PTXASError: ptxas") and "registers" in row["reason"]
+    assert (
+        row["reason"].startswith("ptxas (stage cubin) failed: ptxas")
+        and "registers" in row["reason"]
+    )
     out = capsys.readouterr().out
     assert ".entry" not in out and "reproducer" not in out, out[:500]

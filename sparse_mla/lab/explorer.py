@@ -12,6 +12,16 @@ Every change
 3. runs the kernel at a small size (Triton's interpreter on CPU, the GPU when there is one)
    against the fp32 reference, and times it when the target is this machine's GPU.
 
+The status line names one state (``panel.phase``), each with its own colour and words:
+``compiling`` (working; the views of the previous setting stay greyed and marked stale until
+replaced), ``ok``, ``invalid`` (the setting is refused before compiling), ``failed`` (the
+compiler failed: one line names the pass, its first error and the setting, and the compiler's
+whole output, e.g. MLIR's reproducer, is kept in the file ``panel.failure_log``), ``cannot-launch``
+(it compiles but occupancy is 0, e.g. more LDS than a CU has: nothing is run) and ``stale``
+(the panel stopped: closed, or a bug in its run). Invalid and failed settings clear every view;
+nothing of an older setting is left looking current. The compiler's output is captured per
+call, so a print from another cell during a compile still shows.
+
 Results of an older widget state are dropped when they arrive late. ``panel.update(wait=True)``
 (or ``panel.wait()`` after setting widget values) is the synchronous mode the tests use.
 """
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import html
+import re
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -31,7 +42,7 @@ from .. import inspect as _inspect
 from .. import runtime, targets
 from ..prefill import PrefillConfig, default_config, launch_constexprs, sparse_mla_prefill
 from ..reference import error_report, sparse_mla_prefill_ref
-from .figures import error_figure, html_table, mix_figure, pre_block, to_png
+from .figures import error_figure, html_table, mix_figure, occupancy_figure, pre_block, to_png
 
 __all__ = ["ExplorerPanel", "PanelState", "check_state", "error_run"]
 
@@ -156,8 +167,36 @@ def _time_on_gpu(state: PanelState) -> float:
     return float(triton.testing.do_bench(fn, return_mode="median"))
 
 
+# The panel's states, each with its own colour and words. ``phase`` is one of these keys.
+STATES: dict[str, tuple[str, str]] = {
+    "idle": ("#555555", "idle"),
+    "compiling": ("#0060c0", "working"),
+    "ok": ("#007000", "ok"),
+    "invalid": ("#b00000", "invalid setting"),
+    "failed": ("#9c00a8", "compile failed"),
+    "cannot-launch": ("#c25e00", "cannot launch"),
+    "stale": ("#808080", "stale"),
+}
+
+# Views from an older setting are greyed until the current setting's result replaces them.
+_STYLE = (
+    "<style>.sml-explorer .sml-stale{opacity:.35;filter:grayscale(100%)}"
+    ".sml-explorer .sml-stale::before{content:'stale: from the previous setting';"
+    "display:block;font:italic 11px sans-serif;color:#808080}</style>"
+)
+
+
 def _status(text: str, color: str = "#333") -> str:
     return f"<span class='sml-status' style='color:{color}'>{html.escape(text)}</span>"
+
+
+def _state_html(phase: str, detail: str) -> str:
+    color, words = STATES[phase]
+    text = f"{words}: {detail}" if detail else words
+    return (
+        f"<span class='sml-status sml-state-{phase}' data-state='{phase}' "
+        f"style='color:{color};font-weight:bold'>{html.escape(text)}</span>"
+    )
 
 
 class ExplorerPanel:
@@ -195,10 +234,14 @@ class ExplorerPanel:
         self.result: _inspect.CompileResult | None = None
         self.pinned: _inspect.CompileResult | None = None
         self.invalid: str | None = None
-        self.failure: str | None = None
+        self.failure: str | None = None  # one line: which pass failed, at which setting
+        self.failure_log: str | None = None  # the file with the compiler's whole output
+        self.phase = "idle"  # a key of STATES
+        self.detail = ""
         self.error: ErrorRun | None = None
         self.time_ms: float | None = None
         self.dropped = 0  # results that arrived after a newer widget state
+        self.in_compile = threading.Event()  # set while the worker is inside a compile
         self._gen = 0
         self._lock = threading.Lock()
         self._future: cf.Future | None = None
@@ -247,17 +290,36 @@ class ExplorerPanel:
         self.w_unpin = W.Button(description="unpin")
         self.progress = W.IntProgress(value=0, min=0, max=3, description="",
                                       layout=W.Layout(width="220px"))  # fmt: skip
-        self.status = W.HTML(_status("idle"))
+        self.status = W.HTML(_state_html("idle", ""))
         self.resources = W.HTML()
         self.resources.add_class("sml-resources")
-        self.mix_image = W.Image(format="png", layout=W.Layout(max_width="520px"))
+        # align_self: the chart keeps its own height instead of stretching to the table's.
+        self.mix_image = W.Image(
+            format="png", layout=W.Layout(max_width="520px", align_self="flex-start")
+        )
+        self.occupancy_image = W.Image(
+            format="png", layout=W.Layout(max_width="560px", align_self="flex-start")
+        )
         self.isa = W.HTML()
+        self.isa_search = W.Text(placeholder="search the ISA (regular expression)",
+                                 layout=W.Layout(width="320px"))  # fmt: skip
+        self.isa_scope = W.ToggleButtons(options=["whole kernel", "main loop"],
+                                         value="whole kernel")  # fmt: skip
+        self.isa_search.observe(lambda _: self._show_isa(), names="value")
+        self.isa_scope.observe(lambda _: self._show_isa(), names="value")
+        self.by_line_view = W.HTML()
         self.diff_view = W.HTML(_status("pin a compile to diff against it"))
         self.error_image = W.Image(format="png", layout=W.Layout(max_width="900px"))
         self.error_text = W.HTML()
         self.time_text = W.HTML()
         self.default_text = W.HTML()
         self.default_text.add_class("sml-default-kernel")
+        if not runtime.has_gpu():  # nothing to time: no empty "no time" line
+            self.time_text.layout.display = "none"
+        self.views = [self.resources, self.mix_image, self.occupancy_image, self.isa,
+                      self.by_line_view,
+                      self.diff_view, self.error_text, self.error_image,
+                      self.time_text]  # fmt: skip
 
         self.controls = [self.w_target, self.w_heads, self.w_dim, self.w_even, self.w_exp2,
                          self.w_prefetch, self.w_block_h, self.w_block_k, self.w_warps,
@@ -274,12 +336,16 @@ class ExplorerPanel:
                       W.HBox([self.w_even, self.w_exp2])],
                      layout=W.Layout(min_width="236px"))  # fmt: skip
         right = W.VBox([self.w_prefetch, self.w_pin, self.w_unpin, self.progress, self.status])
-        tabs = W.Tab(children=[self.isa, self.diff_view])
+        isa_box = W.VBox([W.HBox([self.isa_search, self.isa_scope]), self.isa])
+        tabs = W.Tab(children=[isa_box, self.by_line_view, self.diff_view])
         tabs.set_title(0, "ISA")
-        tabs.set_title(1, "diff vs pinned")
+        tabs.set_title(1, "by source line")
+        tabs.set_title(2, "diff vs pinned")
+        self.tabs = tabs
         self.widget = W.VBox([
+            W.HTML(_STYLE),
             W.HBox([left, mid, right]),
-            W.HBox([self.resources, self.mix_image]),
+            W.HBox([self.resources, W.VBox([self.mix_image, self.occupancy_image])]),
             self.time_text,
             self.default_text,
             self.error_text,
@@ -361,27 +427,65 @@ class ExplorerPanel:
             f"<div class='sml-default'>{html.escape(default_kernel_line(state))}</div>"
         )
         self.invalid = check_state(state)
+        self.failure = self.failure_log = None
         if self.invalid is not None:
             self.result = None
             self.error = None
+            self.time_ms = None
+            self._future = None
             self.progress.value = 0
             self.progress.bar_style = "danger"
-            self.status.value = _status("invalid combination", "#b00")
+            self._clear_views()
+            self._set_phase("invalid", self.invalid)
             self.resources.value = (
-                "<div class='sml-invalid' style='color:#b00;max-width:520px'><b>Invalid "
-                f"combination.</b> {html.escape(self.invalid)}</div>"
+                "<div class='sml-invalid' style='color:#b00000;max-width:520px'><b>Invalid "
+                f"setting.</b> {html.escape(self.invalid)}</div>"
             )
-            self.mix_image.value = b""
-            self.isa.value = ""
-            self._future = None
             return None
         self.progress.value = 0
         self.progress.bar_style = "info"
-        self.status.value = _status(f"compiling for {state.target} ...", "#06c")
+        self._grey_views()
+        self._set_phase("compiling", f"compiling for {state.target} ...")
         self._future = self._executor.submit(self._job, gen, state)
         if wait:
             self.wait(timeout)
         return self._future
+
+    # -- states and views ------------------------------------------------------------------
+
+    def _set_phase(self, phase: str, detail: str = "") -> None:
+        self.phase, self.detail = phase, detail
+        self.status.value = _state_html(phase, detail)
+
+    def status_text(self) -> str:
+        """The panel's state in plain words (what the coloured status line says)."""
+        words = STATES[self.phase][1]
+        return f"{words}: {self.detail}" if self.detail else words
+
+    def _grey_views(self) -> None:
+        """Mark every view that shows something as stale (from the previous setting)."""
+        for v in self.views:
+            shown = bool(v.value) and v.layout.display != "none"
+            if shown:
+                v.add_class("sml-stale")
+
+    def _fresh(self, *views) -> None:
+        for v in views:
+            v.remove_class("sml-stale")
+            if v is not self.time_text or runtime.has_gpu():
+                v.layout.display = None
+
+    def _clear_views(self) -> None:
+        """Empty every view: nothing of an older setting stays on screen (images are hidden,
+        not emptied, so the browser shows no broken-image icon)."""
+        for v in self.views:
+            v.remove_class("sml-stale")
+            if v in (self.mix_image, self.occupancy_image, self.error_image):
+                v.layout.display = "none"
+                v.value = b""
+            else:
+                v.value = ""
+        self.diff_view.value = _status("pin a compile to diff against it")
 
     def wait(self, timeout: float = 600.0) -> None:
         """Block until the latest update has finished (re-raises a bug in the panel itself)."""
@@ -399,33 +503,51 @@ class ExplorerPanel:
     def _job(self, gen: int, state: PanelState) -> None:
         if not self._current(gen):
             return
-        t0 = time.perf_counter()
         try:
-            with _inspect.compiler_quiet():  # a failed ptxas run prints all the PTX
-                res = _inspect.compile_prefill(
-                    state.target, state.config, num_heads=state.num_heads,
-                    head_dim=state.head_dim, dtype="bf16", has_sink=True,
+            self._run(gen, state)
+        except Exception as e:  # a bug in the panel: say so, keep the older views greyed
+            if self._current(gen):
+                self._set_phase(
+                    "stale", f"the run for this setting stopped ({type(e).__name__}: {e}); "
+                    "the greyed views are from an older setting"
                 )  # fmt: skip
+            raise
+
+    def _run(self, gen: int, state: PanelState) -> None:
+        try:
+            # compile_prefill captures the compiler's output per call (a failed pass's MLIR
+            # reproducer, ptxas's PTX dump) and keeps it in a file named by the failure.
+            self.in_compile.set()
+            res = _inspect.compile_prefill(
+                state.target, state.config, num_heads=state.num_heads,
+                head_dim=state.head_dim, dtype="bf16", has_sink=True,
+            )  # fmt: skip
             failure = None
         except Exception as e:  # a compiler failure is a result to show, not a crash
-            res, failure = None, _inspect.failure_reason(e, limit=400)
+            res, failure = None, e
+        finally:
+            self.in_compile.clear()
         if not self._current(gen):
             return
-        self.failure = failure
         if res is None:
-            self.result = None
-            self.progress.bar_style = "danger"
-            self.status.value = _status("compile failed", "#b00")
-            self.resources.value = (
-                f"<div class='sml-invalid' style='color:#b00'>{html.escape(failure or '')}</div>"
-            )
+            self._show_failure(failure)
             return
         self.result = res
-        self._show_compile(state, res, time.perf_counter() - t0)
+        self._show_compile(state, res)
         self.progress.value = 1
+        how = (
+            f"from the in-memory cache (first compile took {res.compile_seconds:.2f} s)"
+            if res.from_cache
+            else f"compiled in {res.compile_seconds:.2f} s"
+        )
 
+        if res.resources.occupancy == 0:
+            self._show_cannot_launch(state, res)
+            return
+
+        self.error = None
         if self.run_errors:
-            self.status.value = _status("running against fp32 ...", "#06c")
+            self._set_phase("compiling", "running the kernel against fp32 ...")
             key = (state.num_heads, state.head_dim, *launch_constexprs(
                 state.num_heads, state.head_dim, torch.bfloat16, state.config, has_sink=True
             ).items())  # fmt: skip
@@ -436,12 +558,15 @@ class ExplorerPanel:
             if not self._current(gen):
                 return
             self.error = run
-            self._show_error(run)
+            self._show_error(run, state)
+        else:
+            self.error_text.value, self.error_image.value = "", b""
+            self.error_image.layout.display = "none"
         self.progress.value = 2
 
         self.time_ms = None
         if self.time_gpu and state.target == "local":
-            self.status.value = _status("timing on the GPU ...", "#06c")
+            self._set_phase("compiling", "timing on the GPU ...")
             ms = _time_on_gpu(state)
             if not self._current(gen):
                 return
@@ -449,7 +574,49 @@ class ExplorerPanel:
         self._show_time(state)
         self.progress.value = 3
         self.progress.bar_style = "success"
-        self.status.value = _status(f"done: {state.target}, compile {res.compile_seconds:.2f} s")
+        self._set_phase("ok", f"{state.target}, {how}")
+
+    def _show_failure(self, e: BaseException | None) -> None:
+        self.result = None
+        self.error = None
+        self.time_ms = None
+        self.failure = _inspect.failure_reason(e, limit=2000) if e is not None else "unknown"
+        log = getattr(e, "log_path", None)
+        self.failure_log = str(log) if log else None
+        self.progress.bar_style = "danger"
+        self._clear_views()
+        self._set_phase("failed", self.failure.split("; setting ")[0])
+        keep = (
+            f"<br>Compiler output and reproducer: <code class='sml-failure-log'>"
+            f"{html.escape(self.failure_log)}</code>"
+            if self.failure_log
+            else ""
+        )
+        self.resources.value = (
+            f"<div class='sml-failed' style='color:{STATES['failed'][0]};max-width:900px'>"
+            f"<b>Compile failed.</b> {html.escape(self.failure)}{keep}</div>"
+        )
+
+    def _show_cannot_launch(self, state: PanelState, res: _inspect.CompileResult) -> None:
+        r = res.resources
+        why = r.next_step or "occupancy 0"
+        self.error = None
+        self.time_ms = None
+        for v in (self.error_text, self.time_text):
+            v.remove_class("sml-stale")
+        self.error_image.remove_class("sml-stale")
+        self.error_image.layout.display = "none"
+        self.error_image.value = b""
+        self.error_text.value = (
+            "<div class='sml-error' style='color:#c25e00'>error vs fp32: not run, this config "
+            "cannot launch</div>"
+        )
+        self.time_text.value = ""
+        self.progress.bar_style = "warning"
+        self._set_phase(
+            "cannot-launch", f"{state.target}: {why} (occupancy {r.occupancy} "
+            f"{res.target.occupancy_unit}: {r.limits_text()})"
+        )  # fmt: skip
 
     # -- views -------------------------------------------------------------------------------
 
@@ -478,19 +645,79 @@ class ExplorerPanel:
         old = dict(rows(pin)) if pin else {}
         return [(k, v, old.get(k) if pin else None) for k, v in cur]
 
-    def _show_compile(self, state: PanelState, res: _inspect.CompileResult, secs: float) -> None:
+    def _show_compile(self, state: PanelState, res: _inspect.CompileResult) -> None:
         pin = self.pinned is not None and self.pinned.target.backend == res.target.backend
         header = ["resource", "current", "pinned"] if pin else ["resource", "value"]
         rows = [r if pin else r[:2] for r in self.resource_rows()]
         self.resources.value = html_table(rows, header, cls="sml-resource-table")
         base = self.pinned.mix if pin else None
         self.mix_image.value = to_png(mix_figure(res.mix, base))
-        kind = "SASS" if res.target.backend == "cuda" else "AMDGCN"
-        self.isa.value = (
-            f"<div>{kind} for {html.escape(res.label)} ({len(res.isa.splitlines())} lines)</div>"
-            + pre_block(res.isa, cls="sml-isa")
-        )
+        self.occupancy_image.value = to_png(occupancy_figure(res, self.pinned if pin else None))
+        self._fresh(self.resources, self.mix_image, self.occupancy_image, self.isa,
+                    self.by_line_view, self.diff_view)  # fmt: skip
+        self._show_isa()
+        self._show_by_line()
         self._show_diff()
+
+    def _show_isa(self) -> None:
+        """The ISA view: the whole kernel or the main loop's body, filtered by the search."""
+        res = self.result
+        if res is None:
+            return
+        kind = "SASS" if res.target.backend == "cuda" else "AMDGCN"
+        if self.isa_scope.value == "main loop":
+            lm = _inspect.by_line(res)
+            if lm.loop is None:
+                lines, what = [], "main loop: none found"
+            else:
+                lines = [
+                    (f"{t}:" if k == "label" else f"    {t}") + (f"   ; {f}:{n}" if n else "")
+                    for i, (k, t, (f, n), _) in enumerate(lm.listing)
+                    if i in lm.loop.indices or (k == "label" and t == lm.loop.label)
+                ]
+                what = f"main loop body (label {lm.loop.label}), {lm.loop.mix['total']} instrs"
+        else:
+            lines, what = res.isa.splitlines(), f"{len(res.isa.splitlines())} lines"
+        pattern = self.isa_search.value.strip()
+        if pattern:
+            try:
+                rx = re.compile(pattern, re.IGNORECASE)
+            except re.error as e:
+                self.isa.value = _status(f"search: not a regular expression ({e})", "#b00")
+                return
+            hits = [f"{i + 1:5d}  {ln}" for i, ln in enumerate(lines) if rx.search(ln)]
+            what += f"; {len(hits)} lines match {pattern!r}"
+            lines = hits
+        self.isa.value = (
+            f"<div class='sml-isa-header'>{kind} for {html.escape(res.label)}: "
+            f"{html.escape(what)}</div>" + pre_block("\n".join(lines), cls="sml-isa")
+        )
+
+    def _show_by_line(self) -> None:
+        """Per kernel source line: instructions, matrix ops, loads, stores, exp2, spills and how
+        many sit in the main loop; the hotter the line, the darker its row."""
+        res = self.result
+        if res is None:
+            return
+        lm = _inspect.by_line(res)
+        header, rows = _inspect.by_line_rows(lm)
+        top = max((r[1] for r in rows), default=1) or 1
+        cells = "".join(f"<th style='text-align:left;padding:1px 6px'>{html.escape(h)}</th>"
+                        for h in header)  # fmt: skip
+        body = []
+        for r in rows:
+            shade = int(255 - 120 * r[1] / top)
+            tds = "".join(f"<td style='padding:1px 6px;white-space:pre'>{html.escape(str(v))}</td>"
+                          for v in r)  # fmt: skip
+            body.append(f"<tr style='background:rgb(255,{shade},{shade})'>{tds}</tr>")
+        table = (
+            "<table class='sml-by-line' style='border-collapse:collapse;font-family:monospace;"
+            f"font-size:11px'><tr>{cells}</tr>{''.join(body)}</table>"
+        )
+        self.by_line_view.value = (
+            pre_block(_inspect.loop_table(res), cls="sml-loop-mix", max_height="16em")
+            + f"<div style='max-height:30em;overflow:auto'>{table}</div>"
+        )
 
     def _show_diff(self) -> None:
         res, pin = self.result, self.pinned
@@ -503,12 +730,22 @@ class ExplorerPanel:
             )
             return
         d = _inspect.diff(pin, res)
+        by_line = _inspect.diff_by_line(pin, res)
+        n_lines = len(d.isa_diff.splitlines())
+        caption = f"instructions by source line: {len(by_line)} lines changed (largest first)"
+        header = ["source line", "a", "b", "change", "source"]
+        raw = pre_block(
+            d.isa_diff or "(ISA identical after normalising)", cls="sml-diff", max_height="30em"
+        )
         self.diff_view.value = (
             f"<div>a = pinned: {html.escape(pin.label)}<br>b = current: "
-            f"{html.escape(res.label)}</div>" + pre_block(str(d), cls="sml-diff", max_height="30em")
+            f"{html.escape(res.label)}</div>"
+            + pre_block(d.summary(), cls="sml-diff-summary", max_height="20em")
+            + html_table(by_line[:40], header, cls="sml-diff-by-line", caption=caption)
+            + f"<details><summary>normalised ISA diff ({n_lines} lines)</summary>{raw}</details>"
         )
 
-    def _show_error(self, run: ErrorRun) -> None:
+    def _show_error(self, run: ErrorRun, state: PanelState) -> None:
         r = run.report
         color = "#070" if r.ok else "#b00"
         where = "Triton interpreter (CPU)" if run.device == "cpu" else run.device
@@ -516,7 +753,9 @@ class ExplorerPanel:
             f"<div class='sml-error' style='color:{color}'>error vs fp32, {tuple(run.out.shape)} "
             f"on {html.escape(where)} ({run.seconds:.2f} s): {html.escape(str(r))}</div>"
         )
-        self.error_image.value = to_png(error_figure(run.out, run.ref, run.baseline))
+        title = f"error against fp32 of {state.label()}"
+        self.error_image.value = to_png(error_figure(run.out, run.ref, run.baseline, title=title))
+        self._fresh(self.error_text, self.error_image)
 
     def _show_time(self, state: PanelState) -> None:
         if self.time_ms is not None:
@@ -527,21 +766,22 @@ class ExplorerPanel:
         else:
             text = "time: pick target 'local' to time on this machine's GPU"
         self.time_text.value = f"<div class='sml-time'>{text}</div>"
+        self._fresh(self.time_text)
 
     # -- pinning -----------------------------------------------------------------------------
 
     def pin(self) -> None:
         """Keep the current compile as the baseline for the diff and the table's second column."""
         if self.result is None:
-            self.status.value = _status("nothing compiled to pin", "#b00")
+            self.diff_view.value = _status("nothing compiled to pin", "#b00")
             return
         self.pinned = self.result
-        self._show_compile(self.state(), self.result, 0.0)
+        self._show_compile(self.state(), self.result)
 
     def unpin(self) -> None:
         self.pinned = None
         if self.result is not None:
-            self._show_compile(self.state(), self.result, 0.0)
+            self._show_compile(self.state(), self.result)
         else:
             self._show_diff()
 
@@ -550,6 +790,8 @@ class ExplorerPanel:
         with self._lock:
             self._gen += 1
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._grey_views()
+        self._set_phase("stale", "panel closed; the views are from its last setting")
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

@@ -20,6 +20,8 @@ __all__ = [
     "error_figure",
     "html_table",
     "mix_figure",
+    "occupancy_curve",
+    "occupancy_figure",
     "pre_block",
     "relative_errors",
     "show",
@@ -115,20 +117,33 @@ def per_head_rel_l2(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return d / n
 
 
+def per_token_head_rel_l2(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """[T, H] relative L2 error of each (token, head) row of [T, H, D] tensors (fp64), relative
+    to the whole reference's RMS row norm so an all-zero row (an empty token) stays finite."""
+    d = (out.double() - ref.double()).pow(2).sum(dim=2).sqrt()
+    n = ref.double().pow(2).sum(dim=2).mean().sqrt().clamp_min(1e-30)
+    return d / n
+
+
 def error_figure(
     out: torch.Tensor,
     ref: torch.Tensor,
     baseline: torch.Tensor | None = None,
     *,
     title: str = "error against the fp32 reference",
+    factor: float = 2.0,
 ) -> Figure:
-    """Histogram of per-element relative error and relative L2 error per head.
+    """Histogram of per-element relative error, relative L2 error per head with the tolerance
+    (``factor`` x the baseline's error) drawn, and a token x head heatmap.
 
     ``out``, ``ref`` (fp32 reference) and ``baseline`` (plain PyTorch in the kernel's dtype) are
-    [T, H, D]; the baseline is drawn alongside, since the tolerance is 2x its error.
+    [T, H, D]; the baseline is drawn alongside, since the tolerance is 2x its error. The title
+    should name the config the figure shows. Legends sit outside the data.
     """
-    fig = Figure(figsize=(9, 2.8))
-    ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(11, 3.0))
+    ax1, ax2, ax3 = (fig.add_subplot(1, 3, i) for i in (1, 2, 3))
     e = relative_errors(out, ref)
     floor = 1e-9
     ax1.hist(torch.log10(e.clamp_min(floor)).numpy(), bins=60, alpha=0.8, label="kernel")
@@ -136,21 +151,96 @@ def error_figure(
         eb = relative_errors(baseline, ref)
         ax1.hist(torch.log10(eb.clamp_min(floor)).numpy(), bins=60, alpha=0.5,
                  label="torch same dtype")  # fmt: skip
-        ax1.legend(fontsize=8)
     ax1.set_xlabel("log10 |out - ref| / rms(ref)")
     ax1.set_ylabel("elements")
     ax1.set_title("per-element relative error", fontsize=9)
     heads = per_head_rel_l2(out, ref)
-    ax2.plot(heads.numpy(), "o-", ms=3, label="kernel")
+    xs = list(range(heads.numel()))
+    ax2.plot(xs, heads.numpy(), "o-", ms=3, label="kernel")
     if baseline is not None:
-        ax2.plot(per_head_rel_l2(baseline, ref).numpy(), "s--", ms=3, label="torch same dtype")
-        ax2.legend(fontsize=8)
+        base = per_head_rel_l2(baseline, ref)
+        ax2.plot(xs, base.numpy(), "s--", ms=3, label="torch same dtype")
+        ax2.plot(xs, (factor * base).numpy(), ":", color="#b00000",
+                 label=f"tolerance ({factor:g}x torch)")  # fmt: skip
     ax2.set_yscale("log")
     ax2.set_xlabel("head")
     ax2.set_ylabel("relative L2 error")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_title("error per head", fontsize=9)
+    grid = per_token_head_rel_l2(out, ref)
+    im = ax3.imshow(torch.log10(grid.clamp_min(floor)).numpy(), aspect="auto",
+                    interpolation="nearest", cmap="magma")  # fmt: skip
+    ax3.set_xlabel("head")
+    ax3.set_ylabel("token")
+    ax3.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax3.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax3.set_title("log10 error per token x head", fontsize=9)
+    fig.colorbar(im, ax=ax3, fraction=0.05)
+    handles = [h for ax in (ax1, ax2) for h in ax.get_legend_handles_labels()[0]]
+    labels = [lb for ax in (ax1, ax2) for lb in ax.get_legend_handles_labels()[1]]
+    seen: dict[str, Any] = {}
+    for h, lb in zip(handles, labels, strict=True):
+        seen.setdefault(lb, h)
+    if seen:  # one legend below the plots, off the data
+        fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=len(seen),
+                   fontsize=8, frameon=False)  # fmt: skip
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def occupancy_curve(target: str, num_warps: int = 4, agprs: int = 0) -> tuple[list, list]:
+    """(registers, occupancy) points of the register-limited occupancy for a target's formula:
+    AMD, unified VGPRs 1..512 -> waves per SIMD; NVIDIA, registers per thread 1..255 -> warps
+    per SM for blocks of ``num_warps`` warps. ``agprs`` only shifts where the AMD kernel sits."""
+    from .. import inspect as _inspect
+    from ..targets import get_target
+
+    t = get_target(target)
+    if t.is_amd:
+        xs = list(range(1, 513))
+        return xs, [_inspect._cdna_waves_for_total(x) for x in xs]
+    xs = list(range(1, 256))
+    return xs, [_inspect._nvidia_limits(x, 0, num_warps)["registers"] for x in xs]
+
+
+def _register_point(res) -> tuple[int, int]:
+    """(registers on the chart's x axis, register-limited occupancy) of a Resources."""
+    if res.backend == "hip":
+        return res.total_vgprs, res.limits["registers"]
+    return res.registers, res.limits["registers"]
+
+
+def occupancy_figure(current, pinned=None, *, title: str | None = None) -> Figure:
+    """The occupancy cliff: register-limited occupancy against registers for the target's
+    formula (a step chart), the current kernel marked (and the pinned one); the kernel's own
+    occupancy (with LDS / shared memory) is noted. ``current`` / ``pinned`` are CompileResults;
+    the figure's ``marks`` attribute holds {label: (x, y)} of the marked points."""
+    from matplotlib.ticker import MaxNLocator
+
+    r = current.resources
+    xs, ys = occupancy_curve(current.target.name, r.num_warps)
+    fig = Figure(figsize=(5.2, 2.6))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.step(xs, ys, where="post", color="#555555", lw=1.2, label="register limit")
+    marks = {}
+    for label, res, style in (("current", current, "o"), ("pinned", pinned, "s")):
+        if res is None or res.target.backend != current.target.backend:
+            continue
+        x, y = _register_point(res.resources)
+        marks[label] = (x, y)
+        ax.plot([x], [y], style, ms=8, label=f"{label}: {x} regs, {y} "
+                f"{res.target.occupancy_unit}", zorder=3)  # fmt: skip
+    unit = current.target.occupancy_unit
+    ax.set_xlabel("unified VGPRs (arch + AGPR)" if r.backend == "hip" else "registers / thread")
+    ax.set_ylabel(unit)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(bottom=0)
+    ax.set_title(title or f"occupancy cliff on {current.target.name} (kernel: {r.occupancy} "
+                 f"{unit} with all limits)", fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
+    fig.marks = marks
     return fig
 
 

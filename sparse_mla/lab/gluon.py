@@ -66,7 +66,8 @@ def ownership(layout, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
 
 def layout_figure(layout, shape: tuple[int, int], *, title: str = "", ax=None) -> Figure:
     """The tile coloured by owning warp, each element labelled with its lane (and the
-    register index of lane 0's elements underlined by a dot)."""
+    register index of lane 0's elements underlined by a dot). When the layout covers more than
+    ``shape`` (more warps than the tile needs), the title says how many copies each element has."""
     own = ownership(layout, shape)
     M, N = shape
     fig = None
@@ -85,7 +86,10 @@ def layout_figure(layout, shape: tuple[int, int], *, title: str = "", ax=None) -
     ax.set_yticks(range(0, M, 4))
     ax.set_xlabel("column (N)")
     ax.set_ylabel("row (M)")
-    ax.set_title(title or str(layout), fontsize=8)
+    held = int(own["copies"].max())
+    note = f"\neach element is held by {held} (warp, lane, register)s: the layout is wider than " \
+        "the tile, so warps repeat it; colour = the first holder" if held > 1 else ""  # fmt: skip
+    ax.set_title((title or str(layout)) + note, fontsize=8)
     if fig is not None:
         fig.tight_layout()
         return fig

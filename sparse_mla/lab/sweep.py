@@ -31,11 +31,17 @@ METRIC_LABELS = {
 }
 
 
-def _reduce(values: list[float], metric: str) -> float:
+def _best(rows: list[Mapping[str, Any]], metric: str) -> Mapping[str, Any] | None:
     # Several configs share a cell when the grid has more axes than the plot: show the best.
-    if not values:
-        return math.nan
-    return max(values) if metric == "occupancy" else min(values)
+    if not rows:
+        return None
+    pick = max if metric == "occupancy" else min
+    return pick(rows, key=lambda r: float(r[metric]))
+
+
+_SHORT = {"num_warps": "w", "num_stages": "s", "maxnreg": "maxnreg ", "kpack": "kpack ",
+          "waves_per_eu": "wpe ", "EVEN_HD": "EVEN_HD ", "USE_EXP2": "exp2 ",
+          "PREFETCH_KV": "prefetch "}  # fmt: skip
 
 
 def heatmaps(
@@ -49,23 +55,30 @@ def heatmaps(
     metrics: Sequence[str] = ("time_ms", "registers", "occupancy"),
 ) -> Figure:
     """One heatmap per metric over (``y``, ``x``) for ``target`` and shape (H, D); cells hold
-    the best value over the grid's other axes; configs that did not run are blank. A metric
+    the best value over the grid's other axes and name that config's values on the axes that
+    vary (e.g. ``w4 s2``); configs that did not run are blank. A metric
     with no value anywhere (time on a CPU-only sweep) says so instead of a heatmap."""
     sel = [r for r in rows if r.get("target") == target and r.get("H") == H and r.get("D") == D]
     if not sel:
         raise ValueError(f"no rows for target={target!r} H={H} D={D}")
     xs = sorted({r[x] for r in sel if r.get(x) is not None})
     ys = sorted({r[y] for r in sel if r.get(y) is not None})
+    # The grid's other axes that vary: each cell names its best config's values on them.
+    others = [k for k in _SHORT if k not in (x, y) and len({repr(r.get(k)) for r in sel}) > 1]
     fig = Figure(figsize=(3.8 * len(metrics), 3.0))
     for i, metric in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), i + 1)
         grid = [[math.nan] * len(xs) for _ in ys]
+        which = [[""] * len(xs) for _ in ys]
         for yi, yv in enumerate(ys):
             for xi, xv in enumerate(xs):
-                vals = [float(r[metric]) for r in sel
+                cell = [r for r in sel
                         if r.get(x) == xv and r.get(y) == yv and r.get("status") == "ok"
                         and r.get(metric) is not None]  # fmt: skip
-                grid[yi][xi] = _reduce(vals, metric)
+                best = _best(cell, metric)
+                if best is not None:
+                    grid[yi][xi] = float(best[metric])
+                    which[yi][xi] = " ".join(f"{_SHORT[k]}{best.get(k)}" for k in others)
         if all(math.isnan(v) for row in grid for v in row):
             ax.text(0.5, 0.5, f"no {metric}\n(compile-only sweep:\nno GPU here)",
                     ha="center", va="center", transform=ax.transAxes)  # fmt: skip
@@ -80,6 +93,8 @@ def heatmaps(
                     v = grid[yi][xi]
                     text = "-" if math.isnan(v) else (f"{v:.3g}" if metric == "time_ms" else
                                                       f"{v:.0f}")  # fmt: skip
+                    if which[yi][xi]:
+                        text += "\n" + which[yi][xi]
                     ax.text(
                         xi,
                         yi,
