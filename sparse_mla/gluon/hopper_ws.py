@@ -264,6 +264,16 @@ def _epilogue(
 
 
 @gluon.jit
+def _consumer_item(item, indptr_ptr, nnz, num_heads):
+    """A consumer's start of a work item: its range, pairs of tiles and fresh softmax state."""
+    pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads)
+    m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
+    return pid_r, pid_h, lo, hi, (num_tiles + 1) // 2, m_i, l_i, acc
+
+
+@gluon.jit
 def _consumer0(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
@@ -274,11 +284,9 @@ def _consumer0(
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads)
-        num_pairs = (num_tiles + 1) // 2
-        m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
-        l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
-        acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
+        pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
+            item, indptr_ptr, nnz, num_heads
+        )
         valid = _valid_cols(idx_ptr, lo, hi, num_kv)
         mbarrier.wait(bars.index(Q_READY), it & 1)
         # S of the first pair's tile; each iteration issues the next one's behind its last PV.
@@ -355,11 +363,9 @@ def _consumer1(
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads)
-        num_pairs = (num_tiles + 1) // 2
-        m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
-        l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
-        acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
+        pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
+            item, indptr_ptr, nnz, num_heads
+        )
         mbarrier.wait(bars.index(Q_READY), it & 1)
         if num_pairs == 0:
             _arrive(bars.index(Q_FREE))
