@@ -77,6 +77,10 @@ def jupyter_lab(tmp_path: Path):
         d.mkdir()
         env[name] = str(d)
     env.update(SPARSE_MLA_SMALL="1", MPLBACKEND="Agg", JUPYTER_PLATFORM_DIRS="1")
+    # A private, empty Triton cache: every setting really compiles, so the print made during a
+    # compile cannot miss it (with the kernels other tests cached, a compile finished before
+    # the cell waited for it and the test timed out after a full-suite run).
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     log = open(tmp_path / "jupyter.log", "wb")  # noqa: SIM115 (closed below)
     cmd = [
         sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
