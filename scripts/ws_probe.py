@@ -28,6 +28,9 @@ KERNELS = {
     "gluon_ws": GluonConfig(64, 64, 8, warp_specialized=True),
     "gluon_wgmma": GluonConfig(64, 64, 8, wgmma=True, num_stages=2, warp_specialized=False),
 }
+# --small: the H <= 16 kernel (heads on wgmma's N) against the Triton kernel and FlashMLA with
+# q zero-padded to 64 heads.
+KERNELS_SMALL = {"gluon_ws_small": GluonConfig(16, 64, 4, warp_specialized=True)}
 
 
 def gluon_call(cfg):
@@ -81,11 +84,11 @@ def edge_workload(H, index_dtype, sink, seed):
     )
 
 
-def check_edges(say):
+def check_edges(say, kernels, heads):
     ok_all = True
-    for name, cfg in KERNELS.items():
+    for name, cfg in kernels.items():
         call = gluon_call(cfg)
-        for H in (64, 128):
+        for H in heads:
             for index_dtype in (torch.int32, torch.int64):
                 for sink in (True, False):
                     w = edge_workload(H, index_dtype, sink, seed=H + sink)
@@ -121,6 +124,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--small", action="store_true", help="the H <= 16 kernel and workloads")
     args = ap.parse_args()
     log_path = os.path.splitext(args.out)[0] + ".log"
 
@@ -131,8 +135,10 @@ def main():
 
     dev = torch.cuda.get_device_name()
     say(f"{dev} torch {torch.__version__} triton {triton.__version__} {datetime.datetime.now()}")
+    kernels = KERNELS_SMALL if args.small else KERNELS
     if not args.skip_checks:
-        say(f"edge checks: {'ALL OK' if check_edges(say) else 'FAILURES'}")
+        heads = (1, 8, 16) if args.small else (64, 128)
+        say(f"edge checks: {'ALL OK' if check_edges(say, kernels, heads) else 'FAILURES'}")
 
     try:
         import flash_mla
@@ -150,25 +156,42 @@ def main():
     del a, b
 
     rows = []
-    for H, topk in ((64, 512), (128, 1024)):
-        w = workloads.dsv4_csa(args.tokens, H, topk=topk, device="cuda", big_buffer=True, seed=1)
+    if args.small:
+        cases = [("csa", 16, 512), ("csa", 8, 512), ("glm", 16, 2048)]
+    else:
+        cases = [("csa", 64, 512), ("csa", 128, 1024)]
+    for kind, H, topk in cases:
+        if kind == "glm":
+            w = workloads.glm_full_topk(
+                args.tokens, H, topk=topk, device="cuda", big_buffer=True, seed=1, sink=True
+            )
+        else:
+            w = workloads.dsv4_csa(
+                args.tokens, H, topk=topk, device="cuda", big_buffer=True, seed=1
+            )
         w.kv.normal_()
         flops = w.flops()
-        provs = {n: gluon_call(c) for n, c in KERNELS.items()}
+        provs = {n: gluon_call(c) for n, c in kernels.items()}
         provs["triton"] = triton_call
         if have_fm:
             idx3, tl = dense_for_flashmla(w)
             kv3 = w.kv.view(-1, 1, 512)
 
-            def fm(w, out=None, idx3=idx3, tl=tl, kv3=kv3):
+            pad = max(64, H)
+            qp = torch.zeros(w.q.shape[0], pad, 512, dtype=w.q.dtype, device="cuda")
+            qp[:, :H] = w.q
+            sp = torch.zeros(pad, dtype=torch.float32, device="cuda")
+            sp[:H] = w.attn_sink
+
+            def fm(w, out=None, idx3=idx3, tl=tl, kv3=kv3, qp=qp, sp=sp, H=H):
                 o = flash_mla.flash_mla_sparse_fwd(
-                    w.q, kv3, idx3, w.softmax_scale, d_v=512, attn_sink=w.attn_sink, topk_length=tl
-                )[0]
+                    qp, kv3, idx3, w.softmax_scale, d_v=512, attn_sink=sp, topk_length=tl
+                )[0][:, :H]
                 if out is not None:
                     out.copy_(o)
                 return o
 
-            provs["flashmla"] = fm
+            provs["flashmla" if H >= 64 else "flashmla_pad64"] = fm
         for name, call in provs.items():
             try:
                 out = torch.full_like(w.q, float("nan"))
@@ -183,9 +206,9 @@ def main():
                 )  # fmt: skip
                 ms = triton.testing.do_bench(lambda call=call, w=w: call(w), return_mode="median")
                 tf = flops / ms / 1e9
-                say(f"H{H} topk{topk} {name}: {ms:.3f} ms {tf:.0f} TFLOP/s "
+                say(f"{kind} H{H} topk{topk} {name}: {ms:.3f} ms {tf:.0f} TFLOP/s "
                     f"({tf / mm:.2f} of matmul) check {rep} first call {first:.1f}s")  # fmt: skip
-                rows.append(dict(workload=f"dsv4_csa_H{H}_topk{topk}", T=args.tokens, H=H,
+                rows.append(dict(workload=f"{kind}_H{H}_topk{topk}", T=args.tokens, H=H,
                                  provider=name, ms=round(ms, 4), tflops=round(tf, 1),
                                  matmul_tflops=round(mm, 1), check=str(rep.ok), device=dev,
                                  torch=torch.__version__, triton=triton.__version__))  # fmt: skip

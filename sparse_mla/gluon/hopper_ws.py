@@ -87,15 +87,15 @@ VEC = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, orde
 
 
 @gluon.jit
-def _item_range(item, indptr_ptr, nnz, num_heads):
+def _item_range(item, indptr_ptr, nnz, num_heads, HEADS: gl.constexpr):
     """Work item ``item``'s token, head block and CSR slot range [lo, hi) with its tile count.
     The range is clamped to [0, nnz] (nnz = kv_indices.numel()): no kv_indptr, checked or not,
     reads outside kv_indices (a decreasing pair or a range past nnz keeps the in-bounds part).
 
-    Items are (token, head block) with a token's head blocks adjacent; the persistent programs
+    Items are (token, block of HEADS heads) with a token's blocks adjacent; the persistent programs
     take them round-robin, so the programs that gather the same rows run at the same time and
     share them in L2."""
-    num_hb = (num_heads + BLOCK_H - 1) // BLOCK_H
+    num_hb = (num_heads + HEADS - 1) // HEADS
     pid_h = item % num_hb
     pid_r = (item // num_hb).to(gl.int64)
     lo = gl.load(indptr_ptr + pid_r).to(gl.int64)
@@ -139,7 +139,7 @@ def _producer(
     g0 = 0  # pairs of tiles gathered so far, over all items: the barriers' phase
     it = 0  # items so far
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads)
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
 
         # Q [64, 512] of this head block (rows past num_heads zero-filled), once both consumers
         # are past their last QK^T of the previous item.
@@ -266,7 +266,7 @@ def _epilogue(
 @gluon.jit
 def _consumer_item(item, indptr_ptr, nnz, num_heads):
     """A consumer's start of a work item: its range, pairs of tiles and fresh softmax state."""
-    pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads)
+    pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
     m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)

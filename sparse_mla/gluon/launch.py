@@ -19,10 +19,11 @@ from triton.experimental.gluon import language as gl
 
 from .. import runtime
 from ..validation import _shares_memory, validate_inputs
-from . import cdna4, hopper, hopper_prefill, hopper_ws
+from . import cdna4, hopper, hopper_prefill, hopper_ws, hopper_ws_small
 from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
 from .hopper_prefill import _prefill_wgmma_kernel
 from .hopper_ws import _prefill_ws_kernel
+from .hopper_ws_small import _prefill_ws_small_kernel
 
 __all__ = [
     "GluonConfig",
@@ -34,6 +35,7 @@ __all__ = [
     "mla_gluon",
     "run_validated",
     "use_warp_specialized",
+    "use_warp_specialized_small",
     "use_wgmma",
 ]
 
@@ -172,27 +174,49 @@ def use_wgmma(cfg: GluonConfig, target: Target, *, has_pe: bool) -> bool:
     return bool(cfg.wgmma)
 
 
-def use_warp_specialized(
-    cfg: GluonConfig, target: Target, *, has_pe: bool, num_splits: int = 1, write_lse: bool = False
+def _ws_able(
+    cfg: GluonConfig, target: Target, kernel, num_warps: int, *, has_pe, num_splits, write_lse
 ) -> bool:
-    """Whether a launch runs the sm90 warp-specialised prefill kernel (see :class:`GluonConfig`)."""
-    able = (
+    return (
         target.arch == "hopper"
         and target.arch_id == 90
         and not has_pe
-        and hopper_ws.BLOCK_H.value == cfg.BLOCK_H
-        and hopper_ws.BLOCK_K.value == cfg.BLOCK_K
-        and cfg.num_warps == 8
+        and (kernel.BLOCK_H.value, kernel.BLOCK_K.value) == (cfg.BLOCK_H, cfg.BLOCK_K)
+        and cfg.num_warps == num_warps
         and num_splits == 1
         and not write_lse
     )
+
+
+def use_warp_specialized_small(
+    cfg: GluonConfig, target: Target, *, has_pe: bool, num_splits: int = 1, write_lse: bool = False
+) -> bool:
+    """Whether a launch runs the sm90 warp-specialised kernel for H <= 16 (``hopper_ws_small``:
+    heads on wgmma's N): only when asked for, with ``GluonConfig(16, 64, 4,
+    warp_specialized=True)``, one KV split and no LSE."""
+    return bool(cfg.warp_specialized) and _ws_able(
+        cfg, target, hopper_ws_small, 4, has_pe=has_pe, num_splits=num_splits,
+        write_lse=write_lse,
+    )  # fmt: skip
+
+
+def use_warp_specialized(
+    cfg: GluonConfig, target: Target, *, has_pe: bool, num_splits: int = 1, write_lse: bool = False
+) -> bool:
+    """Whether a launch runs the sm90 warp-specialised prefill kernel for H >= 64 (see
+    :class:`GluonConfig`)."""
+    kw = dict(has_pe=has_pe, num_splits=num_splits, write_lse=write_lse)
+    able = _ws_able(cfg, target, hopper_ws, 8, **kw)
     if cfg.warp_specialized is None:
         return able and cfg.wgmma is None
     if cfg.warp_specialized and not able:
+        if use_warp_specialized_small(cfg, target, **kw):
+            return False
         raise ValueError(
             "config: warp_specialized=True needs an sm90 prefill (has_pe=False) with BLOCK_H=64, "
-            f"BLOCK_K=64, num_warps=8, one KV split and no LSE; got {cfg} on {target.name} "
-            f"with num_kv_splits={num_splits}, return_lse={write_lse}"
+            "BLOCK_K=64, num_warps=8 (or BLOCK_H=16, BLOCK_K=64, num_warps=4 for H <= 16), one "
+            f"KV split and no LSE; got {cfg} on {target.name} with num_kv_splits={num_splits}, "
+            f"return_lse={write_lse}"
         )
     return bool(cfg.warp_specialized)
 
@@ -627,6 +651,21 @@ def run_validated(
             q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
             H, N, kv_indices.numel(), float(sm_scale) * _LOG2E, items, num_warps=4,
             num_stages=1,
+        )  # fmt: skip
+        return out
+    if use_warp_specialized_small(cfg, tgt, has_pe=has_pe, num_splits=splits, write_lse=return_lse):
+        if q_nope.data_ptr() % 16 or q_nope.stride(0) % 8 or q_nope.stride(1) % 8:
+            q_nope = q_nope.contiguous()
+        if attn_sink is None:
+            sink = torch.full((H,), -math.inf, dtype=torch.float32, device=q_nope.device)
+        # Persistent: one program per SM over R x cdiv(H, 16) items; 4 warps here (the
+        # consumer) + 4 in the producer partition.
+        items = R * triton.cdiv(H, hopper_ws_small.BLOCK_H.value)
+        _prefill_ws_small_kernel[(min(items, _num_compute_units(dev)),)](
+            q_nope, kv2, kv_indices, kv_indptr, sink, out,
+            q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
+            H, N, kv_indices.numel(), float(sm_scale) * _LOG2E, items,
+            num_warps=4, num_stages=1,
         )  # fmt: skip
         return out
     if use_wgmma(cfg, tgt, has_pe=has_pe):
