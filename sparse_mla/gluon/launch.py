@@ -192,21 +192,12 @@ def use_warp_specialized_small(
     cfg: GluonConfig, target: Target, *, has_pe: bool, num_splits: int = 1, write_lse: bool = False
 ) -> bool:
     """Whether a launch runs the sm90 warp-specialised kernel for H <= 16 (``hopper_ws_small``:
-    heads on wgmma's N, its own 64-slot tiles, so ``BLOCK_K`` does not apply): every sm90
-    prefill launch with BLOCK_H = 16, 4 warps, one KV split and no LSE, unless ``wgmma`` or
-    ``warp_specialized=False`` asks otherwise."""
-    able = (
-        target.arch == "hopper"
-        and target.arch_id == 90
-        and not has_pe
-        and cfg.BLOCK_H == hopper_ws_small.BLOCK_H.value
-        and cfg.num_warps == 4
-        and num_splits == 1
-        and not write_lse
-    )
-    if cfg.warp_specialized is None:
-        return able and cfg.wgmma is None
-    return bool(cfg.warp_specialized) and able
+    heads on wgmma's N): only when asked for, with ``GluonConfig(16, 64, 4,
+    warp_specialized=True)``, one KV split and no LSE."""
+    return bool(cfg.warp_specialized) and _ws_able(
+        cfg, target, hopper_ws_small, 4, has_pe=has_pe, num_splits=num_splits,
+        write_lse=write_lse,
+    )  # fmt: skip
 
 
 def use_warp_specialized(
