@@ -339,16 +339,29 @@ def warp_partitions(ttgir: str, ptx: str) -> list[tuple[str, int, int]] | None:
     """(partition, warps, registers) of a warp-specialised kernel, or None.
 
     The workers' warps and requested registers are in the TTGIR (``partitionN ... num_warps(w)``,
-    ``requestedRegisters``); the default partition gets what is left of the register file, which
-    the PTX shows as the first ``setmaxnreg.dec`` (the parent region runs at 256 before it)."""
+    ``requestedRegisters``). The default partition gets what is left of the register file:
+    every warpgroup starts with the launch's share (65,536 / threads, rounded down to 8), the
+    workers give theirs up to ``setmaxnreg``, and the default takes the rest, at most 256. The
+    PTX must carry that ``setmaxnreg`` value (checked)."""
     req = re.search(r"requestedRegisters = array<i32: ([\d, ]+)>", ttgir)
     if not req:
         return None
     regs = [int(x) for x in req.group(1).split(",")]
     warps = [int(w) for w in re.findall(r"partition\d+\([^\n]*num_warps\((\d+)\)", ttgir)]
     default_warps = _int(r'"ttg.num-warps" = (\d+)', ttgir) or 0
-    dec = re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)
-    rows = [("default", default_warps, int(dec.group(1)) if dec else 0)]
+    total_warps = default_warps + sum(warps)
+    groups = -(-total_warps // 4)
+    share = (65536 // (32 * 4 * groups)) // 8 * 8
+    worker_groups = [-(-w // 4) for w in warps]
+    left = share * groups - sum(r * g for r, g in zip(regs, worker_groups, strict=True))
+    default_regs = min(256, left // max(1, -(-default_warps // 4)))
+    seen = {int(v) for v in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
+    if default_regs not in seen:
+        raise RuntimeError(
+            f"warp_partitions: the default partition's {default_regs} registers are not a "
+            f"setmaxnreg value of the PTX ({sorted(seen)}): the allocation rule changed"
+        )
+    rows = [("default", default_warps, default_regs)]
     for i, r in enumerate(regs):
         rows.append((f"worker {i}", warps[i] if i < len(warps) else 0, r))
     return rows

@@ -23,6 +23,7 @@ from sparse_mla.gluon.launch import (
     default_config,
     get_target,
     use_warp_specialized,
+    use_warp_specialized_small,
     use_wgmma,
 )
 from sparse_mla.reference import error_report, mla_decode_ref, sparse_mla_prefill_ref
@@ -140,6 +141,44 @@ def test_sm90_ws_prefill_compile_partitions_and_budget():
     assert (
         inspect.resources_of(compile_for("decode", "sm90", num_heads=16), "sm90").partitions is None
     )
+
+
+SMALL = GluonConfig(16, 64, 4, warp_specialized=True)
+
+
+def test_sm90_ws_small_compile_partitions_and_budget():
+    """The H <= 16 kernel: heads on wgmma's N (m64n16k16 for S^T and O^T), 16-byte cp.async
+    gathers on mbarriers, a consumer and a producer within the register file, a 3-tile ring
+    within 227 KiB, no spills."""
+    from sparse_mla import inspect
+
+    k = compile_for("prefill", "sm90", num_heads=16, config=SMALL, index_dtype=torch.int64)
+    assert k.metadata.name == "_prefill_ws_small_kernel" and k.metadata.num_warps == 8
+    ptx = k.asm["ptx"]
+    n_mma = ptx.count("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16")
+    # S^T: 512 / 16 k-steps; O^T: 512 / 64 row blocks x 64 / 16 k-steps.
+    assert n_mma == 512 // 16 + (512 // 64) * (64 // 16), n_mma
+    sizes = set(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], (\w+)", ptx))
+    assert sizes == {"0x10"}, sizes
+    assert "cp.async.mbarrier.arrive.noinc" in ptx
+    res = inspect.resources_of(k, "sm90")
+    assert [(p[0], p[1]) for p in res.partitions] == [("default", 4), ("worker 0", 4)]
+    assert sum(w * 32 * r for _, w, r in res.partitions) <= 65536, res.partitions
+    assert res.local_bytes == 0 and res.stack_bytes == 0, res
+    assert 3 * 64 * 512 * 2 < res.shared_bytes <= 227 * 1024
+
+
+def test_ws_small_rule():
+    sm90 = get_target("sm90")
+    assert use_warp_specialized_small(SMALL, sm90, has_pe=False)
+    assert not use_warp_specialized(SMALL, sm90, has_pe=False)
+    # Opt-in for now: the default H <= 16 launch keeps the shared algorithm.
+    assert not use_warp_specialized_small(default_config(16, sm90, has_pe=False), sm90,
+                                          has_pe=False)  # fmt: skip
+    assert not use_warp_specialized_small(SMALL, sm90, has_pe=False, num_splits=2)
+    assert not use_warp_specialized_small(SMALL, sm90, has_pe=False, write_lse=True)
+    assert not use_warp_specialized_small(SMALL, sm90, has_pe=True)
+    assert not use_warp_specialized_small(SMALL, get_target("gfx950"), has_pe=False)
 
 
 def test_ws_dispatch_rule():
@@ -425,9 +464,31 @@ def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("H", [1, 8, 16])
+@pytest.mark.parametrize("with_sink", [False, True])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gpu_ws_small_prefill_matches_reference(H, with_sink, index_dtype):
+    """The H <= 16 kernel over 300 tokens (several items per persistent program, the ring's
+    phases carried over), ragged and empty rows, absent slots, duplicates, NaN pool rows;
+    repeat calls bitwise identical."""
+    c = _gpu_case(300, H, 5000, has_pe=False, index_dtype=index_dtype, seed=5 * H + with_sink,
+                  max_len=700)  # fmt: skip
+    idx, ptr = c["kv_indices"], c["kv_indptr"]
+    s, e = int(ptr[7]), int(ptr[8])
+    if e - s >= 4:
+        idx[s + 1 : e : 2] = idx[s]
+    sink = torch.randn(H, device="cuda") if with_sink else None
+    out = _check_prefill(c, sink, config=SMALL, num_kv_splits=1)
+    again = _check_prefill(c, sink, config=SMALL, num_kv_splits=1)
+    assert torch.equal(out, again), "repeat calls differ"
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_ws_prefill_pool_past_2_31_and_views():
-    """A pool view starting past element 2**31 of its buffer (64-bit row offsets), ``out=`` a
-    strided view (nothing outside it written), q a view that is not 16-byte aligned."""
+    """Both warp-specialised kernels: a pool view starting past element 2**31 of its buffer
+    (64-bit row offsets), ``out=`` a strided view (nothing outside it written), q a view that is
+    not 16-byte aligned."""
     g = torch.Generator(device="cuda").manual_seed(3)
     T, H, N = 70, 64, 2000
     off = 2**31 + 4096
@@ -446,16 +507,18 @@ def test_gpu_ws_prefill_pool_past_2_31_and_views():
     qb = torch.randn(T, H, 520, generator=g, device="cuda").to(torch.bfloat16)
     q = qb[..., 4:516]  # starts 8 bytes into each row: not 16-byte aligned
     sink = torch.randn(H, generator=g, device="cuda")
-    ob = torch.full((T, H, 640), float("nan"), dtype=torch.bfloat16, device="cuda")
-    out = ob[..., 64:576]
-    mla_gluon(q, None, kv, None, idx, ptr, 512**-0.5, has_pe=False, attn_sink=sink, out=out,
-              config=WS, num_kv_splits=1)  # fmt: skip
-    ref = sparse_mla_prefill_ref(q, kv, idx, ptr, 512**-0.5, attn_sink=sink)
-    base = sparse_mla_prefill_ref(q, kv, idx, ptr, 512**-0.5, attn_sink=sink, upcast=False)
-    rep = error_report(out.float(), ref, base.float())
-    assert rep.ok, str(rep)
-    assert torch.all(out[4] == 0)
-    assert torch.isnan(ob[..., :64]).all() and torch.isnan(ob[..., 576:]).all()
+    for cfg, heads in ((WS, H), (SMALL, 16)):
+        qh, sh = q[:, :heads], sink[:heads]
+        ob = torch.full((T, heads, 640), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = ob[..., 64:576]
+        mla_gluon(qh, None, kv, None, idx, ptr, 512**-0.5, has_pe=False, attn_sink=sh, out=out,
+                  config=cfg, num_kv_splits=1)  # fmt: skip
+        ref = sparse_mla_prefill_ref(qh, kv, idx, ptr, 512**-0.5, attn_sink=sh)
+        base = sparse_mla_prefill_ref(qh, kv, idx, ptr, 512**-0.5, attn_sink=sh, upcast=False)
+        rep = error_report(out.float(), ref, base.float())
+        assert rep.ok, f"{cfg}: {rep}"
+        assert torch.all(out[4] == 0)
+        assert torch.isnan(ob[..., :64]).all() and torch.isnan(ob[..., 576:]).all()
 
 
 @pytest.mark.gpu

@@ -382,7 +382,16 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
     idx = "*i64" if index_dtype == torch.int64 else "*i32"
     num_splits = int(shape.get("num_splits", 1))
     write_lse = bool(shape.get("return_lse", has_pe))
-    if use_warp_specialized(cfg, target, has_pe=has_pe, num_splits=num_splits, write_lse=write_lse):
+    ws_kw = dict(has_pe=has_pe, num_splits=num_splits, write_lse=write_lse)
+    if use_warp_specialized_small(cfg, target, **ws_kw):
+        signature = {
+            "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
+            "sink_ptr": "*fp32", "out_ptr": elem, "stride_qr": "i32", "stride_qh": "i32",
+            "stride_kvn": "i32", "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32",
+            "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32", "num_items": "i32",
+        }  # fmt: skip
+        return _prefill_ws_small_kernel, signature, {}, {"num_warps": 4, "num_stages": 1}
+    if use_warp_specialized(cfg, target, **ws_kw):
         # No sink constexpr: a launch without a sink passes -inf logits (see mla_gluon).
         constexprs: dict[str, Any] = {}
         signature = {
