@@ -574,3 +574,47 @@ def test_inspect_compiles_both_modes(mode, target):
     assert res.mix[key] > 0, res.mix
     rows = dict(res.resources.as_rows())
     assert rows, "no resource rows"
+
+
+def test_persistent_launch_arguments(monkeypatch):
+    """The warp-specialised launches' host side, on CPU with a stand-in kernel: the persistent
+    grid, the argument order the kernels declare, a -inf sink when there is none, and a copy of
+    a q whose rows are not 16-byte aligned (the producer copies Q with 16-byte cp.async)."""
+    from sparse_mla.gluon import launch
+    from sparse_mla.gluon.hopper_ws import _prefill_ws_kernel
+
+    calls = []
+
+    class FakeKernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    monkeypatch.setattr(launch, "_num_compute_units", lambda dev: 132)
+    T, H, N = 300, 128, 50
+    qb = torch.randn(T, H, 520, dtype=torch.bfloat16)
+    q = qb[..., 4:516]  # 8 bytes into each row
+    kv = torch.randn(N, 512, dtype=torch.bfloat16)
+    idx = torch.arange(10, dtype=torch.int32)
+    ptr = torch.zeros(T + 1, dtype=torch.int32)
+    out = torch.empty(T, H, 512, dtype=torch.bfloat16)
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, out, 0.25, 0)
+    (grid, args, kw), = calls  # fmt: skip
+    assert grid == (132,) and kw == {"num_warps": 4, "num_stages": 1}
+    names = [n for n in _prefill_ws_kernel.arg_names]
+    assert len(args) == len(names), (len(args), names)
+    got = dict(zip(names, args, strict=True))
+    assert got["q_ptr"].is_contiguous() and torch.equal(got["q_ptr"], q)
+    assert got["kv_ptr"] is kv and got["idx_ptr"] is idx and got["out_ptr"] is out
+    assert torch.all(got["sink_ptr"] == -math.inf) and got["sink_ptr"].shape == (H,)
+    assert (got["stride_qr"], got["stride_qh"]) == (H * 512, 512)
+    assert (got["num_heads"], got["num_kv"], got["nnz"]) == (H, N, 10)
+    assert got["num_items"] == T * 2 and got["qk_scale"] == pytest.approx(0.25 * 1.4426950408889634)
+    # An aligned q and a sink pass through; few items give a smaller grid.
+    calls.clear()
+    sink = torch.randn(H)
+    launch._launch_persistent(FakeKernel(), 16, qb[:2, :, :512], kv, idx, ptr[:3], sink, out[:2],
+                              0.25, 0)  # fmt: skip
+    (grid, args, _), = calls  # fmt: skip
+    got = dict(zip(names, args, strict=True))
+    assert grid == (2 * 8,) and got["q_ptr"].data_ptr() == qb.data_ptr()
+    assert torch.equal(got["sink_ptr"], sink) and got["stride_qh"] == 520

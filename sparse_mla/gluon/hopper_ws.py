@@ -129,6 +129,23 @@ def _gather_half(dst, kv_ptr, slot, stride_kvn, col0):
 
 
 @gluon.jit
+def _copy_q(dst, q_ptr, pid_r, offs_h, offs_c, stride_qr, stride_qh, num_heads):
+    """cp.async Q rows ``offs_h`` of token ``pid_r`` into ``dst`` ([rows, 512]) in two halves of
+    256 columns; rows past num_heads are zero-filled."""
+    for half in gl.static_range(2):
+        q_ptrs = (
+            q_ptr + pid_r * stride_qr + offs_h[:, None] * stride_qh + half * HALF + offs_c[None, :]
+        )
+        q_ptrs = gl.max_contiguous(gl.multiple_of(q_ptrs, [16, 16]), [1, 8])
+        cp.async_copy_global_to_shared(
+            dst.slice(half * HALF, HALF, dim=1),
+            q_ptrs,
+            mask=(offs_h < num_heads)[:, None],
+            cache_modifier=".cg",
+        )
+
+
+@gluon.jit
 def _producer(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
@@ -144,19 +161,8 @@ def _producer(
         # Q [64, 512] of this head block (rows past num_heads zero-filled), once both consumers
         # are past their last QK^T of the previous item.
         mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
-        offs_h = pid_h * BLOCK_H + offs_hq
-        for half in gl.static_range(2):
-            q_ptrs = (
-                q_ptr + pid_r * stride_qr + offs_h[:, None] * stride_qh + half * HALF
-                + offs_c[None, :]
-            )  # fmt: skip
-            q_ptrs = gl.max_contiguous(gl.multiple_of(q_ptrs, [16, 16]), [1, 8])
-            cp.async_copy_global_to_shared(
-                q_smem.index(0).slice(half * HALF, HALF, dim=1),
-                q_ptrs,
-                mask=(offs_h < num_heads)[:, None],
-                cache_modifier=".cg",
-            )
+        _copy_q(q_smem.index(0), q_ptr, pid_r, pid_h * BLOCK_H + offs_hq, offs_c, stride_qr,
+                stride_qh, num_heads)  # fmt: skip
         cp.mbarrier_arrive(bars.index(Q_READY), increment_count=False)
 
         num_pairs = (num_tiles + 1) // 2

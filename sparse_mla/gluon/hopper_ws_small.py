@@ -42,6 +42,7 @@ from .hopper_ws import (
     M_INIT,
     SMEM,
     _arrive,
+    _copy_q,
     _gather_half,
     _item_range,
     _opaque_zero,
@@ -85,19 +86,8 @@ def _producer(
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
         mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
-        offs_h = pid_h * BLOCK_H + offs_hq
-        for half in gl.static_range(2):
-            q_ptrs = (
-                q_ptr + pid_r * stride_qr + offs_h[:, None] * stride_qh + half * HALF
-                + offs_c[None, :]
-            )  # fmt: skip
-            q_ptrs = gl.max_contiguous(gl.multiple_of(q_ptrs, [16, 16]), [1, 8])
-            cp.async_copy_global_to_shared(
-                q_smem.index(0).slice(half * HALF, HALF, dim=1),
-                q_ptrs,
-                mask=(offs_h < num_heads)[:, None],
-                cache_modifier=".cg",
-            )
+        _copy_q(q_smem.index(0), q_ptr, pid_r, pid_h * BLOCK_H + offs_hq, offs_c, stride_qr,
+                stride_qh, num_heads)  # fmt: skip
         cp.mbarrier_arrive(bars.index(Q_READY), increment_count=False)
         for t in range(num_tiles):
             stage = (g + t) % STAGES

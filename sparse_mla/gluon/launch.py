@@ -645,38 +645,15 @@ def run_validated(
         lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
     else:
         opart = lsepart = lse_dummy(q_nope)
-    if use_warp_specialized(cfg, tgt, has_pe=has_pe, num_splits=splits, write_lse=return_lse):
-        # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
-        if q_nope.data_ptr() % 16 or q_nope.stride(0) % 8 or q_nope.stride(1) % 8:
-            q_nope = q_nope.contiguous()
-        # No sink: logits of -inf, which add 2^-inf = 0 to the denominator.
-        if attn_sink is None:
-            sink = torch.full((H,), -math.inf, dtype=torch.float32, device=q_nope.device)
-        # Persistent: one program per SM over R x cdiv(H, 64) work items; 4 warps here
-        # (consumer 0) + 8 in the kernel's worker partitions.
-        items = R * triton.cdiv(H, hopper_ws.BLOCK_H.value)
-        _prefill_ws_kernel[(min(items, _num_compute_units(dev)),)](
-            q_nope, kv2, kv_indices, kv_indptr, sink, out,
-            q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
-            H, N, kv_indices.numel(), float(sm_scale) * _LOG2E, items, num_warps=4,
-            num_stages=1,
-        )  # fmt: skip
-        return out
-    if use_warp_specialized_small(cfg, tgt, has_pe=has_pe, num_splits=splits, write_lse=return_lse):
-        if q_nope.data_ptr() % 16 or q_nope.stride(0) % 8 or q_nope.stride(1) % 8:
-            q_nope = q_nope.contiguous()
-        if attn_sink is None:
-            sink = torch.full((H,), -math.inf, dtype=torch.float32, device=q_nope.device)
-        # Persistent: one program per SM over R x cdiv(H, 16) items; 4 warps here (the
-        # consumer) + 4 in the producer partition.
-        items = R * triton.cdiv(H, hopper_ws_small.BLOCK_H.value)
-        _prefill_ws_small_kernel[(min(items, _num_compute_units(dev)),)](
-            q_nope, kv2, kv_indices, kv_indptr, sink, out,
-            q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
-            H, N, kv_indices.numel(), float(sm_scale) * _LOG2E, items,
-            num_warps=4, num_stages=1,
-        )  # fmt: skip
-        return out
+    ws_kw = dict(has_pe=has_pe, num_splits=splits, write_lse=return_lse)
+    for able, kernel, module in (
+        (use_warp_specialized, _prefill_ws_kernel, hopper_ws),
+        (use_warp_specialized_small, _prefill_ws_small_kernel, hopper_ws_small),
+    ):
+        if able(cfg, tgt, **ws_kw):
+            _launch_persistent(kernel, module.BLOCK_H.value, q_nope, kv2, kv_indices, kv_indptr,
+                               attn_sink, out, sm_scale, dev)  # fmt: skip
+            return out
     if use_wgmma(cfg, tgt, has_pe=has_pe):
         wcx = wgmma_constexprs(
             cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse
@@ -700,6 +677,28 @@ def run_validated(
             num_warps=4, **rcx,
         )  # fmt: skip
     return (out, lse) if return_lse else out
+
+
+def _launch_persistent(
+    kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev
+):  # fmt: skip
+    """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
+    R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions)."""
+    R, H, _ = q.shape
+    # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
+    if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
+        q = q.contiguous()
+    if attn_sink is None:  # no sink: logits of -inf add 2^-inf = 0 to the denominator
+        sink = torch.full((H,), -math.inf, dtype=torch.float32, device=q.device)
+    else:
+        sink = attn_sink.contiguous()
+    items = R * triton.cdiv(H, heads_per_item)
+    kernel[(min(items, _num_compute_units(dev)),)](
+        q, kv2, kv_indices, kv_indptr, sink, out,
+        q.stride(0), q.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
+        H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E, items,
+        num_warps=4, num_stages=1,
+    )  # fmt: skip
 
 
 def _launch_shared(
