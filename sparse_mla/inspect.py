@@ -780,14 +780,29 @@ def by_line(res: CompileResult) -> LineMap:
     return out
 
 
+def _here(path: str) -> str:
+    """``path`` from a compile's line info, or this package's copy of it when the recorded one
+    is gone: Triton's on-disk cache is keyed by the source, not by where it was, so a cached
+    binary can name the file of another checkout of the same code (since deleted)."""
+    if os.path.exists(path):
+        return path
+    parts = Path(path).parts
+    if "sparse_mla" in parts:
+        rel = parts[len(parts) - 1 - parts[::-1].index("sparse_mla") + 1 :]
+        local = Path(__file__).resolve().parent.joinpath(*rel)
+        if local.exists():
+            return str(local)
+    return path
+
+
 def _source_paths(res: CompileResult) -> dict[str, str]:
     """File name -> full path, for the files the compile's line info names."""
     out = {}
     for m in map(_AMD_FILE.match, res.asm.get("amdgcn", "").splitlines()):
         if m:
-            out[m.group(3)] = os.path.join(m.group(2), m.group(3))
+            out[m.group(3)] = _here(os.path.join(m.group(2), m.group(3)))
     for m in re.finditer(r'\.file\s+\d+\s+"([^"]+)"', res.asm.get("ptx", "")):
-        out[Path(m.group(1)).name] = m.group(1)
+        out[Path(m.group(1)).name] = _here(m.group(1))
     return out
 
 

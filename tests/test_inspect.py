@@ -542,3 +542,16 @@ def test_resources_of_a_compiled_kernel_match_compile(target, monkeypatch):
     assert len(captured) == 1
     assert si.resources_of(captured[0], target) == res.resources
     assert res.resources.occupancy > 0
+
+
+def test_line_info_of_a_cached_binary_from_a_deleted_checkout_maps_here():
+    """Triton's disk cache is keyed by source, so a cached binary can name the files of another
+    checkout of the same code; by_line then reads this package's copy, not an empty line."""
+    from pathlib import Path
+
+    import sparse_mla.gluon.hopper_ws as ws
+
+    gone = "/no/such/checkout/sparse_mla/gluon/hopper_ws.py"
+    assert si._here(gone) == str(Path(ws.__file__).resolve())
+    assert si._here("/no/such/place/other.py") == "/no/such/place/other.py"
+    assert si._here(ws.__file__) == ws.__file__
