@@ -440,26 +440,29 @@ def _check_prefill(c, sink, **launch):
 WS = GluonConfig(64, 64, 8, warp_specialized=True)
 
 
+def _check_ws_case(cfg, H, with_sink, index_dtype, seed):
+    """A warp-specialised kernel over 300 tokens (more work items than SMs, so every persistent
+    program takes several and the barrier phases carry over), ragged and empty rows, absent
+    slots of every kind, duplicates, NaN in every unreferenced pool row; repeat calls are
+    bitwise identical."""
+    c = _gpu_case(300, H, 5000, has_pe=False, index_dtype=index_dtype, seed=seed, max_len=700)
+    idx, ptr = c["kv_indices"], c["kv_indptr"]
+    s, e = int(ptr[7]), int(ptr[8])
+    if e - s >= 4:
+        idx[s + 1 : e : 2] = idx[s]  # duplicates within one row
+    sink = torch.randn(H, device="cuda") if with_sink else None
+    out = _check_prefill(c, sink, config=cfg, num_kv_splits=1)
+    again = _check_prefill(c, sink, config=cfg, num_kv_splits=1)
+    assert torch.equal(out, again), "repeat calls differ"
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("H", [64, 128])
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
-    """The warp-specialised kernel: 300 tokens (more work items than SMs, so every persistent
-    program takes several and the barrier phases carry over), ragged and empty rows, absent
-    slots of every kind, duplicates, NaN in every unreferenced pool row; repeat calls are
-    bitwise identical."""
-    c = _gpu_case(300, H, 5000, has_pe=False, index_dtype=index_dtype, seed=H + 2 * with_sink,
-                  max_len=700)  # fmt: skip
-    idx, ptr = c["kv_indices"], c["kv_indptr"]
-    s, e = int(ptr[7]), int(ptr[8])
-    if e - s >= 4:
-        idx[s + 1 : e : 2] = idx[s]  # duplicates within one row
-    sink = torch.randn(H, device="cuda") if with_sink else None
-    out = _check_prefill(c, sink, config=WS, num_kv_splits=1)
-    again = _check_prefill(c, sink, config=WS, num_kv_splits=1)
-    assert torch.equal(out, again), "repeat calls differ"
+    _check_ws_case(WS, H, with_sink, index_dtype, seed=H + 2 * with_sink)
 
 
 @pytest.mark.gpu
@@ -468,19 +471,8 @@ def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_ws_small_prefill_matches_reference(H, with_sink, index_dtype):
-    """The H <= 16 kernel over 300 tokens (several items per persistent program, the ring's
-    phases carried over), ragged and empty rows, absent slots, duplicates, NaN pool rows;
-    repeat calls bitwise identical."""
-    c = _gpu_case(300, H, 5000, has_pe=False, index_dtype=index_dtype, seed=5 * H + with_sink,
-                  max_len=700)  # fmt: skip
-    idx, ptr = c["kv_indices"], c["kv_indptr"]
-    s, e = int(ptr[7]), int(ptr[8])
-    if e - s >= 4:
-        idx[s + 1 : e : 2] = idx[s]
-    sink = torch.randn(H, device="cuda") if with_sink else None
-    out = _check_prefill(c, sink, config=SMALL, num_kv_splits=1)
-    again = _check_prefill(c, sink, config=SMALL, num_kv_splits=1)
-    assert torch.equal(out, again), "repeat calls differ"
+    """The H <= 16 kernel (heads on wgmma's N), same cases."""
+    _check_ws_case(SMALL, H, with_sink, index_dtype, seed=5 * H + with_sink)
 
 
 @pytest.mark.gpu

@@ -383,24 +383,21 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
     num_splits = int(shape.get("num_splits", 1))
     write_lse = bool(shape.get("return_lse", has_pe))
     ws_kw = dict(has_pe=has_pe, num_splits=num_splits, write_lse=write_lse)
-    if use_warp_specialized_small(cfg, target, **ws_kw):
-        signature = {
-            "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
-            "sink_ptr": "*fp32", "out_ptr": elem, "stride_qr": "i32", "stride_qh": "i32",
-            "stride_kvn": "i32", "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32",
-            "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32", "num_items": "i32",
-        }  # fmt: skip
-        return _prefill_ws_small_kernel, signature, {}, {"num_warps": 4, "num_stages": 1}
-    if use_warp_specialized(cfg, target, **ws_kw):
-        # No sink constexpr: a launch without a sink passes -inf logits (see mla_gluon).
-        constexprs: dict[str, Any] = {}
-        signature = {
-            "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
-            "sink_ptr": "*fp32", "out_ptr": elem, "stride_qr": "i32", "stride_qh": "i32",
-            "stride_kvn": "i32", "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32",
-            "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32", "num_items": "i32",
-        }  # fmt: skip
-        return _prefill_ws_kernel, signature, constexprs, {"num_warps": 4, "num_stages": 1}
+    for able, ws_kernel in (
+        (use_warp_specialized_small, _prefill_ws_small_kernel),
+        (use_warp_specialized, _prefill_ws_kernel),
+    ):
+        if able(cfg, target, **ws_kw):
+            # Both take the same arguments and no constexprs: a launch without a sink passes
+            # -inf logits (see _launch_persistent).
+            signature = {
+                "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
+                "sink_ptr": "*fp32", "out_ptr": elem, "stride_qr": "i32", "stride_qh": "i32",
+                "stride_kvn": "i32", "stride_or": "i32", "stride_oh": "i32",
+                "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
+                "num_items": "i32",
+            }  # fmt: skip
+            return ws_kernel, signature, {}, {"num_warps": 4, "num_stages": 1}
     if use_wgmma(cfg, target, has_pe=has_pe):
         constexprs = wgmma_constexprs(
             cfg,
