@@ -172,9 +172,19 @@ def test_ws_small_rule():
     sm90 = get_target("sm90")
     assert use_warp_specialized_small(SMALL, sm90, has_pe=False)
     assert not use_warp_specialized(SMALL, sm90, has_pe=False)
-    # Opt-in for now: the default H <= 16 launch keeps the shared algorithm.
-    assert not use_warp_specialized_small(default_config(16, sm90, has_pe=False), sm90,
+    # The default sm90 prefill config at H <= 16 runs it; False or wgmma=True opts out, and the
+    # shared algorithm's tile (BLOCK_K=32) or decode keep the shared algorithm.
+    for h in (1, 8, 16):
+        assert default_config(h, sm90, has_pe=False) == GluonConfig(16, 64, 4)
+        assert use_warp_specialized_small(default_config(h, sm90, has_pe=False), sm90,
                                           has_pe=False)  # fmt: skip
+    assert default_config(16, sm90, has_pe=True).BLOCK_K == 32
+    assert default_config(32, sm90, has_pe=False) == GluonConfig(32, 32, 4)
+    assert default_config(16, get_target("gfx950"), has_pe=False).BLOCK_K == 32
+    off = GluonConfig(16, 64, 4, warp_specialized=False)
+    assert not use_warp_specialized_small(off, sm90, has_pe=False)
+    assert not use_warp_specialized_small(GluonConfig(16, 64, 4, wgmma=True), sm90, has_pe=False)
+    assert not use_warp_specialized_small(GluonConfig(16, 32, 4), sm90, has_pe=False)
     assert not use_warp_specialized_small(SMALL, sm90, has_pe=False, num_splits=2)
     assert not use_warp_specialized_small(SMALL, sm90, has_pe=False, write_lse=True)
     assert not use_warp_specialized_small(SMALL, sm90, has_pe=True)
@@ -422,13 +432,17 @@ def test_gpu_decode_matches_reference(H, splits, with_sink):
     torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=1e-3)
 
 
-def _check_prefill(c, sink, **launch):
-    """Run the Gluon prefill into a NaN-poisoned output and check it against the fp32
-    reference (2x rule); rows 0 and 2 of ``_gpu_case`` are empty and must come out zero."""
+def _check_prefill(c, sink, *, entry=None, **launch):
+    """Run the Gluon prefill (or ``entry``: the package's ``sparse_mla_prefill``) into a
+    NaN-poisoned output and check it against the fp32 reference (2x rule); rows 0 and 2 of
+    ``_gpu_case`` are empty and must come out zero."""
     scale = 512**-0.5
     out = torch.full(c["q_nope"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    mla_gluon(**c, sm_scale=scale, has_pe=False, attn_sink=sink, out=out, **launch)
     args = (c["q_nope"], c["kv_c"], c["kv_indices"], c["kv_indptr"], scale)
+    if entry is None:
+        mla_gluon(**c, sm_scale=scale, has_pe=False, attn_sink=sink, out=out, **launch)
+    else:
+        entry(*args, attn_sink=sink, out=out, **launch)
     ref = sparse_mla_prefill_ref(*args, attn_sink=sink)
     base = sparse_mla_prefill_ref(*args, attn_sink=sink, upcast=False)
     rep = error_report(out.float(), ref, base.float())
@@ -473,6 +487,30 @@ def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
 def test_gpu_ws_small_prefill_matches_reference(H, with_sink, index_dtype):
     """The H <= 16 kernel (heads on wgmma's N), same cases."""
     _check_ws_case(SMALL, H, with_sink, index_dtype, seed=5 * H + with_sink)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("H", [1, 8, 16, 20, 32])
+@pytest.mark.parametrize("max_len", [700, 2100])  # CSA top-k 512 + window; GLM top-k 2048
+@pytest.mark.parametrize("with_sink", [False, True])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gpu_default_prefill_few_heads(H, max_len, with_sink, index_dtype):
+    """``sparse_mla_prefill`` with ``config=None`` at few heads, whichever kernel the dispatch
+    picks (on the H200: the H <= 16 kernel up to 16 heads): the cases of _check_ws_case with
+    lists up to 2100 slots."""
+    from sparse_mla import sparse_mla_prefill
+
+    c = _gpu_case(300, H, 5000, has_pe=False, index_dtype=index_dtype, seed=H + max_len,
+                  max_len=max_len)  # fmt: skip
+    idx, ptr = c["kv_indices"], c["kv_indptr"]
+    s, e = int(ptr[7]), int(ptr[8])
+    if e - s >= 4:
+        idx[s + 1 : e : 2] = idx[s]  # duplicates within one row
+    sink = torch.randn(H, device="cuda") if with_sink else None
+    out = _check_prefill(c, sink, entry=sparse_mla_prefill)
+    again = _check_prefill(c, sink, entry=sparse_mla_prefill)
+    assert torch.equal(out, again), "repeat calls differ"
 
 
 @pytest.mark.gpu

@@ -117,7 +117,9 @@ def _consumer(
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
         m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=COL_ST)
-        l_i = gl.zeros([BLOCK_H], gl.float32, layout=COL_ST)
+        # The denominator per (slot row, head), summed over the slots once at the end: one
+        # cross-warp reduction per tile (the max) instead of two.
+        l2 = gl.zeros([BLOCK_K, BLOCK_H], gl.float32, layout=MMA_ST)
         acc = gl.zeros([HEAD_DIM, BLOCK_H], gl.float32, layout=MMA_ST)  # O^T
         mbarrier.wait(bars.index(Q_READY), it & 1)
         if num_tiles == 0:
@@ -144,7 +146,7 @@ def _consumer(
             m_new = gl.maximum(m_i, gl.max(s, 0))
             alpha = gl.exp2(m_i - m_new)
             p = gl.exp2(s - m_new[None, :])
-            l_i = l_i * alpha + gl.sum(p, 0)
+            l2 = l2 * alpha[None, :] + p
             m_i = m_new
             acc = acc * alpha[None, :]
             p_smem.index(z).store(p.to(dtype))
@@ -156,6 +158,7 @@ def _consumer(
             _arrive(bars.index(FREE + stage))
         g += num_tiles
 
+        l_i = gl.sum(l2, 0)
         # The sink: a virtual column with logit sink_h and a zero value vector (-inf: none).
         offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=COL_ST)
         sink = gl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=float("-inf")) * LOG2E

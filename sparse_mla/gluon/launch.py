@@ -109,10 +109,12 @@ class GluonConfig:
     BLOCK_H = 64 and 8 warps, the shared algorithm serves the rest. ``num_stages`` is used by
     that kernel only.
 
-    ``warp_specialized`` picks the sm90 warp-specialised prefill kernel (``hopper_ws.py``: a
-    producer warpgroup and two consumer warpgroups, 64 heads x 64 slots, no KV splits, no LSE);
-    None: it serves every sm90 prefill launch it can (BLOCK_H = BLOCK_K = 64, 8 warps, one KV
-    split, no LSE) unless ``wgmma`` is set, which asks for the wgmma kernel.
+    ``warp_specialized`` picks the sm90 warp-specialised prefill kernels: ``hopper_ws.py`` (a
+    producer warpgroup and two consumer warpgroups, 64 heads x 64 slots) at BLOCK_H = 64, 8
+    warps, and ``hopper_ws_small.py`` (a producer and one consumer, heads on wgmma's N) at
+    BLOCK_H = 16, 4 warps; both with BLOCK_K = 64, one KV split and no LSE. None: they serve
+    every sm90 prefill launch they can (the default configs there are theirs) unless ``wgmma``
+    is set, which asks for the wgmma kernel.
     """
 
     BLOCK_H: int = 16
@@ -192,12 +194,16 @@ def use_warp_specialized_small(
     cfg: GluonConfig, target: Target, *, has_pe: bool, num_splits: int = 1, write_lse: bool = False
 ) -> bool:
     """Whether a launch runs the sm90 warp-specialised kernel for H <= 16 (``hopper_ws_small``:
-    heads on wgmma's N): only when asked for, with ``GluonConfig(16, 64, 4,
-    warp_specialized=True)``, one KV split and no LSE."""
-    return bool(cfg.warp_specialized) and _ws_able(
+    heads on wgmma's N): an sm90 prefill with ``GluonConfig(16, 64, 4)`` (the default config
+    there), one KV split and no LSE, unless the config says ``warp_specialized=False`` or
+    ``wgmma=True``."""
+    able = _ws_able(
         cfg, target, hopper_ws_small, 4, has_pe=has_pe, num_splits=num_splits,
         write_lse=write_lse,
     )  # fmt: skip
+    if cfg.warp_specialized is None:
+        return able and not cfg.wgmma
+    return bool(cfg.warp_specialized) and able
 
 
 def use_warp_specialized(
@@ -228,11 +234,16 @@ def default_config(num_heads: int, target: Target, *, has_pe: bool = True) -> Gl
     sm90 prefill (``has_pe=False``) at BLOCK_H=64 runs the wgmma kernel with BLOCK_K=64 and a
     2-deep ring (205 KB of shared memory): on the H200 at T=16384 it measured 4.80 ms (CSA H=64,
     topk 512) and 14.5 ms (H=128, topk 1024) against 5.95 / 18.4 ms for BLOCK_K=32 with 3 or 4
-    stages (docs/PERF_NOTES.md)."""
+    stages (docs/PERF_NOTES.md). At H <= 16 the sm90 prefill default is BLOCK_K=64, the tile of
+    the warp-specialised kernel for few heads (``hopper_ws_small.py``)."""
     block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
     num_warps = 8 if block_h == 64 else 4
-    if block_h == 64 and not has_pe and target.arch == "hopper" and target.arch_id == 90:
+    sm90_prefill = not has_pe and target.arch == "hopper" and target.arch_id == 90
+    if block_h == 64 and sm90_prefill:
         return GluonConfig(BLOCK_H=64, BLOCK_K=64, num_warps=8, num_stages=2)
+    if block_h == 16 and sm90_prefill:
+        # The H <= 16 warp-specialised kernel's tile (64 slots: wgmma's M).
+        return GluonConfig(BLOCK_H=16, BLOCK_K=64, num_warps=4)
     return GluonConfig(BLOCK_H=block_h, BLOCK_K=32, num_warps=num_warps)
 
 
