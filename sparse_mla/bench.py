@@ -888,7 +888,8 @@ def run_summary(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> di
         run: the run's ``timestamp`` (default: the latest run with workload rows).
 
     Returns:
-        {"run", "device", "commit", "torch", "triton", "workloads": {name: {"H", "D", "T",
+        {"run", "device", "commit", "torch", "triton", "gather_tbs": {pool bytes: the run's
+        row-gather rate in TB/s}, "workloads": {name: {"H", "D", "T",
         "topk", "nnz", "flops", "bytes", "floor_ms", "matmul_ms", "gather_ms", "ms":
         {provider: ms}, "failed": [provider, ...], "config": {provider: config}}}}.
         ``matmul_ms`` = FLOPs / the run's matmul rate; ``gather_ms`` = gathered bytes / the
@@ -944,6 +945,7 @@ def run_summary(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> di
     first = first or {}
     return {"run": run, "device": first.get("device"), "commit": first.get("commit"),
             "torch": first.get("torch"), "triton": first.get("triton"),
+            "gather_tbs": {b: r / 1e12 for b, r in sorted(rates.items())},
             "workloads": work}  # fmt: skip
 
 

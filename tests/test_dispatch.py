@@ -226,15 +226,16 @@ def test_export_kernel_choice_then_dispatch(tmp_path, monkeypatch):
 
 
 def test_committed_sm90_choice_matches_the_bench_csv():
-    # config=None runs Gluon at H>=64 on sm90 and Triton below, as the committed H200 run says;
+    # config=None runs Gluon (the warp-specialised kernels) at H 8/16/64/128 on sm90, as the
+    # committed H200 run says;
     # the recorded provenance is that run's rows, recomputed here.
     with (ROOT / "data/bench/nvidia-h200.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     entries = configs.entries("sm90", configs.CONFIG_ROOT)
     recorded = {k: e.kernel for k, e in entries.items() if e.kernel is not None}
     assert {k: c.name for k, c in recorded.items()} == {
-        "H8_D512": "triton",
-        "H16_D512": "triton",
+        "H8_D512": "gluon",
+        "H16_D512": "gluon",
         "H64_D512": "gluon",
         "H128_D512": "gluon",
     }
@@ -243,7 +244,7 @@ def test_committed_sm90_choice_matches_the_bench_csv():
     for (H, D), c in again.items():
         k = recorded[configs.shape_key(H, D)]
         assert (c["name"], c["launch"], c["provenance"]) == (k.name, k.launch, k.provenance)
-    for H, name in ((8, "triton"), (16, "triton"), (64, "gluon"), (128, "gluon")):
+    for H, name in ((8, "gluon"), (16, "gluon"), (32, "triton"), (64, "gluon"), (128, "gluon")):
         assert dispatch.choose(dispatch.Call("sm90", H, 512)).kernel == name
 
 
@@ -281,6 +282,6 @@ def test_gpu_default_runs_the_recorded_kernel(H, index_dtype, monkeypatch):
     _run(case)
     arch = runtime.arch()
     expected = dispatch.choose(dispatch.Call(arch, H, 512)).kernel
-    if arch == "sm90":  # the committed choice: Gluon from 64 heads
-        assert expected == ("gluon" if H >= 64 else "triton")
+    if arch == "sm90":  # the committed choice: the warp-specialised Gluon kernels
+        assert expected == "gluon"
     assert names == [expected]
