@@ -79,3 +79,41 @@ def test_read_variants_rejects_a_foreign_csv(tmp_path):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="columns"):
         gather.read_variants(bad)
+
+
+def test_neighbour_overlap_counts_unions_of_valid_slots():
+    import torch
+
+    N = 10
+    # token 0: 1 2 3 (+ an absent -1), token 1: 2 3 4, token 2: 4 4 (a duplicate), token 3: empty,
+    # token 4: 9 and N (absent).
+    lists = [[1, 2, 3, -1], [2, 3, 4], [4, 4], [], [9, N]]
+    idx = torch.tensor([s for li in lists for s in li])
+    ptr = torch.tensor([0, 4, 7, 9, 9, 11])
+    by_g = {o.group: o for o in gather.neighbour_overlap(idx, ptr, N, (1, 2, 4, 8), tile=2)}
+    assert all(o.rows_sum == 9 for o in by_g.values())  # valid slots, duplicates counted
+    # G=1: each token's distinct slots: 3 + 3 + 1 + 0 + 1.
+    assert by_g[1].rows_union == 8
+    # G=2: {1,2,3,4}, {4}, {9} -> 6; G=4: {1,2,3,4}, {9} -> 5; G=8: {1,2,3,4,9} -> 5.
+    assert (by_g[2].rows_union, by_g[4].rows_union, by_g[8].rows_union) == (6, 5, 5)
+    assert by_g[8].ratio == pytest.approx(5 / 9)
+    # Tiles of 2 rows: per token ceil(3/2)+ceil(3/2)+ceil(2/2)+0+ceil(1/2) = 6; G=2: 2+1+1.
+    assert by_g[1].tiles_sum == 6 and by_g[2].tiles_union == 4
+    with pytest.raises(ValueError, match="non-decreasing"):
+        gather.neighbour_overlap(idx, torch.tensor([0, 4, 3, 9, 9, 11]), N)
+    with pytest.raises(ValueError, match=">= 1"):
+        gather.neighbour_overlap(idx, ptr, N, (0,))
+
+
+def test_committed_overlap_csv_matches_the_function_on_a_capture():
+    import csv
+
+    from sparse_mla.capture import load_capture
+
+    with (ROOT / "data/bench/neighbour_overlap.csv").open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["source"] == "glm_h8_topk2048_t64"]
+    c = load_capture(ROOT / "data/captures/glm_h8_topk2048_t64.safetensors")
+    got = gather.neighbour_overlap(c.kv_indices, c.kv_indptr, c.num_kv)
+    assert [(int(r["group"]), int(r["rows_union"])) for r in rows] == [
+        (o.group, o.rows_union) for o in got
+    ]

@@ -11,6 +11,10 @@ Two committed sources, both read without a GPU:
   ablations that bound it, the producer alone (``gather_only``) and the consumer alone
   (``math_only``).
 
+:func:`neighbour_overlap` measures what a kernel serving G neighbouring tokens from the union of
+their slot lists would save: the union of the lists of each group of G consecutive tokens
+against their sum (valid slots only), and the 64-row tiles each way.
+
 Bandwidth is gathered bytes (valid-or-not slots x 1 KiB, once per 16-head block) / time.
 :data:`LIMITS` says what bounds each variant, and :func:`limits_table` prints it beside the
 measured rate.
@@ -24,15 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from matplotlib.figure import Figure
 
 from .roofline import provider_color
 
 __all__ = [
     "LIMITS",
+    "Overlap",
     "Rate",
     "gather_figure",
     "limits_table",
+    "neighbour_overlap",
     "rates",
     "read_variants",
 ]
@@ -191,3 +198,66 @@ def gather_figure(rs: Sequence[Rate], summary: Mapping[str, Any]) -> Figure:
     )
     fig.tight_layout()
     return fig
+
+
+@dataclass(frozen=True)
+class Overlap:
+    group: int  # G consecutive tokens per group
+    rows_sum: int  # valid slots summed over the tokens (what per-token kernels gather)
+    rows_union: int  # distinct valid slots per group, summed over the groups
+    tiles_sum: int  # 64-row tiles per token, summed
+    tiles_union: int  # 64-row tiles of each group's union, summed
+
+    @property
+    def ratio(self) -> float:
+        """union / sum of gathered rows (1.0: neighbours share nothing)."""
+        return self.rows_union / self.rows_sum if self.rows_sum else 1.0
+
+    @property
+    def tile_ratio(self) -> float:
+        return self.tiles_union / self.tiles_sum if self.tiles_sum else 1.0
+
+
+def neighbour_overlap(
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    num_kv: int,
+    groups: Sequence[int] = (1, 2, 4, 8, 16),
+    *,
+    tile: int = 64,
+) -> list[Overlap]:
+    """For each G in ``groups``: how many rows G consecutive tokens gather if each gathers its own
+    list (the sum) against once per group (the union of their valid slots, 0 <= s < num_kv).
+
+    Groups are tokens [0, G), [G, 2G), ... of the CSR, across request boundaries (a kernel that
+    groups neighbours would do the same unless told where requests start). Duplicates within
+    one token's list count once in the union and every time in the sum, as a per-token kernel
+    gathers them."""
+    idx = kv_indices.detach().to("cpu", torch.int64)
+    ptr = kv_indptr.detach().to("cpu", torch.int64)
+    T = ptr.numel() - 1
+    if T < 0 or (ptr[1:] < ptr[:-1]).any() or (T > 0 and int(ptr[-1]) > idx.numel()):
+        raise ValueError("kv_indptr must be non-decreasing and end within kv_indices")
+    lens = ptr[1:] - ptr[:-1]
+    token = torch.repeat_interleave(torch.arange(T), lens)
+    slots = idx[int(ptr[0]) : int(ptr[0]) + token.numel()] if T else idx[:0]
+    valid = (slots >= 0) & (slots < num_kv)
+    token, slots = token[valid], slots[valid]
+    per_token = torch.bincount(token, minlength=T)
+    out = []
+    for g in groups:
+        if g < 1:
+            raise ValueError(f"group sizes must be >= 1, got {g}")
+        grp = token // g
+        keys = torch.unique(grp * (num_kv + 1) + slots)
+        per_group = torch.bincount(keys // (num_kv + 1), minlength=(T + g - 1) // g)
+        out.append(
+            Overlap(
+                group=g,
+                rows_sum=int(per_token.sum()),
+                rows_union=int(keys.numel()),
+                tiles_sum=int(((per_token + tile - 1) // tile).sum()),
+                tiles_union=int(((per_group + tile - 1) // tile).sum()),
+            )
+        )
+    return out
