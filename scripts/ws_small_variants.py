@@ -27,7 +27,6 @@ from sparse_mla.gluon.hopper_ws import (
     HEAD_DIM,
     LOG2E,
     M_INIT,
-    SMEM,
     _arrive,
     _copy_q,
     _item_range,
@@ -39,17 +38,16 @@ from sparse_mla.gluon.hopper_ws_small import (
     COL_ST,
     FREE,
     MMA_ST,
-    NUM_BARS,
     PRODUCER_REGS,
     Q_FREE,
     Q_READY,
     READY,
     ROW_ST,
-    SMEM_P,
     STAGES,
     STORE,
     _consumer,
     _producer,
+    _shared_state,
 )
 
 
@@ -99,27 +97,10 @@ def _epi(
 
 @gluon.jit
 def _consumer_pipe(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    indptr_ptr,
-    sink_ptr,
-    out_ptr,
-    stride_qr,
-    stride_qh,
-    stride_kvn,
-    stride_or,
-    stride_oh,
-    num_heads,
-    num_kv,
-    nnz,
-    qk_scale,
-    num_items,
-    q_smem,
-    kv_smem,
-    p_smem,
-    bars,
-):
+    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
+    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
+    num_items, q_smem, kv_smem, p_smem, bars,
+):  # fmt: skip
     """S(t+1) issued before the softmax of tile t; l kept per slot row, summed at the end."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     g = 0
@@ -192,27 +173,10 @@ def _consumer_pipe(
 
 @gluon.jit
 def _consumer_gather_only(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    indptr_ptr,
-    sink_ptr,
-    out_ptr,
-    stride_qr,
-    stride_qh,
-    stride_kvn,
-    stride_or,
-    stride_oh,
-    num_heads,
-    num_kv,
-    nnz,
-    qk_scale,
-    num_items,
-    q_smem,
-    kv_smem,
-    p_smem,
-    bars,
-):
+    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
+    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
+    num_items, q_smem, kv_smem, p_smem, bars,
+):  # fmt: skip
     """Ablation: no math, the tiles are released as soon as they land (the producer's bound)."""
     g = 0
     it = 0
@@ -230,27 +194,10 @@ def _consumer_gather_only(
 
 @gluon.jit
 def _producer_nogather(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    indptr_ptr,
-    sink_ptr,
-    out_ptr,
-    stride_qr,
-    stride_qh,
-    stride_kvn,
-    stride_or,
-    stride_oh,
-    num_heads,
-    num_kv,
-    nnz,
-    qk_scale,
-    num_items,
-    q_smem,
-    kv_smem,
-    p_smem,
-    bars,
-):
+    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
+    stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
+    num_items, q_smem, kv_smem, p_smem, bars,
+):  # fmt: skip
     """Ablation: the ring's handshakes without the gathers (the consumer's bound)."""
     offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
@@ -283,161 +230,41 @@ def _producer_nogather(
 
 @gluon.jit(do_not_specialize=["nnz"])
 def k_pipe(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    indptr_ptr,
-    sink_ptr,
-    out_ptr,
-    stride_qr,
-    stride_qh,
-    stride_kvn,
-    stride_or,
-    stride_oh,
-    num_heads,
-    num_kv,
-    nnz,
-    qk_scale,
-    num_items,
-):
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
-    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, HEAD_DIM], SMEM)
-    p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_K, BLOCK_H], SMEM_P)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(READY + i), count=128)
-        mbarrier.init(bars.index(FREE + i), count=1)
-    mbarrier.init(bars.index(Q_READY), count=128)
-    mbarrier.init(bars.index(Q_FREE), count=1)
+    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh, stride_kvn,
+    stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale, num_items,
+):  # fmt: skip
+    q_smem, kv_smem, p_smem, bars = _shared_state(q_ptr.dtype.element_ty)
     args = (
-        q_ptr,
-        kv_ptr,
-        idx_ptr,
-        indptr_ptr,
-        sink_ptr,
-        out_ptr,
-        stride_qr,
-        stride_qh,
-        stride_kvn,
-        stride_or,
-        stride_oh,
-        num_heads,
-        num_kv,
-        nnz,
-        qk_scale,
-        num_items,
-        q_smem,
-        kv_smem,
-        p_smem,
-        bars,
-    )
+        q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh, stride_kvn,
+        stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale, num_items,
+        q_smem, kv_smem, p_smem, bars,
+    )  # fmt: skip
     gl.warp_specialize([(_consumer_pipe, args), (_producer, args)], [4], [PRODUCER_REGS])
 
 
 @gluon.jit(do_not_specialize=["nnz"])
 def k_gather_only(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    indptr_ptr,
-    sink_ptr,
-    out_ptr,
-    stride_qr,
-    stride_qh,
-    stride_kvn,
-    stride_or,
-    stride_oh,
-    num_heads,
-    num_kv,
-    nnz,
-    qk_scale,
-    num_items,
-):
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
-    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, HEAD_DIM], SMEM)
-    p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_K, BLOCK_H], SMEM_P)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(READY + i), count=128)
-        mbarrier.init(bars.index(FREE + i), count=1)
-    mbarrier.init(bars.index(Q_READY), count=128)
-    mbarrier.init(bars.index(Q_FREE), count=1)
+    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh, stride_kvn,
+    stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale, num_items,
+):  # fmt: skip
+    q_smem, kv_smem, p_smem, bars = _shared_state(q_ptr.dtype.element_ty)
     args = (
-        q_ptr,
-        kv_ptr,
-        idx_ptr,
-        indptr_ptr,
-        sink_ptr,
-        out_ptr,
-        stride_qr,
-        stride_qh,
-        stride_kvn,
-        stride_or,
-        stride_oh,
-        num_heads,
-        num_kv,
-        nnz,
-        qk_scale,
-        num_items,
-        q_smem,
-        kv_smem,
-        p_smem,
-        bars,
-    )
+        q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh, stride_kvn,
+        stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale, num_items,
+        q_smem, kv_smem, p_smem, bars,
+    )  # fmt: skip
     gl.warp_specialize([(_consumer_gather_only, args), (_producer, args)], [4], [PRODUCER_REGS])
 
 
 @gluon.jit(do_not_specialize=["nnz"])
 def k_math_only(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    indptr_ptr,
-    sink_ptr,
-    out_ptr,
-    stride_qr,
-    stride_qh,
-    stride_kvn,
-    stride_or,
-    stride_oh,
-    num_heads,
-    num_kv,
-    nnz,
-    qk_scale,
-    num_items,
-):
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
-    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, HEAD_DIM], SMEM)
-    p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_K, BLOCK_H], SMEM_P)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(READY + i), count=128)
-        mbarrier.init(bars.index(FREE + i), count=1)
-    mbarrier.init(bars.index(Q_READY), count=128)
-    mbarrier.init(bars.index(Q_FREE), count=1)
+    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh, stride_kvn,
+    stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale, num_items,
+):  # fmt: skip
+    q_smem, kv_smem, p_smem, bars = _shared_state(q_ptr.dtype.element_ty)
     args = (
-        q_ptr,
-        kv_ptr,
-        idx_ptr,
-        indptr_ptr,
-        sink_ptr,
-        out_ptr,
-        stride_qr,
-        stride_qh,
-        stride_kvn,
-        stride_or,
-        stride_oh,
-        num_heads,
-        num_kv,
-        nnz,
-        qk_scale,
-        num_items,
-        q_smem,
-        kv_smem,
-        p_smem,
-        bars,
-    )
+        q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh, stride_kvn,
+        stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale, num_items,
+        q_smem, kv_smem, p_smem, bars,
+    )  # fmt: skip
     gl.warp_specialize([(_consumer, args), (_producer_nogather, args)], [4], [PRODUCER_REGS])

@@ -173,6 +173,21 @@ def _consumer(
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
 
+@gluon.jit
+def _shared_state(dtype: gl.constexpr):
+    """Q, the KV ring, P^T and the barriers (initialised), as every partition sees them."""
+    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
+    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, HEAD_DIM], SMEM)
+    p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_K, BLOCK_H], SMEM_P)
+    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(READY + i), count=128)  # the producer's lanes, via cp.async
+        mbarrier.init(bars.index(FREE + i), count=1)
+    mbarrier.init(bars.index(Q_READY), count=128)
+    mbarrier.init(bars.index(Q_FREE), count=1)
+    return q_smem, kv_smem, p_smem, bars
+
+
 @gluon.jit(do_not_specialize=["nnz"])
 def _prefill_ws_small_kernel(
     q_ptr,  # [R, H, 512]
@@ -193,17 +208,7 @@ def _prefill_ws_small_kernel(
     num_items,  # R * cdiv(H, 16)
 ):
     """Persistent: grid (min(items, SMs),); 4 warps here (the consumer) + 4 (the producer)."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
-    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, HEAD_DIM], SMEM)
-    p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_K, BLOCK_H], SMEM_P)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(READY + i), count=128)  # the producer's lanes, via cp.async
-        mbarrier.init(bars.index(FREE + i), count=1)
-    mbarrier.init(bars.index(Q_READY), count=128)
-    mbarrier.init(bars.index(Q_FREE), count=1)
-
+    q_smem, kv_smem, p_smem, bars = _shared_state(q_ptr.dtype.element_ty)
     args = (
         q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
         stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
