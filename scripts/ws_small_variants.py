@@ -7,8 +7,10 @@ launched through it by ``scripts/ws_small_variants_probe.py``:
 - ``k_math_only``: the consumer as is, a producer that does the ring handshakes without copying
   (the math on whatever shared memory holds): the consumer's own bound;
 - ``k_pipe``: the next tile's S^T issued before this tile's softmax (two wgmma groups in flight).
-  On the H200 it gave wrong results (NaN) and then an illegal address at 8b2a161's parent; not
-  debugged further (docs/PERF_NOTES.md).
+  As measured (this file at 86f5834) it gave wrong results (NaN) and then an illegal address on
+  the H200. The suspect, found in the IR afterwards: an ``scf.if`` (the Q_FREE arrival) between
+  the wait for S^T and the wait for the PV, with the PV's accumulator registers in flight across
+  the branch. It now arrives after both waits; that version has not run on a GPU yet.
 """
 
 from triton.experimental import gluon
@@ -153,9 +155,11 @@ def _consumer_pipe(
                 gl.thread_barrier()
                 pv = warpgroup_mma(tile.permute((1, 0)), p_smem.index(z), acc, is_async=True)
                 s = warpgroup_mma_wait(1, deps=[sn])
+                acc = warpgroup_mma_wait(0, deps=[pv])
+                # After both waits: no branch while the PV's accumulator is in flight (the
+                # version measured at 86f5834 arrived here between the two waits and failed).
                 if t + 2 == num_tiles:
                     _arrive(bars.index(Q_FREE))
-                acc = warpgroup_mma_wait(0, deps=[pv])
                 valid = nvalid
             else:
                 p, alpha, m_i, l2 = _softmax(s, valid, m_i, l2, qk_scale)
