@@ -472,11 +472,30 @@ def _check_ws_case(cfg, H, with_sink, index_dtype, seed):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("H", [64, 96, 128])  # 96: the last head block is half outside H
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
     _check_ws_case(WS, H, with_sink, index_dtype, seed=H + 2 * with_sink)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_ws_prefill_fp16():
+    """The H >= 64 kernel in fp16 (its TMA output descriptor and P buffers take the dtype)."""
+    c = _gpu_case(200, 64, 3000, has_pe=False, index_dtype=torch.int32, seed=11, max_len=700)
+    c = {k: (v.to(torch.float16) if v is not None and v.is_floating_point() else v)
+         for k, v in c.items()}  # fmt: skip
+    sink = torch.randn(64, device="cuda")
+    args = (c["q_nope"], c["kv_c"], c["kv_indices"], c["kv_indptr"], 512**-0.5)
+    out = torch.full(c["q_nope"].shape, float("nan"), dtype=torch.float16, device="cuda")
+    mla_gluon(**c, sm_scale=512**-0.5, has_pe=False, attn_sink=sink, out=out, config=WS,
+              num_kv_splits=1)  # fmt: skip
+    ref = sparse_mla_prefill_ref(*args, attn_sink=sink)
+    base = sparse_mla_prefill_ref(*args, attn_sink=sink, upcast=False)
+    rep = error_report(out.float(), ref, base.float())
+    assert rep.ok, str(rep)
+    assert torch.all(out[0] == 0)
 
 
 @pytest.mark.gpu
@@ -517,8 +536,8 @@ def test_gpu_default_prefill_few_heads(H, max_len, with_sink, index_dtype):
 @gpu
 def test_gpu_ws_prefill_pool_past_2_31_and_views():
     """Both warp-specialised kernels: a pool view starting past element 2**31 of its buffer
-    (64-bit row offsets), ``out=`` a strided view (nothing outside it written), q a view that is
-    not 16-byte aligned."""
+    (64-bit row offsets), ``out=`` strided views (nothing outside them written), q a view that
+    is not 16-byte aligned."""
     g = torch.Generator(device="cuda").manual_seed(3)
     T, H, N = 70, 64, 2000
     off = 2**31 + 4096
@@ -537,10 +556,12 @@ def test_gpu_ws_prefill_pool_past_2_31_and_views():
     qb = torch.randn(T, H, 520, generator=g, device="cuda").to(torch.bfloat16)
     q = qb[..., 4:516]  # starts 8 bytes into each row: not 16-byte aligned
     sink = torch.randn(H, generator=g, device="cuda")
-    for cfg, heads in ((WS, H), (SMALL, 16)):
+    # out views: 128 bytes into each row (the TMA-writing kernel addresses it directly) and
+    # 8 bytes in (it cannot: written through a buffer and copied).
+    for cfg, heads, lead in ((WS, H, 64), (WS, H, 4), (SMALL, 16, 64)):
         qh, sh = q[:, :heads], sink[:heads]
         ob = torch.full((T, heads, 640), float("nan"), dtype=torch.bfloat16, device="cuda")
-        out = ob[..., 64:576]
+        out = ob[..., lead : lead + 512]
         mla_gluon(qh, None, kv, None, idx, ptr, 512**-0.5, has_pe=False, attn_sink=sh, out=out,
                   config=cfg, num_kv_splits=1)  # fmt: skip
         ref = sparse_mla_prefill_ref(qh, kv, idx, ptr, 512**-0.5, attn_sink=sh)
@@ -548,7 +569,7 @@ def test_gpu_ws_prefill_pool_past_2_31_and_views():
         rep = error_report(out.float(), ref, base.float())
         assert rep.ok, f"{cfg}: {rep}"
         assert torch.all(out[4] == 0)
-        assert torch.isnan(ob[..., :64]).all() and torch.isnan(ob[..., 576:]).all()
+        assert torch.isnan(ob[..., :lead]).all() and torch.isnan(ob[..., lead + 512 :]).all()
 
 
 @pytest.mark.gpu
@@ -608,16 +629,27 @@ def test_inspect_compiles_both_modes(mode, target):
 
 def test_persistent_launch_arguments(monkeypatch):
     """The warp-specialised launches' host side, on CPU with a stand-in kernel: the persistent
-    grid, the argument order the kernels declare, a -inf sink when there is none, and a copy of
-    a q whose rows are not 16-byte aligned (the producer copies Q with 16-byte cp.async)."""
-    from sparse_mla.gluon import launch
+    grid, the argument order the kernels declare, a -inf sink when there is none, a copy of a q
+    whose rows are not 16-byte aligned (the producer copies Q with 16-byte cp.async), and for
+    the TMA-writing kernel a descriptor of out, or of a buffer copied into an out that TMA
+    cannot address."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from sparse_mla.gluon import hopper_ws, launch
     from sparse_mla.gluon.hopper_ws import _prefill_ws_kernel
+    from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
 
     calls = []
 
     class FakeKernel:
         def __getitem__(self, grid):
-            return lambda *args, **kw: calls.append((grid, args, kw))
+            def run(*args, **kw):
+                calls.append((grid, args, kw))
+                for a in args:  # "write" the output the kernel was given
+                    if isinstance(a, TensorDescriptor):
+                        a.base.fill_(3.0)
+
+            return run
 
     monkeypatch.setattr(launch, "_num_compute_units", lambda dev: 132)
     T, H, N = 300, 128, 50
@@ -627,24 +659,42 @@ def test_persistent_launch_arguments(monkeypatch):
     idx = torch.arange(10, dtype=torch.int32)
     ptr = torch.zeros(T + 1, dtype=torch.int32)
     out = torch.empty(T, H, 512, dtype=torch.bfloat16)
-    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, out, 0.25, 0)
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, out, 0.25, 0, out_tma=True)
     (grid, args, kw), = calls  # fmt: skip
     assert grid == (132,) and kw == {"num_warps": 4, "num_stages": 1}
     names = [n for n in _prefill_ws_kernel.arg_names]
     assert len(args) == len(names), (len(args), names)
     got = dict(zip(names, args, strict=True))
     assert got["q_ptr"].is_contiguous() and torch.equal(got["q_ptr"], q)
-    assert got["kv_ptr"] is kv and got["idx_ptr"] is idx and got["out_ptr"] is out
+    assert got["kv_ptr"] is kv and got["idx_ptr"] is idx
+    desc = got["out_desc"]
+    assert desc.base is out and list(desc.shape) == [T, H, 512]
+    assert list(desc.strides) == list(out.stride())
+    assert list(desc.block_shape) == [1, 64, hopper_ws.OUT_BLOCK.value]
+    assert desc.layout == hopper_ws.OUT_SMEM.value
     assert torch.all(got["sink_ptr"] == -math.inf) and got["sink_ptr"].shape == (H,)
     assert (got["stride_qr"], got["stride_qh"]) == (H * 512, 512)
     assert (got["num_heads"], got["num_kv"], got["nnz"]) == (H, N, 10)
     assert got["num_items"] == T * 2 and got["qk_scale"] == pytest.approx(0.25 * 1.4426950408889634)
-    # An aligned q and a sink pass through; few items give a smaller grid.
+    # An out view TMA cannot address (rows 8 bytes off 16): written through a buffer, copied.
+    calls.clear()
+    ob = torch.zeros(T, H, 520, dtype=torch.bfloat16)
+    odd = ob[..., 4:516]
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, odd, 0.25, 0, out_tma=True)
+    (_, args, _), = calls  # fmt: skip
+    desc = dict(zip(names, args, strict=True))["out_desc"]
+    assert desc.base is not odd and desc.base.is_contiguous()
+    assert torch.all(odd == 3.0) and torch.all(ob[..., :4] == 0) and torch.all(ob[..., 516:] == 0)
+    # The pointer-writing kernel (H <= 16): an aligned q and a sink pass through; few items
+    # give a smaller grid.
     calls.clear()
     sink = torch.randn(H)
     launch._launch_persistent(FakeKernel(), 16, qb[:2, :, :512], kv, idx, ptr[:3], sink, out[:2],
                               0.25, 0)  # fmt: skip
     (grid, args, _), = calls  # fmt: skip
+    names = [n for n in _prefill_ws_small_kernel.arg_names]
     got = dict(zip(names, args, strict=True))
     assert grid == (2 * 8,) and got["q_ptr"].data_ptr() == qb.data_ptr()
+    assert got["out_ptr"] is not None and got["out_ptr"].data_ptr() == out.data_ptr()
+    assert (got["stride_or"], got["stride_oh"]) == (H * 512, 512)
     assert torch.equal(got["sink_ptr"], sink) and got["stride_qh"] == 520

@@ -31,19 +31,37 @@ def _resources():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_barrier_table_is_the_kernels_barrier_array():
+def test_barrier_table_is_the_kernels_barriers():
     for b in pl.BARRIERS:
         const = getattr(hopper_ws, b.const, None)
         assert const is not None, f"{b.const} is not a constant of hopper_ws"
         assert isinstance(const.value, int), b
-    slots = [b.slot for b in pl.BARRIERS]
+        assert b.kind in ("mbarrier", "named"), b
+    assert pl.BARRIERS == pl.MBARRIERS + pl.NAMED_BARRIERS, "mbarriers first, then named"
+    # The mbarriers: one entry per slot of the kernel's array, in slot order.
+    slots = [b.slot for b in pl.MBARRIERS]
     assert slots == list(range(hopper_ws.NUM_BARS.value)), "one entry per slot, in slot order"
-    for b in pl.BARRIERS:
+    for b in pl.MBARRIERS:
         if b.const in ("READY", "FREE"):  # <READY|FREE> <buffer><half>: + 2 * buffer + half
             buf, half = int(b.name.split()[1][0]), b.name.split()[1][1]
             assert b.offset == 2 * buf + "LR".index(half), b
         else:
             assert b.name == b.const and b.offset == 0, b
+    # The named barriers: NB_<name>, every NB_ constant of the kernel, in id order.
+    kernel_named = sorted(
+        (getattr(hopper_ws, n).value, n) for n in dir(hopper_ws) if n.startswith("NB_")
+    )
+    assert [b.const for b in pl.NAMED_BARRIERS] == [n for _, n in kernel_named]
+    ids = [b.id for b in pl.NAMED_BARRIERS]
+    assert len(set(ids)) == len(ids), "named barrier ids are distinct"
+    # Triton's own warp-specialisation code uses named barriers 0-3; the hardware has 16.
+    assert all(4 <= i < 16 for i in ids), ids
+    for b in pl.NAMED_BARRIERS:
+        assert b.const == f"NB_{b.name}" and b.offset == 0, b
+        # bar.sync arrives as well as waits: every waiter is also an arriver.
+        assert set(b.waited_by) <= set(b.arrived_by), b
+        with pytest.raises(ValueError, match="named barrier"):
+            _ = b.slot
     names = {p.name for p in pl.PARTITIONS}
     assert all(set(b.arrived_by) | set(b.waited_by) <= names for b in pl.BARRIERS)
 
@@ -60,7 +78,7 @@ def test_producer_gather_order_is_the_kernels():
     preceded by a wait on its half's FREE barrier and followed by an arrival on its READY."""
     gathers = pl.kernel_gathers()
     assert [g for g, _, _ in gathers] == pl.gather_order()
-    by_name = {b.name: b.slot for b in pl.BARRIERS}
+    by_name = {b.name: b.slot for b in pl.MBARRIERS}
     for half, free, ready in gathers:
         assert free == by_name[f"FREE {half}"] and ready == by_name[f"READY {half}"], half
     # The table itself: each gather waits on FREE of its half and arrives on its READY.
@@ -85,9 +103,9 @@ def test_each_partition_waits_and_arrives_where_the_kernel_does(part):
                 out.append(e)
         return out
 
-    # The exchange between the consumers (M0, M1, P0, P1) and the release of the halves happen
-    # in the table's order.
-    exchange = lambda e: e[1] in ("M0", "M1", "P0", "P1")  # noqa: E731
+    # The exchange between the consumers (MAX, P0, P1) and the release of the halves happen in
+    # the table's order.
+    exchange = lambda e: e[1] in ("MAX", "P0", "P1")  # noqa: E731
     frees = lambda e: e[1].startswith("FREE") and e[0] == "arrive"  # noqa: E731
     for keep in (exchange, frees):
         assert order(table, keep) == order(src, keep)
@@ -120,7 +138,9 @@ def test_smem_buffers_from_the_kernel_constants():
     bh, bk, hd = hopper_ws.BLOCK_H.value, hopper_ws.BLOCK_K.value, hopper_ws.HEAD_DIM.value
     assert bufs["q_smem"].nbytes == bh * hd * 2
     assert bufs["kv_smem"].nbytes == 2 * bk * hd * 2
-    assert bufs["p_smem"].nbytes == 2 * bh * bk * 2
+    assert bufs["p0_smem"].nbytes == bufs["p1_smem"].nbytes == bh * bk * 2
+    assert bufs["m0_smem"].nbytes == bufs["m1_smem"].nbytes == bh * 4
+    assert bufs["l_smem"].nbytes == 4 * bh * 4
     assert bufs["bars"].nbytes == hopper_ws.NUM_BARS.value * 8
 
 
@@ -154,7 +174,7 @@ def test_pipeline_figures_render():
     fig = pl.timeline_figure(2)
     ax = fig.get_axes()[0]
     texts = {t.get_text() for t in ax.texts}
-    assert {"M0", "M1", "P0", "P1", "Q_READY", "L0", "L1"} <= texts
+    assert {"MAX", "P0", "P1", "Q_READY", "L"} <= texts
     assert any(t.startswith("FREE") for t in texts) and any(t.startswith("READY") for t in texts)
     assert figures.to_png(fig)[:4] == b"\x89PNG"
     assert figures.to_png(pl.split_figure())[:4] == b"\x89PNG"

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import triton
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import runtime
 from ..validation import _shares_memory, validate_inputs
@@ -394,18 +395,22 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
     num_splits = int(shape.get("num_splits", 1))
     write_lse = bool(shape.get("return_lse", has_pe))
     ws_kw = dict(has_pe=has_pe, num_splits=num_splits, write_lse=write_lse)
-    for able, ws_kernel in (
-        (use_warp_specialized_small, _prefill_ws_small_kernel),
-        (use_warp_specialized, _prefill_ws_kernel),
+    for able, ws_kernel, module in (
+        (use_warp_specialized_small, _prefill_ws_small_kernel, hopper_ws_small),
+        (use_warp_specialized, _prefill_ws_kernel, hopper_ws),
     ):
         if able(cfg, target, **ws_kw):
-            # Both take the same arguments and no constexprs: a launch without a sink passes
-            # -inf logits (see _launch_persistent).
+            # No constexprs: a launch without a sink passes -inf logits (_launch_persistent).
+            # hopper_ws writes O by TMA: a descriptor of out in place of its pointer and strides.
+            if getattr(module, "OUT_BY_TMA", False):
+                box = [1, module.BLOCK_H.value, module.OUT_BLOCK.value]
+                out_sig = {"out_desc": f"tensordesc<{elem[1:]}{box},{module.OUT_SMEM.value!r}>"}
+            else:
+                out_sig = {"out_ptr": elem, "stride_or": "i32", "stride_oh": "i32"}
             signature = {
                 "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
-                "sink_ptr": "*fp32", "out_ptr": elem, "stride_qr": "i32", "stride_qh": "i32",
-                "stride_kvn": "i32", "stride_or": "i32", "stride_oh": "i32",
-                "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
+                "sink_ptr": "*fp32", "stride_qr": "i32", "stride_qh": "i32", "stride_kvn": "i32",
+                **out_sig, "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
                 "num_items": "i32",
             }  # fmt: skip
             return ws_kernel, signature, {}, {"num_warps": 4, "num_stages": 1}
@@ -660,7 +665,8 @@ def run_validated(
     ):
         if able(cfg, tgt, **ws_kw):
             _launch_persistent(kernel, module.BLOCK_H.value, q_nope, kv2, kv_indices, kv_indptr,
-                               attn_sink, out, sm_scale, dev)  # fmt: skip
+                               attn_sink, out, sm_scale, dev,
+                               out_tma=getattr(module, "OUT_BY_TMA", False))  # fmt: skip
             return out
     if use_wgmma(cfg, tgt, has_pe=has_pe):
         wcx = wgmma_constexprs(
@@ -688,10 +694,16 @@ def run_validated(
 
 
 def _launch_persistent(
-    kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev
+    kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
+    *, out_tma=False,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
-    R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions)."""
+    R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
+
+    ``out_tma``: the kernel writes O by TMA (``hopper_ws``) and takes a descriptor of ``out``
+    (boxes [1, heads_per_item, OUT_BLOCK]) instead of its pointer and strides; an ``out`` that
+    TMA cannot address (base or a stride not a multiple of 16 bytes, last dim not contiguous)
+    is written through a contiguous buffer and copied."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
@@ -701,12 +713,37 @@ def _launch_persistent(
     else:
         sink = attn_sink.contiguous()
     items = R * triton.cdiv(H, heads_per_item)
-    kernel[(min(items, _num_compute_units(dev)),)](
-        q, kv2, kv_indices, kv_indptr, sink, out,
-        q.stride(0), q.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
-        H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E, items,
-        num_warps=4, num_stages=1,
+    grid = (min(items, _num_compute_units(dev)),)
+    common = (q, kv2, kv_indices, kv_indptr, sink)
+    tail = (H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E, items)
+    if not out_tma:
+        kernel[grid](
+            *common, out, q.stride(0), q.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
+            *tail, num_warps=4, num_stages=1,
+        )  # fmt: skip
+        return
+    dst = out if _tma_addressable(out) else torch.empty(out.shape, dtype=out.dtype,
+                                                         device=out.device)  # fmt: skip
+    desc = TensorDescriptor(
+        dst, list(dst.shape), list(dst.stride()),
+        [1, heads_per_item, hopper_ws.OUT_BLOCK.value], hopper_ws.OUT_SMEM.value,
     )  # fmt: skip
+    kernel[grid](
+        *common, desc, q.stride(0), q.stride(1), kv2.stride(0), *tail, num_warps=4, num_stages=1
+    )
+    if dst is not out:
+        out.copy_(dst)
+
+
+def _tma_addressable(t: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can address ``t``: 16-byte aligned base, every stride but the
+    last (which must be 1) a multiple of 16 bytes."""
+    es = t.element_size()
+    return (
+        t.data_ptr() % 16 == 0
+        and t.stride(-1) == 1
+        and all(s * es % 16 == 0 for s in t.stride()[:-1])
+    )
 
 
 def _launch_shared(

@@ -2,19 +2,23 @@
 
 Everything the pictures show comes from one place each, so they cannot drift from the kernel:
 
-- :data:`BARRIERS`: the kernel's mbarriers in slot order (name, the ``hopper_ws`` constant and
-  offset that index it, who arrives, who waits); the tests check every entry against the
-  kernel module's constants.
+- :data:`BARRIERS`: the kernel's barriers of both kinds (name, the ``hopper_ws`` constant and
+  offset that give its index, who arrives, who waits): the mbarriers in slot order (the
+  producer's hand-offs to the consumers and back), then the named (hardware) barriers on which
+  the two consumers meet, by id (``NB_*``: the pair's row maxima, each consumer's P, the
+  epilogue's partial sums). The tests check every entry against the kernel module's constants.
 - :data:`PARTITIONS`: the three partitions in ``gl.warp_specialize`` order (the default
   partition first), with the names ``inspect`` gives their register counts.
 - :data:`TIMELINE`: what each partition does per work item and per pair of KV tiles, with the
   barriers each step waits on and arrives at. :func:`schedule` plays it (a step starts when its
   partition is free and every barrier it waits on has all its arrivals), and
   :func:`timeline_figure` draws the result as swimlanes; the tests check the producer's gather
-  order and the consumers' exchange order against the kernel's source (``inspect.getsource``).
+  order and the consumers' exchange order against the kernel's source (``inspect.getsource``:
+  ``mbarrier.wait`` / arrivals, and the named barriers' ``_bar_sync`` / ``_bar_arrive``).
 - :func:`smem_buffers` reads the kernel's ``allocate_shared_memory`` calls and sizes each buffer
-  from the module's constants (BLOCK_H, BLOCK_K, HEAD_DIM, NUM_BARS); :func:`budget_figure`
-  draws them and the partitions' registers against the SM's limits.
+  from the module's constants (BLOCK_H, BLOCK_K, HEAD_DIM, NUM_BARS; the named barriers take no
+  shared memory); :func:`budget_figure` draws them and the partitions' registers against the
+  SM's limits.
 - :func:`bench_summary` / :func:`bench_figure` read the committed bench CSV (as
   ``lab/roofline.py`` does); :func:`read_steps` / :func:`steps_figure` read the probe log of
   each optimisation step.
@@ -39,6 +43,8 @@ from .roofline import provider_color
 
 __all__ = [
     "BARRIERS",
+    "MBARRIERS",
+    "NAMED_BARRIERS",
     "PARTITIONS",
     "PROVIDERS",
     "REGISTER_FILE",
@@ -102,7 +108,14 @@ PARTITIONS = (
 
 @dataclass(frozen=True)
 class Barrier:
-    """One mbarrier of the kernel: slot ``hopper_ws.<const> + offset`` of the barrier array."""
+    """One barrier of the kernel, index ``hopper_ws.<const> + offset``: an mbarrier (``kind``
+    "mbarrier", the index is its slot in the kernel's barrier array) or a named hardware
+    barrier (``kind`` "named", the index is its id in ``bar.sync`` / ``bar.arrive``).
+
+    A named barrier completes when all its threads arrived; ``bar.sync`` arrives *and* waits,
+    ``bar.arrive`` only arrives. So every partition that waits on one also arrives at it, and a
+    partition that arrives without waiting (``arrived_by`` but not ``waited_by``) uses
+    ``bar.arrive``."""
 
     name: str
     const: str
@@ -111,17 +124,27 @@ class Barrier:
     arrived_by: tuple[str, ...]  # partitions that arrive (each once per phase)
     waited_by: tuple[str, ...]
     meaning: str
+    kind: str = "mbarrier"  # "mbarrier" | "named"
+
+    @property
+    def id(self) -> int:
+        """The mbarrier's slot or the named barrier's id."""
+        return int(getattr(hopper_ws, self.const).value) + self.offset
 
     @property
     def slot(self) -> int:
-        return int(getattr(hopper_ws, self.const).value) + self.offset
+        """The mbarrier's slot in the kernel's barrier array (named barriers have none)."""
+        if self.kind != "mbarrier":
+            raise ValueError(f"{self.name} is a named barrier: it has an id, not a slot")
+        return self.id
 
 
 def _half(buf: int, half: str) -> int:
     return 2 * buf + (0 if half == "L" else 1)
 
 
-# The kernel's barriers in slot order. READY/FREE x = READY/FREE + 2 * buffer + half.
+# The kernel's mbarriers in slot order (READY/FREE x = READY/FREE + 2 * buffer + half), then
+# its named barriers in id order (NB_<name>).
 # fmt: off
 BARRIERS = (
     *(
@@ -135,16 +158,23 @@ BARRIERS = (
         for b in (0, 1) for h in "LR"
     ),
     Barrier("Q_READY", "Q_READY", 0, "item", (PRODUCER,), (C0, C1), "Q of the work item landed"),
-    Barrier("M0", "M0", 0, "pair", (C0,), (C1,), "consumer 0 published m0 (its max after S0)"),
-    Barrier("M1", "M1", 0, "pair", (C1,), (C0,), "consumer 1 published m1, the pair's max"),
-    Barrier("P0", "P0", 0, "pair", (C0,), (C1,), "consumer 0 stored P0 (rescaled to m1)"),
-    Barrier("P1", "P1", 0, "pair", (C1,), (C0,), "consumer 1 stored P1"),
-    Barrier("L0", "L0", 0, "item", (C0,), (C1,), "epilogue: consumer 0 stored its partial sum"),
-    Barrier("L1", "L1", 0, "item", (C1,), (C0,), "epilogue: consumer 1 stored its partial sum"),
     Barrier("Q_FREE", "Q_FREE", 0, "item", (C0, C1), (PRODUCER,),
             "both consumers are past their last QK^T: Q may be overwritten"),
+    Barrier("MAX", "NB_MAX", 0, "pair", (C0, C1), (C0, C1),
+            "both consumers published the row max of their S tile (both bar.sync: they meet)",
+            "named"),
+    Barrier("P0", "NB_P0", 0, "pair", (C0, C1), (C1,),
+            "consumer 0 stored P0 (bar.arrive, no wait); consumer 1 bar.syncs before its PV "
+            "with P0", "named"),
+    Barrier("P1", "NB_P1", 0, "pair", (C0, C1), (C0,),
+            "consumer 1 stored P1 (bar.arrive, no wait); consumer 0 bar.syncs before its PV "
+            "with P1", "named"),
+    Barrier("L", "NB_L", 0, "item", (C0, C1), (C0, C1),
+            "epilogue: both partial sums stored (both bar.sync: they meet)", "named"),
 )
 # fmt: on
+MBARRIERS = tuple(b for b in BARRIERS if b.kind == "mbarrier")
+NAMED_BARRIERS = tuple(b for b in BARRIERS if b.kind == "named")
 _BY_NAME = {b.name: b for b in BARRIERS}
 
 
@@ -154,7 +184,10 @@ class Step:
     pair's / item's phase, which passes at once for the first; +1: the next pair's);
     ``arrives``: barriers it arrives at when done. ``when``: "item" (once, before the pairs),
     "pair" (every pair), "not_last", "last", "penultimate" (those pairs only), "end" (once,
-    after the pairs). ``cost``: its length in the drawing (an order, not a measured time)."""
+    after the pairs). ``cost``: its length in the drawing (an order, not a measured time).
+
+    A named barrier's ``bar.sync`` is drawn as an arrival at the end of one step and a wait at
+    the start of the next: two consumers meet (MAX, L) where both have arrived."""
 
     lane: str
     label: str
@@ -180,30 +213,32 @@ TIMELINE = (
     Step(PRODUCER, "gather 1R", "copy", 1.5, _w("FREE 1R", d=-1), ("READY 1R",), gather="1R"),
     Step(PRODUCER, "gather 0R", "copy", 1.5, _w("FREE 0R", d=-1), ("READY 0R",), gather="0R"),
     Step(PRODUCER, "gather 1L", "copy", 1.5, _w("FREE 1L", d=-1), ("READY 1L",), gather="1L"),
-    # consumer 0 (default partition): even tiles, O[:, 0:256]
+    # consumer 0 (default partition): even tiles, O[:, 0:256]. Its arrival at P1 is the one
+    # its bar.sync on P1 makes before it waits (consumer 1's at P0 likewise).
     Step(C0, "S0 = Q_L K0L^T", "mma", 1.0, _w("Q_READY", "READY 0L"), (), "item"),
     Step(C0, "S0 += Q_R K0R^T", "mma", 1.0, _w("READY 0R"), (), "item"),
-    Step(C0, "softmax S0 with m0 = max(m, rowmax); publish m0", "softmax", 1.2, (), ("M0",)),
-    Step(C0, "PV: O[:, 0:256] += P0 (regs) V0L", "mma", 2.0, (), ("FREE 0L",)),
-    Step(C0, "rescale P0, O, l to m1; store P0", "exchange", 0.8, _w("M1"), ("P0",)),
+    Step(C0, "row max of S0; publish", "exchange", 0.6, (), ("MAX",)),
+    Step(C0, "softmax with the pair's max; rescale O, l", "softmax", 1.2, _w("MAX")),
+    Step(C0, "PV: O[:, 0:256] += P0 (regs) V0L; store P0", "mma", 2.0, (),
+         ("P0", "FREE 0L", "P1")),
     Step(C0, "PV: O[:, 0:256] += P1 (smem) V1L", "mma", 2.0, _w("P1"), ("FREE 1L",)),
     Step(C0, "next S0 = Q_L K0L^T", "mma", 1.0, _w("READY 0L", d=1), (), "not_last", ahead=1),
     Step(C0, "next S0 += Q_R K0R^T", "mma", 1.0, _w("READY 0R", d=1), (), "not_last", ahead=1),
     Step(C0, "done with Q", "sync", 0.3, (), ("Q_FREE",), "penultimate"),
-    Step(C0, "store l0", "exchange", 0.4, (), ("L0",), "end"),
-    Step(C0, "l = l0 + l1, sink; store O[:, 0:256]", "exchange", 1.2, _w("L1"), (), "end"),
-    # consumer 1: odd tiles, O[:, 256:512]; sets the pair's running max
+    Step(C0, "store l0", "exchange", 0.4, (), ("L",), "end"),
+    Step(C0, "l = l0 + l1, sink; O[:, 0:256] out by TMA", "exchange", 1.4, _w("L"), (), "end"),
+    # consumer 1: odd tiles, O[:, 256:512]
     Step(C1, "wait Q", "sync", 0.2, _w("Q_READY"), (), "item"),
     Step(C1, "S1 = Q_R K1R^T", "mma", 1.0, _w("READY 1R")),
     Step(C1, "S1 += Q_L K1L^T", "mma", 1.0, _w("READY 1L")),
     Step(C1, "done with Q", "sync", 0.3, (), ("Q_FREE",), "last"),
-    Step(C1, "softmax S1 with m1 = max(m0, rowmax); publish m1", "softmax", 1.2, _w("M0"),
-         ("M1",)),
-    Step(C1, "store P1", "exchange", 0.5, (), ("P1",)),
-    Step(C1, "PV: O[:, 256:512] += P1 (regs) V1R", "mma", 2.0, (), ("FREE 1R",)),
-    Step(C1, "PV: O[:, 256:512] += P0 (smem) V0R", "mma", 2.0, _w("P0"), ("FREE 0R",)),
-    Step(C1, "store l1", "exchange", 0.4, (), ("L1",), "end"),
-    Step(C1, "l = l0 + l1, sink; store O[:, 256:512]", "exchange", 1.2, _w("L0"), (), "end"),
+    Step(C1, "row max of S1; publish", "exchange", 0.6, (), ("MAX",)),
+    Step(C1, "softmax with the pair's max; rescale O, l", "softmax", 1.2, _w("MAX")),
+    Step(C1, "PV: O[:, 256:512] += P1 (regs) V1R; store P1", "mma", 2.0, (), ("P1", "P0")),
+    Step(C1, "PV: O[:, 256:512] += P0 (smem) V0R", "mma", 2.0, _w("P0"),
+         ("FREE 1R", "FREE 0R")),
+    Step(C1, "store l1", "exchange", 0.4, (), ("L",), "end"),
+    Step(C1, "l = l0 + l1, sink; O[:, 256:512] out by TMA", "exchange", 1.4, _w("L"), (), "end"),
 )
 # fmt: on
 
@@ -311,11 +346,14 @@ _KIND_COLORS = {
     "sync": "#bbbbbb",
 }
 _PAIR_HATCH = ("", "//", "..", "xx")
+_MBARRIER_COLOR = "#aa3333"
+_NAMED_COLOR = "#1f5fa8"
 
 
 def timeline_figure(pairs: int = 2, *, arrows: bool = True) -> Figure:
     """Swimlanes of one work item of ``pairs`` pairs: a box per step (colour = kind, hatching =
-    pair), an arrow from each arrival to the wait it releases, labelled with the barrier."""
+    pair), an arrow from each arrival to the wait it releases, labelled with the barrier (red:
+    an mbarrier; blue dashed: a named barrier)."""
     placed = schedule(pairs)
     fig = Figure(figsize=(17, 7))
     ax = fig.add_subplot(1, 1, 1)
@@ -364,6 +402,8 @@ def timeline_figure(pairs: int = 2, *, arrows: bool = True) -> Figure:
                     x0, y0 = src
                     y1 = y + (0.32 if y0 > y else -0.32)
                     y0 = y0 + (-0.32 if y0 > y else 0.32)
+                    named = _BY_NAME[name].kind == "named"
+                    color = _NAMED_COLOR if named else _MBARRIER_COLOR
                     ax.add_patch(
                         FancyArrowPatch(
                             (x0, y0),
@@ -371,16 +411,19 @@ def timeline_figure(pairs: int = 2, *, arrows: bool = True) -> Figure:
                             arrowstyle="-|>",
                             mutation_scale=7,
                             lw=0.6,
-                            color="#aa3333",
+                            ls="--" if named else "-",
+                            color=color,
                             connectionstyle="arc3,rad=0.08",
                         )
                     )
+                    # Nearer the arrival than the wait: two arrows between the same steps in
+                    # opposite directions (P0 and P1) keep their labels apart.
                     ax.text(
-                        (x0 + pl.start) / 2,
-                        (y0 + y1) / 2,
+                        x0 + 0.4 * (pl.start - x0),
+                        y0 + 0.4 * (y1 - y0),
                         name,
                         fontsize=5.8,
-                        color="#aa3333",
+                        color=color,
                         ha="center",
                         va="center",
                         bbox={
@@ -399,7 +442,8 @@ def timeline_figure(pairs: int = 2, *, arrows: bool = True) -> Figure:
     ax.legend(fontsize=7, loc="upper right", ncol=5)
     ax.set_title(
         f"one work item (64 heads of one token), {pairs} pairs of KV tiles; "
-        "hatching = pair, red arrows = mbarrier hand-offs",
+        "hatching = pair, red arrows = mbarrier hand-offs, blue dashed = named barriers "
+        "(bar.sync / bar.arrive)",
         fontsize=9,
     )
     fig.tight_layout()
@@ -414,9 +458,10 @@ def _lane_label(lane: str) -> str:
 def buffers_figure(resources: Any | None = None) -> Figure:
     """The three partitions and the shared-memory buffers they share: Q resident, the two KV
     tile buffers in halves (the four ring slots, numbered in the producer's gather order), the
-    P exchange buffers; arrows show who writes and who reads each."""
+    P buffers (each consumer's P for the other, then its output blocks on their way out by
+    TMA); arrows show who writes and who reads each."""
     regs = partition_registers(resources) if resources is not None else {}
-    bufs = {b.name: b for b in smem_buffers()}
+    bufs = {b.var: b for b in smem_buffers()}
     fig = Figure(figsize=(13, 6))
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xlim(0, 13)
@@ -442,7 +487,7 @@ def buffers_figure(resources: Any | None = None) -> Figure:
         8.0,
         6.4,
         f"Q [{hopper_ws.BLOCK_H.value}, {hopper_ws.HEAD_DIM.value}] resident "
-        f"({_kib(bufs['Q'].nbytes)}), Q_READY / Q_FREE",
+        f"({_kib(bufs['q_smem'].nbytes)}), Q_READY / Q_FREE",
         ha="center",
         va="center",
         fontsize=8,
@@ -453,7 +498,7 @@ def buffers_figure(resources: Any | None = None) -> Figure:
         for h, x in (("L", 5.0), ("R", 8.0)):
             name = f"{b}{h}"
             slot_xy[name] = (x, y)
-            reader = C0 if (b == 0) == (h == "L") else C1
+            reader = C0 if h == "L" else C1  # the consumer that owns O[:, those columns]
             ax.add_patch(Rectangle((x, y), 3.0, 1.0, fc="#e6f2e6", ec="#333333"))
             lo = 0 if h == "L" else half_cols
             ax.text(
@@ -461,31 +506,39 @@ def buffers_figure(resources: Any | None = None) -> Figure:
                 y + 0.5,
                 f"KV buf {b} half {h} = D[{lo}:{lo + half_cols}]\n"
                 f"gather #{order.index(name) + 1} of a pair; READY {name} / FREE {name}\n"
-                f"PV of {reader}",
+                f"S of consumer {b}, PV of {reader}",
                 ha="center",
                 va="center",
                 fontsize=7,
             )
     ax.text(11.1, 4.7, f"tile {0}: even\n(S by consumer 0)", fontsize=7, va="center")
     ax.text(11.1, 3.1, f"tile {1}: odd\n(S by consumer 1)", fontsize=7, va="center")
+    out_block = hopper_ws.OUT_BLOCK.value
     for i, (name, x) in enumerate((("P0", 5.0), ("P1", 8.0))):
-        ax.add_patch(Rectangle((x, 0.9), 3.0, 0.8, fc="#efe3f5", ec="#333333"))
+        ax.add_patch(Rectangle((x, 0.75), 3.0, 1.1, fc="#efe3f5", ec="#333333"))
         ax.text(
             x + 1.5,
             1.3,
             f"{name} [{hopper_ws.BLOCK_H.value}, {hopper_ws.BLOCK_K.value}] "
-            f"({_kib(bufs['P exchange'].nbytes // 2)})\nwritten by consumer {i}, read by "
-            f"consumer {1 - i}; barrier {name}",
+            f"({_kib(bufs[f'p{i}_smem'].nbytes)})\nwritten by consumer {i}, read by "
+            f"consumer {1 - i};\nnamed barrier {name}. Epilogue: consumer {i}'s O half\n"
+            f"out by TMA, {half_cols // out_block} blocks [{hopper_ws.BLOCK_H.value}, "
+            f"{out_block}] through it",
             ha="center",
             va="center",
-            fontsize=7,
+            fontsize=6.5,
         )
+    named = ", ".join(f"{b.name} ({b.id})" for b in NAMED_BARRIERS)
+    vecs = bufs["m0_smem"].nbytes + bufs["m1_smem"].nbytes
     ax.text(
         5.0,
-        0.35,
-        f"+ m0, m1 and the partial sums ({_kib(bufs['vectors'].nbytes)}, M0 / M1 "
-        f"/ L0 / L1) and {hopper_ws.NUM_BARS.value} mbarriers",
+        0.3,
+        f"+ the row maxima m0, m1 ({_kib(vecs)}), the partial sums "
+        f"({_kib(bufs['l_smem'].nbytes)}) and {hopper_ws.NUM_BARS.value} mbarriers "
+        f"({bufs['bars'].nbytes} B);\nthe consumers meet on named barriers {named}: "
+        "hardware, no shared memory",
         fontsize=7,
+        va="center",
     )
     for i, name in enumerate(order):
         x, y = slot_xy[name]
@@ -518,8 +571,8 @@ def buffers_figure(resources: Any | None = None) -> Figure:
             )
         )
     ax.set_title(
-        "partitions and shared memory (green: cp.async by the producer; purple: P "
-        "stores by the consumers)",
+        "partitions and shared memory (green: cp.async by the producer; purple: P and "
+        "output stores by the consumers)",
         fontsize=9,
     )
     fig.tight_layout()
@@ -652,8 +705,11 @@ def kernel_gathers() -> list[tuple[str, int, int]]:
 def source_events(function: str) -> list[tuple[str, str]]:
     """(op, barrier name) of one partition function in source order: ``mbarrier.wait`` and the
     arrivals (``_arrive``, ``cp.mbarrier_arrive``), the waits inside ``_qk`` / ``_qk_half``
-    (READY of the half or halves they read) and ``_epilogue``'s (arrive mine, wait other)."""
-    by_slot = {b.slot: b.name for b in BARRIERS}
+    (READY of the half or halves they read), the named barriers (``_bar_sync(NB_X)``: arrive
+    at X, then wait on it; ``_bar_arrive(NB_X)``: arrive only) and, for a call of
+    ``_epilogue``, the events of ``_epilogue``'s own source."""
+    by_slot = {b.slot: b.name for b in MBARRIERS}
+    by_id = {b.id: b.name for b in NAMED_BARRIERS}
     out: list[tuple[str, str]] = []
     for c in _calls(_fn_tree(function)):
         name = _callee(c)
@@ -666,9 +722,13 @@ def source_events(function: str) -> list[tuple[str, str]]:
             out += [("wait", by_slot[ready0 + first]), ("wait", by_slot[ready0 + 1 - first])]
         elif name == "_qk_half":  # (q, kv, bars, half, ready0, ph, s, use_acc)
             out.append(("wait", by_slot[_value(c.args[4]) + _value(c.args[3])]))
-        elif name == "_epilogue":  # (..., bar_mine, bar_other, ...)
-            mine, other = (_bar(a) for a in c.args[5:7])
-            out += [("arrive", by_slot[mine]), ("wait", by_slot[other])]
+        elif name == "_bar_sync":  # (bar_id): bar.sync arrives, then waits
+            bar = by_id[_value(c.args[0])]
+            out += [("arrive", bar), ("wait", bar)]
+        elif name == "_bar_arrive":  # (bar_id): bar.arrive, no wait
+            out.append(("arrive", by_id[_value(c.args[0])]))
+        elif name == "_epilogue":
+            out += source_events("_epilogue")
     return out
 
 
@@ -679,8 +739,11 @@ def source_events(function: str) -> list[tuple[str, str]]:
 _BUFFER_NAMES = {
     "q_smem": "Q",
     "kv_smem": "KV tiles",
-    "p_smem": "P exchange",
-    "vec_smem": "vectors",
+    "p0_smem": "P0 / out stage",
+    "p1_smem": "P1 / out stage",
+    "m0_smem": "row max 0",
+    "m1_smem": "row max 1",
+    "l_smem": "partial sums",
     "bars": "mbarriers",
 }
 _ELEM_BYTES = {"dtype": 2, "gl.float32": 4, "gl.int64": 8, "gl.int32": 4}
@@ -792,20 +855,32 @@ def budget_figure(resources: Any) -> Figure:
     ax = fig.add_subplot(1, 2, 2)
     pieces = [(b.name, b.nbytes) for b in bufs]
     pieces.append(("scratch", resources.shared_bytes - sum(b.nbytes for b in bufs)))
-    palette = ("#dfe9f5", "#8fbc8f", "#c39bd3", "#f2a65a", "#aa3333", "#bbbbbb")
+    palette = (
+        "#dfe9f5",
+        "#8fbc8f",
+        "#c39bd3",
+        "#b58fc9",
+        "#f2a65a",
+        "#e8c07a",
+        "#aa3333",
+        "#7f7f7f",
+        "#bbbbbb",
+    )
     left = 0
     for i, (name, n) in enumerate(pieces):
         ax.barh(0, n, left=left, color=palette[i % len(palette)], edgecolor="white")
-        if n > 6 * 1024:
-            label = name.replace(" ", "\n")
+        if n > 16 * 1024:  # wide enough for a label
+            label = textwrap.fill(name, 9)
             ax.text(left + n / 2, 0, f"{label}\n{_kib(n)}", ha="center", va="center", fontsize=6.5)
         left += n
-    small = ", ".join(f"{name} {n} B" for name, n in pieces if n <= 6 * 1024)
+    small = ", ".join(
+        f"{name} {_kib(n) if n >= 1024 else f'{n} B'}" for name, n in pieces if n <= 16 * 1024
+    )
     ax.axvline(SMEM_LIMIT, color="#aa3333", ls="--")
     ax.text(SMEM_LIMIT, 0.45, f" limit {_kib(SMEM_LIMIT)}", color="#aa3333", fontsize=7, ha="right")
     ax.set_xlim(0, SMEM_LIMIT * 1.05)
     ax.set_yticks([])
-    ax.set_xlabel(f"bytes of shared memory (small: {small})", fontsize=7)
+    ax.set_xlabel(textwrap.fill(f"bytes of shared memory (small: {small})", 95), fontsize=7)
     ax.set_title(f"shared memory: {_kib(resources.shared_bytes)} of {_kib(SMEM_LIMIT)}", fontsize=9)
     fig.tight_layout()
     return fig
