@@ -233,3 +233,40 @@ def test_read_steps_parses_every_step_of_the_log(tmp_path):
     labels = [t.get_text() for t in fig.get_axes()[0].get_yticklabels()]
     assert len(labels) == len(runs) and labels[0].startswith("1: first version")
     assert figures.to_png(fig)[:4] == b"\x89PNG"
+
+
+VARIANT_LOG = DATA / "ws_variants_h200.log"
+
+
+def test_read_variant_runs_medians_against_the_log(tmp_path):
+    runs = pl.read_variant_runs(VARIANT_LOG)
+    text = VARIANT_LOG.read_text()
+    headers = [line for line in text.splitlines() if line.startswith("## run ")]
+    assert sorted({r.step for r in runs}) == list(range(1, len(headers) + 1))
+    assert all(r.variant != "flashmla" and r.matmul_tflops for r in runs)
+    # One entry recomputed by hand from the log's lines: run 2, rdv, H64.
+    section = text.split("## run 2:")[1].split("## run 3:")[0]
+
+    def rounds(name):
+        return sorted(float(line.split(": ")[1].split()[0]) for line in section.splitlines()
+                      if line.startswith(f"csa H64 topk512 {name} round"))  # fmt: skip
+
+    mine, peer = rounds("rdv"), rounds("flashmla")
+    assert len(mine) == len(peer) == 3
+    r = next(r for r in runs if r.step == 2 and r.variant == "rdv")
+    assert r.ms["H64 topk512"] == {"gluon_ws": mine[1], "flashmla": peer[1]}
+    log = tmp_path / "v.log"
+    log.write_text(
+        "## run 1: a\nmatmul ceiling 700 TFLOP/s\n"
+        "csa H64 topk512 x round0: 3.0 ms\ncsa H64 topk512 flashmla round0: 2.0 ms\n"
+        "csa H64 topk512 x round1: 1.0 ms\ncsa H64 topk512 flashmla round1: 2.0 ms\n"
+        "csa H64 topk512 x round2: 2.0 ms\ncsa H64 topk512 flashmla round2: 4.0 ms\n"
+        "csa H128 topk1024 x round0: 5.0 ms\n"  # no peer for H128: left out
+        "## run 2: b\ncsa H64 topk512 y round0: 1.5 ms\ncsa H64 topk512 flashmla round0: 3.0 ms\n"
+    )
+    small = pl.read_variant_runs(log)
+    assert [(r.step, r.variant, r.matmul_tflops) for r in small] == [(1, "x", 700.0),
+                                                                     (2, "y", None)]  # fmt: skip
+    assert small[0].ms == {"H64 topk512": {"gluon_ws": 2.0, "flashmla": 2.0}}
+    assert small[1].ratio("H64 topk512") == 0.5
+    assert figures.to_png(pl.steps_figure(runs))[:4] == b"\x89PNG"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import inspect as pyinspect
 import re
+import statistics
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ __all__ = [
     "kernel_partitions",
     "partition_registers",
     "read_steps",
+    "read_variant_runs",
     "schedule",
     "smem_buffers",
     "source_events",
@@ -1021,6 +1023,49 @@ def read_steps(path: Path | str) -> list[StepRun]:
         elif (m := _CEIL.match(line)) and runs:
             runs[-1].matmul_tflops = float(m.group(1))
     return [r for r in runs if r.ms]
+
+
+_RUN = re.compile(r"^## run (\d+): (.*)$")
+_ROUND = re.compile(r"^\w+ (H\d+ topk\d+) (\S+) round(\d+): ([\d.]+) ms\b")
+
+
+def read_variant_runs(
+    path: Path | str, kernel: str = "gluon_ws", peer: str = "flashmla"
+) -> list[StepRun]:
+    """The runs of ``scripts/ws_variants_probe.py``'s log (``## run N: what`` headers, then
+    ``<kind> <workload> <variant> round<k>: X ms`` lines): one :class:`StepRun` per variant of
+    each run (``variant`` its name, ``step`` the run's number), holding the median over the
+    rounds of the variant (as ``kernel``) and of ``peer`` in the same run, so that
+    :func:`steps_figure` plots variant / peer. Ablation variants (``abl_*``) are included;
+    their outputs are not the operator's."""
+    runs: list[StepRun] = []
+    times: dict[str, dict[str, list[float]]] = {}
+    title: tuple[int, str] | None = None
+    ceiling: float | None = None
+
+    def flush() -> None:
+        if title is None:
+            return
+        medians = {w: {v: statistics.median(t) for v, t in vs.items()} for w, vs in times.items()}
+        names = [v for v in dict.fromkeys(v for vs in times.values() for v in vs) if v != peer]
+        for v in names:
+            run = StepRun(title[0], title[1], v, matmul_tflops=ceiling)
+            for w, m in medians.items():
+                if v in m and peer in m:
+                    run.ms[w] = {kernel: m[v], peer: m[peer]}
+            if run.ms:
+                runs.append(run)
+
+    for line in Path(path).read_text().splitlines():
+        if m := _RUN.match(line):
+            flush()
+            title, times, ceiling = (int(m.group(1)), m.group(2).strip()), {}, None
+        elif (m := _ROUND.match(line)) and title is not None:
+            times.setdefault(m.group(1), {}).setdefault(m.group(2), []).append(float(m.group(4)))
+        elif (m := _CEIL.match(line)) and title is not None:
+            ceiling = float(m.group(1))
+    flush()
+    return runs
 
 
 def steps_figure(
