@@ -47,6 +47,17 @@ def triton_call(w, out=None):
     return sparse_mla_prefill(*w.args(), attn_sink=w.attn_sink, out=out)
 
 
+def logger(path):
+    """say(msg): print ``msg`` and append it to the log at ``path``."""
+
+    def say(msg):
+        print(msg, flush=True)
+        with open(path, "a") as log:
+            log.write(msg + "\n")
+
+    return say
+
+
 def edge_workload(H, index_dtype, sink, seed):
     """Ragged CSR over a NaN-poisoned pool: absent slots of every kind, duplicates, empty rows."""
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -153,11 +164,7 @@ def main():
     args = ap.parse_args()
     log_path = os.path.splitext(args.out)[0] + ".log"
 
-    def say(msg):
-        print(msg, flush=True)
-        with open(log_path, "a") as log:
-            log.write(msg + "\n")
-
+    say = logger(log_path)
     dev = torch.cuda.get_device_name()
     say(f"{dev} torch {torch.__version__} triton {triton.__version__} {datetime.datetime.now()}")
     kernels = KERNELS_SMALL if args.small else KERNELS

@@ -28,13 +28,7 @@ from sparse_mla.gluon import launch as L
 from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
 
 SMALL = GluonConfig(16, 64, 4, warp_specialized=True)
-LOG = os.path.join(os.environ.get("OUT", "/tmp"), "var_probe.log")
-
-
-def say(msg):
-    print(msg, flush=True)
-    with open(LOG, "a") as f:
-        f.write(msg + "\n")
+say = wp.logger(os.path.join(os.environ.get("OUT", "/tmp"), "var_probe.log"))
 
 
 def variant_call(kernel):

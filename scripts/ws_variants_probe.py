@@ -31,13 +31,7 @@ from sparse_mla.gluon import launch as L
 from sparse_mla.gluon.hopper_ws import _prefill_ws_kernel
 
 WS = GluonConfig(64, 64, 8, warp_specialized=True)
-LOG = os.path.join(os.environ.get("OUT", "/tmp"), "ws_variants.log")
-
-
-def say(msg):
-    print(msg, flush=True)
-    with open(LOG, "a") as f:
-        f.write(msg + "\n")
+say = wp.logger(os.path.join(os.environ.get("OUT", "/tmp"), "ws_variants.log"))
 
 
 def load_variant(name, path):

@@ -258,25 +258,24 @@ def _arrive(bar):
 
 
 @gluon.jit
-def _bar_arrive(bar_id: gl.constexpr):
-    """Arrive on named barrier ``bar_id`` (256 threads: both consumers) without waiting, once per
-    thread. This thread's earlier memory accesses are performed for the threads that pass the
-    barrier (PTX barrier semantics)."""
+def _named_barrier(asm: gl.constexpr, bar_id: gl.constexpr):
+    """``asm`` (a ``bar`` instruction on barrier ``$1`` for 256 threads: both consumers) once
+    per thread of this warpgroup. A thread's earlier memory accesses are performed for the
+    threads that pass the barrier (PTX barrier semantics); not pure, so kept in order."""
     ids = gl.full([128], bar_id, gl.int32, layout=LANE)
-    gl.inline_asm_elementwise(
-        "bar.arrive $1, 256;\n mov.b32 $0, 0;", "=r,r", [ids], dtype=gl.int32, is_pure=False,
-        pack=1,
-    )  # fmt: skip
+    gl.inline_asm_elementwise(asm, "=r,r", [ids], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _bar_arrive(bar_id: gl.constexpr):
+    """Arrive on named barrier ``bar_id`` without waiting."""
+    _named_barrier("bar.arrive $1, 256;\n mov.b32 $0, 0;", bar_id)
 
 
 @gluon.jit
 def _bar_sync(bar_id: gl.constexpr):
-    """Arrive on named barrier ``bar_id`` (256 threads) and wait until all 256 have arrived."""
-    ids = gl.full([128], bar_id, gl.int32, layout=LANE)
-    gl.inline_asm_elementwise(
-        "bar.sync $1, 256;\n mov.b32 $0, 0;", "=r,r", [ids], dtype=gl.int32, is_pure=False,
-        pack=1,
-    )  # fmt: skip
+    """Arrive on named barrier ``bar_id`` and wait until all 256 threads have arrived."""
+    _named_barrier("bar.sync $1, 256;\n mov.b32 $0, 0;", bar_id)
 
 
 @gluon.jit
