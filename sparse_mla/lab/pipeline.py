@@ -352,6 +352,14 @@ _MBARRIER_COLOR = "#aa3333"
 _NAMED_COLOR = "#1f5fa8"
 
 
+def _arrow(ax, src, dst, color, *, rad=0.0, scale=8, lw=0.8, ls="-"):
+    """An arrow from ``src`` to ``dst`` (data coordinates), curved by ``rad``."""
+    ax.add_patch(
+        FancyArrowPatch(src, dst, arrowstyle="-|>", mutation_scale=scale, lw=lw, ls=ls,
+                        color=color, connectionstyle=f"arc3,rad={rad}")
+    )  # fmt: skip
+
+
 def timeline_figure(pairs: int = 2, *, arrows: bool = True) -> Figure:
     """Swimlanes of one work item of ``pairs`` pairs: a box per step (colour = kind, hatching =
     pair), an arrow from each arrival to the wait it releases, labelled with the barrier (red:
@@ -406,18 +414,8 @@ def timeline_figure(pairs: int = 2, *, arrows: bool = True) -> Figure:
                     y0 = y0 + (-0.32 if y0 > y else 0.32)
                     named = _BY_NAME[name].kind == "named"
                     color = _NAMED_COLOR if named else _MBARRIER_COLOR
-                    ax.add_patch(
-                        FancyArrowPatch(
-                            (x0, y0),
-                            (pl.start, y1),
-                            arrowstyle="-|>",
-                            mutation_scale=7,
-                            lw=0.6,
-                            ls="--" if named else "-",
-                            color=color,
-                            connectionstyle="arc3,rad=0.08",
-                        )
-                    )
+                    _arrow(ax, (x0, y0), (pl.start, y1), color, rad=0.08, scale=7, lw=0.6,
+                           ls="--" if named else "-")  # fmt: skip
                     # Nearer the arrival than the wait: two arrows between the same steps in
                     # opposite directions (P0 and P1) keep their labels apart.
                     ax.text(
@@ -544,34 +542,10 @@ def buffers_figure(resources: Any | None = None) -> Figure:
     )
     for i, name in enumerate(order):
         x, y = slot_xy[name]
-        ax.add_patch(
-            FancyArrowPatch(
-                (3.2, 6.0),
-                (x + 0.2 + 0.15 * i, y + 1.0),
-                arrowstyle="-|>",
-                mutation_scale=8,
-                lw=0.8,
-                color="#2e7d32",
-                connectionstyle="arc3,rad=-0.1",
-            )
-        )
-    ax.add_patch(
-        FancyArrowPatch(
-            (3.2, 6.2), (5.0, 6.4), arrowstyle="-|>", mutation_scale=8, lw=0.8, color="#2e7d32"
-        )
-    )
+        _arrow(ax, (3.2, 6.0), (x + 0.2 + 0.15 * i, y + 1.0), "#2e7d32", rad=-0.1)
+    _arrow(ax, (3.2, 6.2), (5.0, 6.4), "#2e7d32")
     for lane, dst in ((C0, (5.0, 1.3)), (C1, (8.0, 1.1))):
-        ax.add_patch(
-            FancyArrowPatch(
-                (3.2, part_y[lane]),
-                dst,
-                arrowstyle="-|>",
-                mutation_scale=8,
-                lw=0.8,
-                color="#7b1fa2",
-                connectionstyle="arc3,rad=0.1",
-            )
-        )
+        _arrow(ax, (3.2, part_y[lane]), dst, "#7b1fa2", rad=0.1)
     ax.set_title(
         "partitions and shared memory (green: cp.async by the producer; purple: P and "
         "output stores by the consumers)",
