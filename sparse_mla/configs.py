@@ -36,6 +36,7 @@ import contextlib
 import contextvars
 import datetime as _dt
 import functools
+import itertools
 import json
 import math
 import re
@@ -235,14 +236,28 @@ class ConfigFileError(ValueError):
 @dataclass(frozen=True)
 class KernelChoice:
     """An entry's recorded kernel: its name, its launch (None: the kernel's default; Triton's
-    is the entry's ``launch``) and the provenance of the run that chose it."""
+    is the entry's ``launch``), the provenance of the run that chose it, and the token counts
+    it serves: ``tokens = (lo, hi)`` for lo <= T < hi (hi None: no upper end; None: every T)."""
 
     name: str
     launch: dict[str, Any] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
+    tokens: tuple[int, int | None] | None = None
+
+    def serves(self, num_tokens: int | None) -> bool:
+        """Whether this choice is the one for a call of ``num_tokens`` tokens (None: the
+        largest, i.e. a bucket without an upper end)."""
+        if self.tokens is None:
+            return True
+        lo, hi = self.tokens
+        if num_tokens is None:
+            return hi is None
+        return lo <= num_tokens and (hi is None or num_tokens < hi)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
+        if self.tokens is not None:
+            out["tokens"] = list(self.tokens)
         if self.launch is not None:
             out["launch"] = dict(self.launch)
         out["provenance"] = dict(self.provenance)
@@ -252,22 +267,37 @@ class KernelChoice:
 @dataclass(frozen=True)
 class ConfigEntry:
     """One validated shape entry: Triton's launch as a PrefillConfig, its provenance, and the
-    kernel recorded as the fastest for the shape (None: Triton)."""
+    kernels recorded as the fastest for the shape (empty: none recorded), one per token bucket
+    (a single choice without ``tokens`` serves every T)."""
 
     num_heads: int
     head_dim: int
     launch: PrefillConfig
     provenance: dict[str, Any] = field(default_factory=dict)
-    kernel: KernelChoice | None = None
+    kernels: tuple[KernelChoice, ...] = ()
 
     @property
     def key(self) -> str:
         return shape_key(self.num_heads, self.head_dim)
 
+    @property
+    def kernel(self) -> KernelChoice | None:
+        """The choice for the largest token counts (None: no kernel recorded)."""
+        return self.kernel_for(None)
+
+    def kernel_for(self, num_tokens: int | None) -> KernelChoice | None:
+        """The recorded choice whose token bucket holds ``num_tokens`` (None: the largest)."""
+        for c in self.kernels:
+            if c.serves(num_tokens):
+                return c
+        return None
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if self.kernel is not None:
-            out["kernel"] = self.kernel.to_json()
+        if len(self.kernels) == 1 and self.kernels[0].tokens is None:
+            out["kernel"] = self.kernels[0].to_json()
+        elif self.kernels:
+            out["kernel"] = [c.to_json() for c in self.kernels]
         out["launch"] = launch_to_json(self.launch)
         out["provenance"] = dict(self.provenance)
         return out
@@ -377,9 +407,22 @@ def _check_kernel(obj: Any) -> KernelChoice:
     """
     if not isinstance(obj, dict):
         raise ValueError(f"'kernel' must be an object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - {"name", "launch", "provenance"})
+    unknown = sorted(set(obj) - {"name", "launch", "provenance", "tokens"})
     if unknown or "name" not in obj or "provenance" not in obj:
-        raise ValueError(f"kernel: keys must be name, provenance (and launch), got {list(obj)}")
+        raise ValueError(
+            f"kernel: keys must be name, provenance (and launch, tokens), got {list(obj)}"
+        )
+    tokens = obj.get("tokens")
+    if tokens is not None:
+        ok = (
+            isinstance(tokens, list) and len(tokens) == 2 and _is_int(tokens[0])
+            and tokens[0] >= 0 and (tokens[1] is None or (_is_int(tokens[1])
+                                                          and tokens[1] > tokens[0]))
+        )  # fmt: skip
+        if not ok:
+            raise ValueError(f"kernel: tokens must be [lo, hi] with 0 <= lo < hi (or hi null), "
+                             f"got {tokens!r}")  # fmt: skip
+        tokens = (tokens[0], tokens[1])
     name = obj["name"]
     if not isinstance(name, str) or not _KERNEL_NAME_RE.match(name):
         raise ValueError(f"kernel: name must be an id like 'gluon', got {name!r}")
@@ -416,7 +459,26 @@ def _check_kernel(obj: Any) -> KernelChoice:
         _dt.date.fromisoformat(prov["date"][:10])
     except ValueError:
         raise ValueError(f"kernel.provenance: date must be ISO, got {prov['date']!r}") from None
-    return KernelChoice(name, dict(launch) if launch is not None else None, dict(prov))
+    return KernelChoice(name, dict(launch) if launch is not None else None, dict(prov), tokens)
+
+
+def _check_kernels(obj: Any) -> tuple[KernelChoice, ...]:
+    """An entry's ``kernel``: one choice for every T, or a list of choices whose ``tokens``
+    buckets are sorted, do not overlap, start at 0 and end open (every T has one choice)."""
+    if not isinstance(obj, list):
+        return (_check_kernel(obj),)
+    if not obj:
+        raise ValueError("kernel: a list of choices must not be empty")
+    choices = tuple(_check_kernel(o) for o in obj)
+    if any(c.tokens is None for c in choices):
+        raise ValueError("kernel: each choice of a list needs its 'tokens' bucket")
+    edges = [c.tokens for c in choices]
+    if edges[0][0] != 0 or edges[-1][1] is not None:
+        raise ValueError(f"kernel: token buckets must start at 0 and end open (null), got {edges}")
+    for (_, hi), (lo, _) in itertools.pairwise(edges):
+        if hi != lo:
+            raise ValueError(f"kernel: token buckets must follow each other, got {edges}")
+    return choices
 
 
 def parse_entries(data: Any, arch: str, source: str = "<data>") -> dict[str, ConfigEntry]:
@@ -438,10 +500,10 @@ def parse_entries(data: Any, arch: str, source: str = "<data>") -> dict[str, Con
                 )
             cfg = _check_launch(arch, H, D, entry["launch"])
             prov = _check_provenance(entry["provenance"])
-            choice = _check_kernel(entry["kernel"]) if "kernel" in entry else None
+            choices = _check_kernels(entry["kernel"]) if "kernel" in entry else ()
         except (TypeError, ValueError) as e:
             raise ConfigFileError(f"{source}: entry {key!r}: {e}") from None
-        out[key] = ConfigEntry(H, D, cfg, prov, choice)
+        out[key] = ConfigEntry(H, D, cfg, prov, choices)
     return out
 
 

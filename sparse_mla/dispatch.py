@@ -1,34 +1,46 @@
-"""Which kernel the public entry runs: a registry of kernel launchers and the choice per call.
+"""Which kernel the public entry runs: the registry of named kernels and the choice per call.
 
-``sparse_mla_prefill(..., config=None)`` runs, for the local arch and the call's (H, D), the
-kernel that ``configs/<arch>/.../DEFAULT.json`` records as the fastest: the entry's ``kernel``
-object (its name, optionally its launch, and the provenance of the run that chose it). Triton,
-with its tuned launch, runs where nothing is recorded and where the recorded kernel cannot run
-the call (CPU interpreter, an arch without that kernel, a head dim or pool it cannot take).
-``config=`` forces a kernel and its launch: a :class:`~sparse_mla.configs.PrefillConfig` or a
-dict of its fields (Triton), a kernel's own config object (``GluonConfig``: Gluon), or a
-:class:`Choice` naming any registered kernel.
+Every kernel :func:`sparse_mla.sparse_mla_prefill` can run is a named :class:`Kernel` here:
+``triton`` (every target and the CPU interpreter) and the Gluon kernels (``gluon_mma``,
+``gluon_wgmma``, ``gluon_ws``, ``gluon_ws_small``; :data:`sparse_mla.gluon.launch.KERNELS`).
+Each says which targets it serves, which calls it can take and why not (``unavailable``), its
+knobs, and how to resolve, run and cross-compile a launch. One selector, :func:`choose`,
+picks the kernel for a call; nothing inside a launcher decides which kernel runs:
 
-Kernels join the registry with :func:`register` (the package's own are registered by
-:mod:`sparse_mla.prefill`, the module of the public entry). This module imports no kernel, so
-the dependencies run one way: entry -> dispatch -> configs, and entry -> kernels.
+1. ``config=`` given: the kernel it names (:class:`Choice`) or whose config type it is
+   (a PrefillConfig or dict: ``triton``; a GluonConfig: ``gluon_mma``; a SmallWSConfig:
+   ``gluon_ws_small``), with that launch; ValueError when that kernel cannot run the call.
+2. A kernel recorded in ``configs/<arch>/.../DEFAULT.json`` for the call's (H, D) and the
+   token bucket holding its T (``sparse-mla export BENCH.csv --kernel-choice`` writes them
+   from a bench run, the grid's included), when it can run the call.
+3. Else the documented rule, :func:`rule`: the kernels measured fastest for the shape's
+   (arch, H) region, first that can run it (see :data:`RULE`).
+4. Else ``triton`` with its tuned (or default) launch.
 
-Adding a kernel: register a :class:`Kernel` beside the others in ``prefill.py`` (its ``run`` on
-validated inputs, ``resolve`` for its launch, ``unavailable`` for where it cannot run). It is
-then a provider of ``sparse-mla bench`` under its name, ``config=Choice(name)`` forces it, and
-``sparse-mla export BENCH.csv --arch ARCH --kernel-choice`` records it for the shapes where a
-bench run found it fastest.
+:func:`describe` says, for any shape, which kernel runs and why, and why each other kernel
+would or would not. Kernels join the registry with :func:`register` (the package's own are
+registered by :mod:`sparse_mla.prefill`, the module of the public entry). This module imports
+no kernel, so the dependencies run one way: entry -> dispatch -> configs, and entry -> kernels.
+
+Adding a kernel: register a :class:`Kernel` beside the others (its ``run`` on validated
+inputs, ``resolve`` for its launch, ``unavailable`` for where it cannot run, ``compile_args``
+to cross-compile it). It is then a provider of ``sparse-mla bench`` under its name,
+``config=Choice(name)`` forces it, ``inspect`` compiles it, and ``sparse-mla export BENCH.csv
+--arch ARCH --kernel-choice`` records it for the shapes where a bench run found it fastest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import configs
 
-__all__ = ["KERNELS", "Call", "Choice", "Kernel", "choose", "describe", "kernel", "register"]
+__all__ = [
+    "KERNELS", "RULE", "Call", "Choice", "Kernel", "choose", "describe", "kernel", "register",
+    "rule",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,8 @@ class Call:
     head_dim: int
     dtype: Any = None  # q's torch dtype (None: not known, e.g. a shape-only question)
     kv: Any = None  # the [N, D] pool (None: not known)
+    num_tokens: int | None = None  # T (None: not known; the largest recorded bucket serves)
+    nnz: int | None = None  # kv_indices.numel(): the slot lists' total length (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,11 @@ class Kernel:
     config_type: str | None = None
     to_dict: Callable[[Any], dict[str, Any]] | None = None
     per_call_keys: tuple[str, ...] = ()  # launch keys the kernel computes per call (not recorded)
+    summary: str = ""  # one line: the design
+    targets: tuple[str, ...] = ("*",)  # arch ids it compiles for ("*": every target)
+    knobs: Mapping[str, tuple] = field(default_factory=dict)  # launch field -> allowed values
+    # compile_args(target, **shape) -> (kernel, signature, constexprs, options), for inspect
+    compile_args: Callable[..., Any] | None = None
 
 
 class _Registry(dict):
@@ -177,47 +196,111 @@ def _forced(config: Any, call: Call) -> Choice:
     return Choice(k.name, k.resolve(launch, call), "config=")
 
 
-def _recorded(entry: configs.ConfigEntry) -> str:
-    """One line on the run that recorded an entry's kernel choice."""
-    prov = entry.kernel.provenance
+def _recorded(entry: configs.ConfigEntry, c: configs.KernelChoice) -> str:
+    """One line on the run that recorded a kernel choice."""
+    prov = c.provenance
     times = prov.get("times_ms") or {}
     shown = ", ".join(f"{n} {t:.3g} ms" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
     where = ", ".join(str(prov[k]) for k in ("device", "date") if prov.get(k))
-    return f"{entry.key}: {shown} ({where})" if shown else f"{entry.key} ({where})"
+    key = entry.key
+    if c.tokens is not None:
+        lo, hi = c.tokens
+        key += f" T in [{lo}, {'inf' if hi is None else hi})"
+    return f"{key}: {shown} ({where})" if shown else f"{key} ({where})"
+
+
+# The documented default for shapes no bench recorded: per arch, (max heads, kernels in order
+# of preference); the first kernel that can run the call is chosen, else Triton. Each region's
+# kernels are the ones measured fastest there on the H200 (docs/PERF_NOTES.md, "No cliffs"):
+# the heads-on-N kernel up to 32 heads (one or two 16-head consumers share every gathered KV
+# tile), the 64-heads-on-M kernel above (its head blocks clipped at H). Triton is never chosen
+# on sm90 where one of them can run: it measured 1.1-5.9x slower everywhere there.
+RULE: dict[str, tuple[tuple[int | None, tuple[str, ...]], ...]] = {
+    "sm90": (
+        (32, ("gluon_ws_small", "gluon_ws", "gluon_mma")),
+        (None, ("gluon_ws", "gluon_wgmma", "gluon_mma")),
+    ),
+}
+
+
+def rule(call: Call) -> tuple[str, ...]:
+    """The kernels :data:`RULE` prefers for ``call``'s (arch, H), best first (may be empty)."""
+    for max_heads, names in RULE.get(call.arch or "", ()):
+        if max_heads is None or call.num_heads <= max_heads:
+            return names
+    return ()
+
+
+def _unregistered(name: str, call: Call, root) -> configs.ConfigFileError:
+    hint = ""
+    if name == "gluon":
+        hint = (
+            "; the one 'gluon' kernel is now four named kernels (gluon_ws, gluon_ws_small, "
+            "gluon_wgmma, gluon_mma): re-export the choice from a bench run"
+        )
+    return configs.ConfigFileError(
+        f"{configs.config_path(call.arch, root)}: kernel {name!r} is not registered (known: "
+        f"{sorted(KERNELS)}){hint}"
+    )
 
 
 def choose(call: Call, *, config: Any = None, root=None) -> Choice:
-    """The kernel (and launch) the entry runs for ``call``.
+    """The kernel (and launch) the entry runs for ``call`` (module docstring: the order).
 
-    ``config`` given: that kernel and launch (ValueError if that kernel cannot run the call).
-    Else the kernel recorded in configs/ for (arch, H, D) when it can run the call, else Triton
-    with its tuned (or default) launch. A recorded kernel that is not registered raises
-    :class:`~sparse_mla.configs.ConfigFileError` (a typo must not silently cost speed).
+    A recorded kernel that is not registered raises :class:`~sparse_mla.configs.
+    ConfigFileError` (a typo must not silently cost speed).
     """
     if config is not None:
         return _forced(config, call)
-    fallback = kernel(FALLBACK)
+    passed: list[str] = []
     entry = configs.lookup_entry(call.arch, call.num_heads, call.head_dim, root)
-    if entry is None or entry.kernel is None:
-        why = "no tuned entry" if entry is None else f"{entry.key} records no kernel choice"
-        return Choice(FALLBACK, fallback.resolve(None, call), why)
-    name = entry.kernel.name
-    if name not in KERNELS:
-        raise configs.ConfigFileError(
-            f"{configs.config_path(call.arch, root)}: entry {entry.key!r}: kernel {name!r} is "
-            f"not registered (known: {sorted(KERNELS)})"
-        )
-    k = KERNELS[name]
-    why = k.unavailable(call)
-    if why:
-        return Choice(FALLBACK, fallback.resolve(None, call), f"{name} recorded, but {why}")
-    launch = entry.kernel.launch if name != FALLBACK else None
-    return Choice(name, k.resolve(launch, call), "recorded " + _recorded(entry))
+    c = entry.kernel_for(call.num_tokens) if entry is not None else None
+    if c is not None:
+        if c.name not in KERNELS:
+            raise _unregistered(c.name, call, root)
+        k = KERNELS[c.name]
+        why = k.unavailable(call)
+        if not why:
+            launch = c.launch if c.name != FALLBACK else None
+            return Choice(c.name, k.resolve(launch, call), "recorded " + _recorded(entry, c))
+        passed.append(f"{c.name} recorded, but {why}")
+    for name in rule(call):
+        k = KERNELS.get(name)
+        if k is None:
+            continue
+        why = k.unavailable(call)
+        if not why:
+            where = "no recorded choice" if c is None else passed[-1]
+            return Choice(name, k.resolve(None, call), f"rule for {call.arch} H={call.num_heads}"
+                          f" ({where})")  # fmt: skip
+        passed.append(f"{name}: {why}")
+    if entry is None:
+        why = "no tuned entry"
+    elif c is None:
+        why = f"{entry.key} records no kernel choice"
+    else:
+        why = ""
+    why = "; ".join([w for w in (why, *passed) if w])
+    return Choice(FALLBACK, kernel(FALLBACK).resolve(None, call), why)
 
 
-def describe(arch: str | None, num_heads: int, head_dim: int, root=None) -> str:
-    """One line: the kernel ``config=None`` runs for (arch, H, D) and why (no tensors needed;
-    a pool the kernel cannot address may still send a call to Triton)."""
-    c = choose(Call(arch, num_heads, head_dim), root=root)
+def describe(
+    arch: str | None, num_heads: int, head_dim: int, root=None, *, num_tokens: int | None = None,
+    verbose: bool = False,
+) -> str:  # fmt: skip
+    """The kernel ``config=None`` runs for (arch, H, D[, T]) and why (no tensors needed; a pool
+    the kernel cannot address may still send a call elsewhere). ``verbose``: one more line per
+    registered kernel, saying whether it can run the call and why not."""
+    call = Call(arch, num_heads, head_dim, num_tokens=num_tokens)
+    c = choose(call, root=root)
     where = arch or "CPU (interpreter)"
-    return f"{where} H={num_heads} D={head_dim}: {c.kernel} ({c.reason})"
+    t = "" if num_tokens is None else f" T={num_tokens}"
+    line = f"{where} H={num_heads} D={head_dim}{t}: {c.kernel} ({c.reason})"
+    if not verbose:
+        return line
+    lines = [line]
+    for name, k in KERNELS.items():
+        why = k.unavailable(call)
+        mark = "runs" if name == c.kernel else ("can run" if not why else "cannot")
+        lines.append(f"  {name:<16} {mark}{': ' + why if why else ''}  [{k.summary}]")
+    return "\n".join(lines)

@@ -1573,13 +1573,16 @@ def diff(a: CompileResult, b: CompileResult, *, context: int = 3) -> Diff:
     )
 
 
-def compile_gluon(mode: str, target: str | Target, **shape) -> CompileResult:
-    """Cross-compile one mode ("decode" or "prefill") of the Gluon MLA kernel for ``target``
-    ("gfx950" or "sm90"); ``shape`` as for :func:`sparse_mla.gluon.compile_args`."""
+def compile_gluon(
+    mode: str, target: str | Target, kernel: str | None = None, **shape
+) -> CompileResult:
+    """Cross-compile one mode ("decode" or "prefill") of a Gluon kernel (``kernel``: its
+    registry name, default ``gluon_mma``, the shared algorithm) for ``target`` ("gfx950" or
+    "sm90"); ``shape`` as for :func:`sparse_mla.gluon.compile_args`."""
     from .gluon import compile_args
 
     name = target.name if isinstance(target, Target) else target
-    kernel, signature, constexprs, options = compile_args(mode, name, **shape)
+    kernel, signature, constexprs, options = compile_args(mode, name, kernel, **shape)
     # The pool row strides are multiples of 16 elements in an engine's cache, and the gfx950
     # buffer loads into LDS need that to compile.
     return compile(

@@ -10,6 +10,7 @@ the end as a virtual column whose value vector is zero; a token with no valid sl
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -289,7 +290,7 @@ def sparse_mla_prefill(
     )  # fmt: skip
     q, kv2 = x.q, x.kv
     H, D = q.shape[1:]
-    call = dispatch.Call(_arch_of(q), H, D, q.dtype, kv2)
+    call = dispatch.Call(_arch_of(q), H, D, q.dtype, kv2, q.shape[0], x.kv_indices.numel())
     choice = dispatch.choose(call, config=config)
     run = dispatch.kernel(choice.kernel).run
     if out is None:
@@ -376,48 +377,61 @@ def _resolve_triton(launch, call: dispatch.Call) -> PrefillConfig:
 # ----------------------------------------------------------------------------------------------
 
 
-def _gluon_unavailable(call: dispatch.Call) -> str | None:
-    """Why the Gluon kernel cannot run a call (None: it can): it needs a GPU of a served arch,
-    head_dim 512, and a pool whose rows start 16-byte aligned."""
+def _gluon_unavailable(name: str, call: dispatch.Call) -> str | None:
+    """Why Gluon kernel ``name`` cannot run a call (None: it can): a GPU of an arch it serves,
+    head_dim 512, fp16/bf16, a pool whose rows start 16-byte aligned, and its own rule
+    (:func:`sparse_mla.gluon.launch.why_not`) for its default launch."""
     if call.arch is None or (call.kv is not None and call.kv.device.type == "cpu"):
         return "Gluon kernels need a GPU (they do not run in the interpreter)"
     from .gluon import launch as gluon_launch
 
     try:
-        gluon_launch.get_target(call.arch)
+        target = gluon_launch.get_target(call.arch)
     except ValueError:
-        return f"the Gluon kernel has no {call.arch} instantiation"
+        return f"Gluon kernels have no {call.arch} instantiation"
     if call.head_dim != gluon_launch.HEAD_DIM:
-        return f"the Gluon kernel needs head_dim {gluon_launch.HEAD_DIM}, got {call.head_dim}"
+        return f"Gluon kernels need head_dim {gluon_launch.HEAD_DIM}, got {call.head_dim}"
+    if call.dtype is not None and call.dtype not in (torch.float16, torch.bfloat16):
+        return f"Gluon kernels take fp16 or bf16, got {call.dtype}"
     kv = call.kv
     misaligned = kv is not None and (kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16)
     if misaligned and kv.shape[0] > 0:
         return "the pool's rows do not start 16-byte aligned"
-    return None
+    cfg = gluon_launch.resolve_launch(name, None, call.num_heads, target)
+    return gluon_launch.why_not(name, cfg, target, has_pe=False)
 
 
-def _resolve_gluon(launch, call: dispatch.Call):
-    from .gluon import launch as gluon_launch
+def _gluon_resolver(name: str):
+    def resolve(launch, call: dispatch.Call):
+        from .gluon import launch as gluon_launch
 
-    if launch is None:
-        target = gluon_launch.get_target(call.arch)
-        cfg = gluon_launch.default_config(call.num_heads, target, has_pe=False)
-    elif isinstance(launch, gluon_launch.GluonConfig):
-        cfg = launch
-    else:
-        cfg = gluon_launch.GluonConfig(**dict(launch))
-    cfg.validate()
-    return cfg
+        return gluon_launch.resolve_launch(
+            name, launch, call.num_heads, gluon_launch.get_target(call.arch or "sm90")
+        )
+
+    return resolve
 
 
-def _run_gluon(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
-    from .gluon import launch as gluon_launch
+def _gluon_runner(name: str):
+    def run(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+        from .gluon import launch as gluon_launch
 
-    with runtime.compiling():  # a launch may compile: not while another thread interprets
-        return gluon_launch.run_validated(
-            q, None, kv2, None, kv_indices, kv_indptr, softmax_scale, has_pe=False,
-            attn_sink=attn_sink, out=out, config=cfg,
-        )  # fmt: skip
+        with runtime.compiling():  # a launch may compile: not while another thread interprets
+            return gluon_launch.run_validated(
+                q, None, kv2, None, kv_indices, kv_indptr, softmax_scale, has_pe=False,
+                attn_sink=attn_sink, out=out, config=cfg, kernel=name,
+            )  # fmt: skip
+
+    return run
+
+
+def _gluon_compiler(name: str):
+    def compile_args(target: str, **shape):
+        from .gluon import launch as gluon_launch
+
+        return gluon_launch.compile_args("prefill", target, name, **shape)
+
+    return compile_args
 
 
 dispatch.register(
@@ -428,19 +442,47 @@ dispatch.register(
         unavailable=lambda call: None,
         config_type="sparse_mla.configs:PrefillConfig",
         to_dict=PrefillConfig.to_dict,
+        summary="Triton sparse prefill (this module): one program per (token, head block), "
+        "every target and the CPU interpreter",
+        targets=("*",),
+        knobs={
+            "BLOCK_H": (16, 32, 64),
+            "BLOCK_K": (16, 32, 64),
+            "num_warps": (4, 8),
+            "num_stages": (1, 2, 3, 4),
+            "EVEN_HD": (None, True, False),
+            "USE_EXP2": (True, False),
+            "PREFETCH_KV": (False, True),
+        },
     )
 )
-dispatch.register(
-    dispatch.Kernel(
-        "gluon",
-        run=_run_gluon,
-        resolve=_resolve_gluon,
-        unavailable=_gluon_unavailable,
-        config_type="sparse_mla.gluon.launch:GluonConfig",
-        to_dict=asdict,
-        per_call_keys=("num_kv_splits",),
-    )
-)
+
+
+def _register_gluon() -> None:
+    from .gluon import launch as gluon_launch
+
+    for spec in gluon_launch.KERNELS.values():
+        t = spec.config_type
+        dispatch.register(
+            dispatch.Kernel(
+                spec.name,
+                run=_gluon_runner(spec.name),
+                resolve=_gluon_resolver(spec.name),
+                unavailable=functools.partial(_gluon_unavailable, spec.name),
+                # GluonConfig forces the shared algorithm; the wgmma ring shares its config
+                # class, so it is forced by name (dispatch.Choice) only.
+                config_type=None if spec.name == "gluon_wgmma" else f"{t.__module__}:{t.__name__}",
+                to_dict=asdict,
+                per_call_keys=("num_kv_splits",) if spec.splits else (),
+                summary=spec.summary,
+                targets=spec.targets,
+                knobs=dict(spec.knobs),
+                compile_args=_gluon_compiler(spec.name),
+            )
+        )
+
+
+_register_gluon()
 
 
 def launch_constexprs(

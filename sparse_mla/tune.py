@@ -972,10 +972,19 @@ def _bench_value(r: Mapping[str, Any], col: str):
     return v
 
 
+def token_buckets(tokens: Iterable[int]) -> list[tuple[int, int | None]]:
+    """Token buckets around measured T values: each T serves from the geometric midpoint
+    with the T below it (0 for the smallest) up to the midpoint with the T above it (open for
+    the largest). One T: one bucket serving every T."""
+    ts = sorted(set(int(t) for t in tokens))
+    edges = [0] + [math.isqrt(a * b) for a, b in itertools.pairwise(ts)] + [None]
+    return list(itertools.pairwise(edges))
+
+
 def kernel_choices(
     rows: Iterable[Mapping[str, Any]], *, run: str | None = None, source: str = "bench rows"
-) -> dict[tuple[int, int], dict[str, Any]]:
-    """The fastest registered kernel per (H, D) in one benchmark run (same device, same run).
+) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """The fastest registered kernel per (H, D) and token count in one benchmark run.
 
     Args:
         rows: :func:`sparse_mla.bench.run_bench` rows, or rows read back from its CSV.
@@ -983,10 +992,12 @@ def kernel_choices(
         source: where the rows come from (recorded in the provenance).
 
     Returns:
-        {(H, D): {"name", "launch", "provenance", "triton_row"}}: the kernel with the lowest
-        total time over the shape's workloads in that run, among the providers that are
-        registered kernels (``default`` and peers are not candidates) and that passed the
-        check on every one of those workloads.
+        {(H, D): [{"name", "launch", "provenance", "triton_row", "tokens"}, ...]}: per T the
+        run measured at that (H, D), the kernel with the lowest total time over the
+        workloads at that (H, D, T), among the providers that are registered kernels
+        (``default`` and peers are not candidates) and that passed the check on every one of
+        those workloads. ``tokens`` is the bucket of token counts the choice serves
+        (:func:`token_buckets`; None when the run measured one T: it serves every T).
     """
     from . import dispatch, prefill  # noqa: F401  (prefill registers the package's kernels)
 
@@ -1001,43 +1012,61 @@ def kernel_choices(
     devices = sorted({r["device"] for r in mine})
     if len(devices) != 1:
         raise ValueError(f"kernel choice: run {run} must be on one device, got {devices}")
-    shapes: dict[tuple[int, int], dict[str, dict[str, dict]]] = {}
+    shapes: dict[tuple[int, int], dict[int, dict[str, dict[str, dict]]]] = {}
     for r in mine:
         key = (_bench_value(r, "H"), _bench_value(r, "D"))
-        shapes.setdefault(key, {}).setdefault(r["workload"], {})[r["provider"]] = r
-    out = {}
-    for (H, D), by_workload in sorted(shapes.items()):
-        workloads = sorted(by_workload)
-        totals: dict[str, float] = {}
-        for name in dispatch.KERNELS:
-            got = [by_workload[w].get(name) for w in workloads]
-            if all(g is not None and _bench_value(g, "ok") and _bench_value(g, "ms") for g in got):
-                totals[name] = sum(_bench_value(g, "ms") for g in got)
-        if not totals:
+        T = int(r.get("T") or 0)
+        shapes.setdefault(key, {}).setdefault(T, {}).setdefault(r["workload"], {})[
+            r["provider"]
+        ] = r
+    out: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for (H, D), by_tokens in sorted(shapes.items()):
+        picked = []
+        for T, by_workload in sorted(by_tokens.items()):
+            c = _fastest(by_workload, dispatch, devices[0], run, source)
+            if c is not None:
+                picked.append((T, c))
+        if not picked:
             continue
-        best = min(totals, key=totals.get)
-        first = by_workload[workloads[0]][best]
-        k = dispatch.KERNELS[best]
-        launch = None
-        if best != dispatch.FALLBACK:
-            launch = {c: v for c, v in _bench_value(first, "config").items()
-                      if c not in k.per_call_keys}  # fmt: skip
-        prov = {
-            "device": devices[0],
-            "date": run[:10],
-            "source": source,
-            "times_ms": {n: round(t, 4) for n, t in sorted(totals.items(), key=lambda kv: kv[1])},
-            "workload": " + ".join(f"{w} T={by_workload[w][best].get('T')}" for w in workloads)
-            + (" (times summed)" if len(workloads) > 1 else ""),
-            "commit": first.get("commit") or "unknown",
-            "run": run,
-            "triton": first.get("triton") or "",
-            "torch": first.get("torch") or "",
-        }
-        triton_rows = [by_workload[w].get(dispatch.FALLBACK) for w in workloads]
-        triton_row = next((t for t in triton_rows if t is not None), None)
-        out[(H, D)] = {"name": best, "launch": launch, "provenance": prov, "triton_row": triton_row}
+        buckets = token_buckets(T for T, _ in picked)
+        for (_, c), bucket in zip(picked, buckets, strict=True):
+            c["tokens"] = bucket if len(picked) > 1 else None
+        out[(H, D)] = [c for _, c in picked]
     return out
+
+
+def _fastest(by_workload, dispatch, device: str, run: str, source: str) -> dict | None:
+    """The fastest registered kernel over one (H, D, T)'s workloads (times summed)."""
+    workloads = sorted(by_workload)
+    totals: dict[str, float] = {}
+    for name in dispatch.KERNELS:
+        got = [by_workload[w].get(name) for w in workloads]
+        if all(g is not None and _bench_value(g, "ok") and _bench_value(g, "ms") for g in got):
+            totals[name] = sum(_bench_value(g, "ms") for g in got)
+    if not totals:
+        return None
+    best = min(totals, key=totals.get)
+    first = by_workload[workloads[0]][best]
+    k = dispatch.KERNELS[best]
+    launch = None
+    if best != dispatch.FALLBACK:
+        launch = {c: v for c, v in _bench_value(first, "config").items()
+                  if c not in k.per_call_keys}  # fmt: skip
+    prov = {
+        "device": device,
+        "date": run[:10],
+        "source": source,
+        "times_ms": {n: round(t, 4) for n, t in sorted(totals.items(), key=lambda kv: kv[1])},
+        "workload": " + ".join(f"{w} T={by_workload[w][best].get('T')}" for w in workloads)
+        + (" (times summed)" if len(workloads) > 1 else ""),
+        "commit": first.get("commit") or "unknown",
+        "run": run,
+        "triton": first.get("triton") or "",
+        "torch": first.get("torch") or "",
+    }
+    triton_rows = [by_workload[w].get(dispatch.FALLBACK) for w in workloads]
+    triton_row = next((t for t in triton_rows if t is not None), None)
+    return {"name": best, "launch": launch, "provenance": prov, "triton_row": triton_row}
 
 
 def export_kernel_choice(
@@ -1063,15 +1092,20 @@ def export_kernel_choice(
 
     def merge(old: dict[str, Any]) -> dict[str, Any]:
         merged = dict(old)
-        for (H, D), c in choices.items():
+        for (H, D), picked in choices.items():
             key = configs.shape_key(H, D)
-            kernel = {"name": c["name"]}
-            if c["launch"] is not None:
-                kernel["launch"] = c["launch"]
-            kernel["provenance"] = c["provenance"]
+            kernels = []
+            for c in picked:
+                kernel: dict[str, Any] = {"name": c["name"]}
+                if c["tokens"] is not None:
+                    kernel["tokens"] = list(c["tokens"])
+                if c["launch"] is not None:
+                    kernel["launch"] = c["launch"]
+                kernel["provenance"] = c["provenance"]
+                kernels.append(kernel)
             entry = {k: v for k, v in old.get(key, {}).items() if k != "kernel"}
             if not entry:
-                t = c["triton_row"]
+                t = next((c["triton_row"] for c in reversed(picked) if c["triton_row"]), None)
                 if t is None:
                     raise ValueError(f"kernel choice: {key} has no entry and no triton row")
                 prov = {
@@ -1080,7 +1114,7 @@ def export_kernel_choice(
                     "sweep_size": None, "torch": t["torch"], "mode": "bench", "source": source,
                 }  # fmt: skip
                 entry = {"launch": _bench_value(t, "config"), "provenance": prov}
-            merged[key] = {"kernel": kernel, **entry}
+            merged[key] = {"kernel": kernels[0] if len(kernels) == 1 else kernels, **entry}
         return merged
 
     return _merge_into(path, arch, merge, dry_run)

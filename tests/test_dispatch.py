@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TRITON_PROV = {"device": "test", "triton": "3.6.0", "date": "2026-11-30", "workload": "w",
                "time_ms": 1.0, "sweep_size": 1}  # fmt: skip
 CHOICE_PROV = {"device": "test", "date": "2026-11-30", "source": "test",
-               "times_ms": {"gluon": 1.0, "triton": 2.0}}  # fmt: skip
+               "times_ms": {"gluon_ws_small": 1.0, "triton": 2.0}}  # fmt: skip
+FAKE = "gluon_ws_small"  # the Gluon kernel the CPU tests fake as runnable
 
 
 def _write(root, arch, entries):
@@ -37,20 +38,20 @@ def _entry(kernel=None, **launch):
 
 
 class Spies:
-    """Which registered kernel ran, and with which launch; the fake Gluon writes the fp32
-    reference's result so the output check still means something."""
+    """Which registered kernel ran, and with which launch; the fake Gluon kernel (``FAKE``)
+    writes the fp32 reference's result so the output check still means something."""
 
     def __init__(self, monkeypatch, *, gluon_runs: bool):
         self.calls: list[tuple[str, object]] = []
         triton = dispatch.KERNELS["triton"]
-        gluon = dispatch.KERNELS["gluon"]
+        gluon = dispatch.KERNELS[FAKE]
 
         def run_triton(*args):
             self.calls.append(("triton", args[-1]))
             return triton.run(*args)
 
         def run_gluon(q, kv, idx, indptr, scale, sink, out, launch):
-            self.calls.append(("gluon", launch))
+            self.calls.append((FAKE, launch))
             ref = sparse_mla_prefill_ref(q, kv, idx, indptr, scale, attn_sink=sink)
             out.copy_(ref.to(out.dtype))
             return out
@@ -59,7 +60,7 @@ class Spies:
         fake = replace(gluon, run=run_gluon)
         if gluon_runs:  # as on an sm90 GPU
             fake = replace(fake, unavailable=lambda call: None)
-        monkeypatch.setitem(dispatch.KERNELS, "gluon", fake)
+        monkeypatch.setitem(dispatch.KERNELS, FAKE, fake)
 
     @property
     def names(self):
@@ -77,10 +78,9 @@ def _run(case, **kw):
 
 @pytest.fixture
 def sm90_root(tmp_path, monkeypatch):
-    """A configs root where sm90 H16 D512 records Gluon (with a launch) and H8 records none;
-    calls read it as if on an sm90 GPU (the kernels still run on CPU tensors)."""
-    gluon = {"name": "gluon", "launch": {"BLOCK_H": 16, "BLOCK_K": 64, "num_warps": 4},
-             "provenance": CHOICE_PROV}  # fmt: skip
+    """A configs root where sm90 H16 D512 records the fake Gluon kernel (with a launch) and H8
+    records none; calls read it as if on an sm90 GPU (the kernels still run on CPU tensors)."""
+    gluon = {"name": FAKE, "launch": {"HEAD_GROUPS": 1}, "provenance": CHOICE_PROV}
     _write(tmp_path, "sm90", {"H16_D512": _entry(gluon), "H8_D512": _entry(BLOCK_K=32)})
     monkeypatch.setattr(prefill, "_arch_of", lambda q: "sm90")
     with configs.use_root(tmp_path):
@@ -88,36 +88,42 @@ def sm90_root(tmp_path, monkeypatch):
 
 
 def test_recorded_kernel_is_the_one_launched(sm90_root, monkeypatch):
-    from sparse_mla.gluon.launch import GluonConfig
+    from sparse_mla.gluon.launch import SmallWSConfig
 
     spies = Spies(monkeypatch, gluon_runs=True)
     _run(make_case(5, 16, 512, N=64, max_slots=40, seed=1))
-    assert spies.names == ["gluon"]
-    assert spies.calls[0][1] == GluonConfig(BLOCK_H=16, BLOCK_K=64, num_warps=4)
-    # A shape without a recorded kernel runs Triton with its tuned launch.
+    assert spies.names == [FAKE]
+    assert spies.calls[0][1] == SmallWSConfig(HEAD_GROUPS=1)
+    c = dispatch.choose(dispatch.Call("sm90", 16, 512, num_tokens=5))
+    assert c.kernel == FAKE and c.reason.startswith("recorded H16_D512")
+    # A shape without a recorded kernel runs the rule's kernel (the heads-on-N kernel at H8).
     _run(make_case(4, 8, 512, N=64, max_slots=40, seed=2))
-    assert spies.names == ["gluon", "triton"]
-    assert spies.calls[1][1] == configs.PrefillConfig(BLOCK_H=16, BLOCK_K=32, num_warps=4)
+    assert spies.names == [FAKE, FAKE]
+    assert spies.calls[1][1] == SmallWSConfig(HEAD_GROUPS=1)
+    c = dispatch.choose(dispatch.Call("sm90", 8, 512))
+    assert c.kernel == FAKE and c.reason.startswith("rule for sm90 H=8")
 
 
 def test_config_forces_the_kernel(sm90_root, monkeypatch):
-    from sparse_mla.gluon.launch import GluonConfig
+    from sparse_mla.gluon.launch import SmallWSConfig
 
     spies = Spies(monkeypatch, gluon_runs=True)
     case = make_case(5, 16, 512, N=64, max_slots=40, seed=3)
     _run(case, config={"BLOCK_K": 32})
     _run(case, config=configs.PrefillConfig(BLOCK_K=16, num_warps=2))
     _run(case, config=dispatch.Choice("triton"))
-    forced = GluonConfig(BLOCK_H=32, BLOCK_K=32, num_warps=4)
+    forced = SmallWSConfig(HEAD_GROUPS=2)
     _run(case, config=forced)
-    assert spies.names == ["triton", "triton", "triton", "gluon"]
+    _run(case, config=dispatch.Choice(FAKE, {"HEAD_GROUPS": 2}))
+    assert spies.names == ["triton", "triton", "triton", FAKE, FAKE]
     assert spies.calls[0][1].BLOCK_K == 32 and spies.calls[1][1].num_warps == 2
     assert spies.calls[2][1] == configs.PrefillConfig(BLOCK_H=16, BLOCK_K=16, num_warps=4)
-    assert spies.calls[3][1] is forced
+    assert spies.calls[3][1] is forced and spies.calls[4][1] == forced
 
 
 def test_cpu_falls_back_to_triton(sm90_root, monkeypatch):
-    # Gluon is recorded for H16, but CPU tensors cannot run it: Triton runs (interpreter).
+    # A Gluon kernel is recorded for H16, but CPU tensors cannot run it, nor the rule's
+    # kernels: Triton runs (interpreter) with its tuned launch.
     spies = Spies(monkeypatch, gluon_runs=False)
     seen = []
     real = runtime.launch
@@ -125,11 +131,13 @@ def test_cpu_falls_back_to_triton(sm90_root, monkeypatch):
     _run(make_case(5, 16, 512, N=64, max_slots=40, seed=4))
     assert spies.names == ["triton"] and seen == [prefill._sparse_mla_prefill_kernel]
     c = dispatch.choose(dispatch.Call("sm90", 16, 512, torch.bfloat16, torch.zeros(4, 512)))
-    assert c.kernel == "triton" and "gluon recorded, but" in c.reason
+    assert c.kernel == "triton" and f"{FAKE} recorded, but" in c.reason
+    _run(make_case(4, 8, 512, N=64, max_slots=40, seed=2))
+    assert spies.calls[-1][1] == configs.PrefillConfig(BLOCK_H=16, BLOCK_K=32, num_warps=4)
     # No GPU at all: no lookup, Triton's default launch.
     monkeypatch.setattr(prefill, "_arch_of", lambda q: None)
     _run(make_case(3, 16, 512, N=64, max_slots=40, seed=5))
-    assert spies.names == ["triton", "triton"]
+    assert spies.names == ["triton", "triton", "triton"]
     assert spies.calls[-1][1] == prefill.default_config(16, 512)
 
 
@@ -139,10 +147,11 @@ def test_forced_kernel_that_cannot_run_is_rejected_before_out(sm90_root, monkeyp
     spies = Spies(monkeypatch, gluon_runs=False)
     case = make_case(3, 16, 512, N=64, max_slots=40, seed=6)
     out = poisoned_like(case.q)
-    with pytest.raises(ValueError, match="gluon kernel cannot run"):
+    with pytest.raises(ValueError, match="gluon_mma kernel cannot run"):
         prefill.sparse_mla_prefill(*case.args(), out=out, config=GluonConfig())
-    with pytest.raises(ValueError, match="gluon kernel cannot run"):
-        prefill.sparse_mla_prefill(*case.args(), out=out, config=dispatch.Choice("gluon"))
+    for name in ("gluon_ws", FAKE, "gluon_wgmma"):
+        with pytest.raises(ValueError, match=f"{name} kernel cannot run"):
+            prefill.sparse_mla_prefill(*case.args(), out=out, config=dispatch.Choice(name))
     with pytest.raises(ValueError, match="not registered"):
         prefill.sparse_mla_prefill(*case.args(), out=out, config=dispatch.Choice("cuda_magic"))
     with pytest.raises(TypeError, match="config must be"):
@@ -160,18 +169,24 @@ def test_unregistered_recorded_kernel_names_the_file(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("kernel", "match"),
     [
-        ({"name": "gluon",
-          "provenance": {**CHOICE_PROV, "times_ms": {"gluon": 3.0, "triton": 2.0}}},
+        ({"name": "gluon_ws",
+          "provenance": {**CHOICE_PROV, "times_ms": {"gluon_ws": 3.0, "triton": 2.0}}},
          "'triton' was faster"),
-        ({"name": "gluon", "provenance": {**CHOICE_PROV, "times_ms": {"triton": 2.0}}},
+        ({"name": "gluon_ws", "provenance": {**CHOICE_PROV, "times_ms": {"triton": 2.0}}},
          "include the chosen kernel"),
         ({"name": "triton", "launch": {"BLOCK_K": 16},
           "provenance": {**CHOICE_PROV, "times_ms": {"triton": 1.0}}}, "Triton's launch"),
         ({"name": "Gluon!", "provenance": CHOICE_PROV}, "name must be"),
-        ({"name": "gluon", "provenance": {k: v for k, v in CHOICE_PROV.items() if k != "source"}},
+        ({"name": FAKE, "provenance": {k: v for k, v in CHOICE_PROV.items() if k != "source"}},
          "missing key 'source'"),
-        ({"name": "gluon", "launch": {"BLOCK_K": "64"}, "provenance": CHOICE_PROV},
+        ({"name": FAKE, "launch": {"BLOCK_K": "64"}, "provenance": CHOICE_PROV},
          "ints/bools/null"),
+        ({"name": FAKE, "tokens": [0, 0], "provenance": CHOICE_PROV}, "tokens must be"),
+        ([{"name": FAKE, "tokens": [0, 100], "provenance": CHOICE_PROV},
+          {"name": FAKE, "tokens": [200, None], "provenance": CHOICE_PROV}], "follow each other"),
+        ([{"name": FAKE, "tokens": [0, 100], "provenance": CHOICE_PROV}], "end open"),
+        ([{"name": FAKE, "provenance": CHOICE_PROV}], "needs its 'tokens'"),
+        ([], "must not be empty"),
     ],
 )  # fmt: skip
 def test_kernel_object_is_validated(tmp_path, kernel, match):
@@ -181,39 +196,40 @@ def test_kernel_object_is_validated(tmp_path, kernel, match):
 
 
 def _bench_row(provider, H, ms, *, ts="2026-11-30T10:00:00+00:00", workload=None, ok=True,
-               config=None):  # fmt: skip
+               config=None, T=16384):  # fmt: skip
     triton_cfg = {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
     gluon_cfg = {"BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2,
                  "num_kv_splits": 1}  # fmt: skip
     cfg = config or (triton_cfg if provider == "triton" else gluon_cfg)
     return {"timestamp": ts, "device": "NVIDIA H200", "torch": "2.11", "triton": "3.6.0",
-            "commit": "c0ffee", "workload": workload or f"csa_h{H}", "T": "16384", "H": str(H),
+            "commit": "c0ffee", "workload": workload or f"csa_h{H}", "T": str(T), "H": str(H),
             "D": "512", "provider": provider, "config": json.dumps(cfg), "ok": str(ok),
             "ms": "" if ms is None else str(ms)}  # fmt: skip
 
 
 def test_export_kernel_choice_then_dispatch(tmp_path, monkeypatch):
     rows = [
-        _bench_row("triton", 64, 6.5), _bench_row("gluon", 64, 4.8),
+        _bench_row("triton", 64, 6.5), _bench_row("gluon_wgmma", 64, 4.8),
         _bench_row("default", 64, 1.0), _bench_row("flashmla", 64, 0.5),  # not candidates
-        _bench_row("triton", 16, 2.4), _bench_row("gluon", 16, 4.0),
-        _bench_row("triton", 16, 7.2, workload="glm_h16"), _bench_row("gluon", 16, 5.0,
+        _bench_row("triton", 16, 2.4), _bench_row("gluon_wgmma", 16, 4.0),
+        _bench_row("triton", 16, 7.2, workload="glm_h16"), _bench_row("gluon_wgmma", 16, 5.0,
                                                                        workload="glm_h16"),
         # an older run where Gluon lost at H64 is ignored (the latest run counts)
         _bench_row("triton", 64, 1.0, ts="2026-11-01T00:00:00+00:00"),
-        _bench_row("gluon", 64, 9.0, ts="2026-11-01T00:00:00+00:00"),
+        _bench_row("gluon_wgmma", 64, 9.0, ts="2026-11-01T00:00:00+00:00"),
     ]  # fmt: skip
     diff = tune.export_kernel_choice(rows, "sm90", root=tmp_path, source="unit test")
-    assert '"name": "gluon"' in diff
+    assert '"name": "gluon_wgmma"' in diff
     found = configs.entries("sm90", tmp_path)
     h64, h16 = found["H64_D512"], found["H16_D512"]
-    assert h64.kernel.name == "gluon" and h64.kernel.launch == {
+    assert h64.kernel.name == "gluon_wgmma" and h64.kernel.launch == {
         "BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}  # fmt: skip
-    assert h64.kernel.provenance["times_ms"] == {"gluon": 4.8, "triton": 6.5}
+    assert h64.kernel.tokens is None and len(h64.kernels) == 1  # one T measured: every T
+    assert h64.kernel.provenance["times_ms"] == {"gluon_wgmma": 4.8, "triton": 6.5}
     assert h64.provenance["mode"] == "bench" and h64.launch.BLOCK_K == 32  # from the triton row
     # H16: times summed over both workloads (Gluon 4.0 + 5.0 against Triton 2.4 + 7.2).
-    assert h16.kernel.name == "gluon"
-    assert h16.kernel.provenance["times_ms"] == {"gluon": 9.0, "triton": 9.6}
+    assert h16.kernel.name == "gluon_wgmma"
+    assert h16.kernel.provenance["times_ms"] == {"gluon_wgmma": 9.0, "triton": 9.6}
     assert "csa_h16 T=16384 + glm_h16 T=16384" in h16.kernel.provenance["workload"]
     # A later sweep export of Triton's launch keeps the recorded kernel.
     row = {"target": "sm90", "H": 64, "D": 512, "BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8,
@@ -222,30 +238,101 @@ def test_export_kernel_choice_then_dispatch(tmp_path, monkeypatch):
     again = configs.entries("sm90", tmp_path)["H64_D512"]
     assert again.launch.BLOCK_K == 16 and again.kernel == h64.kernel
     c = dispatch.choose(dispatch.Call("sm90", 64, 512), root=tmp_path)
-    assert c.kernel == "gluon" and c.launch.BLOCK_K == 64 and "gluon 4.8 ms" in c.reason
+    assert c.kernel == "gluon_wgmma" and c.launch.BLOCK_K == 64 and "gluon_wgmma 4.8 ms" in c.reason
 
 
-def test_committed_sm90_choice_matches_the_bench_csv():
-    # config=None runs Gluon (the warp-specialised kernels) at H 8/16/64/128 on sm90, as the
-    # committed H200 run says;
-    # the recorded provenance is that run's rows, recomputed here.
-    with (ROOT / "data/bench/nvidia-h200.csv").open(newline="") as f:
+def test_token_buckets():
+    assert tune.token_buckets([16384]) == [(0, None)]
+    assert tune.token_buckets([4096, 64, 1024, 256, 16384, 64]) == [
+        (0, 128), (128, 512), (512, 2048), (2048, 8192), (8192, None)]  # fmt: skip
+
+
+def test_grid_export_records_a_choice_per_token_bucket(tmp_path):
+    """A run over several T records one choice per T (its bucket); the dispatch then picks by
+    the call's T, and a T between two measured ones takes the nearer (geometric) one."""
+    mma = {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4, "num_kv_splits": 8}
+    rows = []
+    for T, ws, mma_ms in ((64, 0.05, 0.03), (1024, 0.2, 0.3), (16384, 1.7, 4.0)):
+        rows += [
+            _bench_row("triton", 16, 9.0, T=T),
+            _bench_row(FAKE, 16, ws, T=T, config={"HEAD_GROUPS": 1}),
+            _bench_row("gluon_mma", 16, mma_ms, T=T, config=mma),
+        ]
+    tune.export_kernel_choice(rows, "sm90", root=tmp_path, source="grid")
+    e = configs.entries("sm90", tmp_path)["H16_D512"]
+    assert [(c.name, c.tokens) for c in e.kernels] == [
+        ("gluon_mma", (0, 256)), (FAKE, (256, 4096)), (FAKE, (4096, None))]  # fmt: skip
+    assert e.kernels[0].launch == {k: v for k, v in mma.items() if k != "num_kv_splits"}
+    assert e.kernels[0].provenance["workload"] == "csa_h16 T=64"
+    text = configs.config_path("sm90", tmp_path).read_text()
+    assert '"tokens": [' in text and configs.validate_file(configs.config_path("sm90", tmp_path))
+    for T, name in ((1, "gluon_mma"), (255, "gluon_mma"), (256, FAKE), (5000, FAKE),
+                    (10**6, FAKE), (None, FAKE)):  # fmt: skip
+        c = configs.entries("sm90", tmp_path)["H16_D512"].kernel_for(T)
+        assert c.name == name, (T, c)
+
+
+def test_rule_covers_every_grid_point_with_a_kernel_that_can_run_it():
+    """On sm90, every (H, T) of the bench grid and the odd head counts get a Gluon kernel that
+    says it can run the call; none of them falls to Triton; off sm90 the rule names nothing."""
+    from sparse_mla.gluon import launch
+
+    heads = [1, 2, 3, 4, 8, 12, 16, 17, 20, 24, 32, 33, 40, 48, 64, 65, 80, 96, 100, 112, 127, 128]
+    for H in heads:
+        for T in (1, 3, 64, 256, 1024, 4096, 16384):
+            call = dispatch.Call("sm90", H, 512, torch.bfloat16, None, T, T * 640)
+            names = dispatch.rule(call)
+            assert names, H
+            c = dispatch.choose(call, root=Path("/nonexistent"))
+            assert c.kernel.startswith("gluon_ws"), (H, T, c)
+            assert dispatch.KERNELS[c.kernel].unavailable(call) is None
+            want = "gluon_ws_small" if H <= 32 else "gluon_ws"
+            assert c.kernel == want, (H, T, c)
+            tgt = launch.get_target("sm90")
+            assert launch.why_not(c.kernel, c.launch, tgt, has_pe=False) is None
+    assert dispatch.rule(dispatch.Call("gfx942", 16, 512)) == ()
+    assert dispatch.choose(dispatch.Call("gfx942", 16, 512), root=Path("/x")).kernel == "triton"
+    assert dispatch.choose(dispatch.Call(None, 64, 512)).kernel == "triton"
+
+
+def test_describe_names_the_kernel_and_each_alternative():
+    line = dispatch.describe("sm90", 20, 512, root=Path("/nonexistent"), num_tokens=1024)
+    assert line.startswith("sm90 H=20 D=512 T=1024: gluon_ws_small (rule for sm90 H=20")
+    text = dispatch.describe("sm90", 20, 512, root=Path("/nonexistent"), verbose=True)
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(dispatch.KERNELS)
+    assert any(ln.split()[:2] == ["gluon_ws_small", "runs"] for ln in lines[1:])
+    assert any(ln.split()[:2] == ["triton", "can"] for ln in lines[1:])
+    gfx = dispatch.describe("gfx942", 20, 512, root=Path("/nonexistent"), verbose=True)
+    assert "gluon_ws " in gfx and "cannot: Gluon kernels have no gfx942" in gfx
+
+
+def test_old_gluon_name_in_a_config_file_says_what_to_do(tmp_path):
+    old = {"name": "gluon", "provenance": {**CHOICE_PROV, "times_ms": {"gluon": 1.0}}}
+    _write(tmp_path, "sm90", {"H16_D512": _entry(old)})
+    with pytest.raises(configs.ConfigFileError, match="four named kernels"):
+        dispatch.choose(dispatch.Call("sm90", 16, 512), root=tmp_path)
+
+
+def test_committed_sm90_choice_matches_the_grid_csv():
+    """The sm90 kernel choices are the committed grid run's, recomputed here from its rows;
+    the rule and the recorded buckets send no grid point to Triton."""
+    with (ROOT / "data/bench/nvidia-h200_grid.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     entries = configs.entries("sm90", configs.CONFIG_ROOT)
-    recorded = {k: e.kernel for k, e in entries.items() if e.kernel is not None}
-    assert {k: c.name for k, c in recorded.items()} == {
-        "H8_D512": "gluon",
-        "H16_D512": "gluon",
-        "H64_D512": "gluon",
-        "H128_D512": "gluon",
-    }
-    run = recorded["H64_D512"].provenance["run"]
-    again = tune.kernel_choices(rows, run=run, source=recorded["H64_D512"].provenance["source"])
-    for (H, D), c in again.items():
-        k = recorded[configs.shape_key(H, D)]
-        assert (c["name"], c["launch"], c["provenance"]) == (k.name, k.launch, k.provenance)
-    for H, name in ((8, "gluon"), (16, "gluon"), (32, "triton"), (64, "gluon"), (128, "gluon")):
-        assert dispatch.choose(dispatch.Call("sm90", H, 512)).kernel == name
+    recorded = {k: e.kernels for k, e in entries.items() if e.kernels}
+    any_choice = next(iter(recorded.values()))[0]
+    run = any_choice.provenance["run"]
+    again = tune.kernel_choices(rows, run=run, source=any_choice.provenance["source"])
+    assert {configs.shape_key(H, D) for H, D in again} == set(recorded)
+    for (H, D), picked in again.items():
+        got = recorded[configs.shape_key(H, D)]
+        assert [(c["name"], c["launch"], c["provenance"], c["tokens"]) for c in picked] == [
+            (k.name, k.launch, k.provenance, k.tokens) for k in got
+        ]
+    for H in (1, 2, 3, 8, 16, 17, 20, 32, 33, 48, 64, 100, 128):
+        for T in (1, 64, 1024, 16384):
+            assert dispatch.choose(dispatch.Call("sm90", H, 512, num_tokens=T)).kernel != "triton"
 
 
 def _package_imports(path: Path) -> set[str]:
@@ -266,9 +353,10 @@ def test_dependencies_run_one_way():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("H", [8, 16, 64, 128])
+@pytest.mark.parametrize("H", [8, 16, 20, 64, 100, 128])
+@pytest.mark.parametrize("T", [3, 257])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_gpu_default_runs_the_recorded_kernel(H, index_dtype, monkeypatch):
+def test_gpu_default_runs_the_chosen_kernel(H, T, index_dtype, monkeypatch):
     names = []
     for name, k in list(dispatch.KERNELS.items()):
 
@@ -277,11 +365,11 @@ def test_gpu_default_runs_the_recorded_kernel(H, index_dtype, monkeypatch):
             return _k.run(*args)
 
         monkeypatch.setitem(dispatch.KERNELS, name, replace(k, run=run))
-    case = make_case(257, H, 512, N=4000, max_slots=700, device="cuda", seed=H,
+    case = make_case(T, H, 512, N=4000, max_slots=700, device="cuda", seed=H,
                      index_dtype=index_dtype)  # fmt: skip
     _run(case)
     arch = runtime.arch()
-    expected = dispatch.choose(dispatch.Call(arch, H, 512)).kernel
-    if arch == "sm90":  # the committed choice: the warp-specialised Gluon kernels
-        assert expected == "gluon"
+    expected = dispatch.choose(dispatch.Call(arch, H, 512, num_tokens=T)).kernel
+    if arch == "sm90":  # never Triton where a Gluon kernel can run
+        assert expected.startswith("gluon_")
     assert names == [expected]

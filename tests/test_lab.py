@@ -481,14 +481,14 @@ def test_panel_times_and_checks_on_the_local_gpu():
 
 
 def test_panel_says_which_kernel_config_none_runs(panel):
-    # The committed sm90 configs record Gluon at 8, 16 and 64 heads (the warp-specialised
-    # kernels) and Triton at 32, from the bench run of data/bench/nvidia-h200.csv.
+    # The committed sm90 configs record the warp-specialised Gluon kernels from the grid bench
+    # (data/bench/nvidia-h200_grid.csv); a head count it did not measure follows the rule.
     line = default_kernel_line(PanelState("sm90", 64, 512, PrefillConfig()))
-    assert line.startswith("config=None runs, on sm90 H=64 D=512: gluon (recorded H64_D512")
+    assert line.startswith("config=None runs, on sm90 H=64 D=512: gluon_ws (recorded H64_D512")
     line = default_kernel_line(PanelState("sm90", 8, 512, PrefillConfig()))
-    assert "sm90 H=8 D=512: gluon (recorded H8_D512" in line
-    line = default_kernel_line(PanelState("sm90", 32, 512, PrefillConfig()))
-    assert "sm90 H=32 D=512: triton" in line
+    assert "sm90 H=8 D=512: gluon_ws_small (recorded H8_D512" in line
+    line = default_kernel_line(PanelState("sm90", 17, 512, PrefillConfig()))
+    assert "sm90 H=17 D=512: gluon_ws_small (rule for sm90 H=17" in line
     panel.update()
     assert "gfx950 H=16 D=512: triton (no tuned entry)" in panel.default_text.value
     panel.wait()

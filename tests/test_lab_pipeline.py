@@ -23,7 +23,7 @@ LOG = DATA / "ws_probe_steps_h200.log"
 def _resources():
     from sparse_mla import inspect
 
-    return inspect.compile_gluon("prefill", "sm90", num_heads=128).resources
+    return inspect.compile_gluon("prefill", "sm90", "gluon_ws", num_heads=128).resources
 
 
 # ------------------------------------------------------------------------------------------------

@@ -75,8 +75,10 @@ def test_the_kernel_registry_fills_on_first_use():
     r = _run(
         "import sys; from sparse_mla import dispatch; "
         "assert 'sparse_mla.prefill' not in sys.modules; "
-        "assert 'triton' in dispatch.KERNELS and dispatch.kernel('gluon').name == 'gluon'; "
+        "assert 'triton' in dispatch.KERNELS and dispatch.kernel('gluon_ws').name == 'gluon_ws'; "
         "print(' '.join(sorted(dispatch.KERNELS)))"
     )
     assert r.returncode == 0, r.stderr
-    assert {"gluon", "triton"} <= set(r.stdout.split())
+    assert {"gluon_mma", "gluon_wgmma", "gluon_ws", "gluon_ws_small", "triton"} == set(
+        r.stdout.split()
+    )

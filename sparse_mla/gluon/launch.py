@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -27,17 +27,20 @@ from .hopper_ws import _prefill_ws_kernel
 from .hopper_ws_small import _prefill_ws_small_kernel
 
 __all__ = [
+    "KERNELS",
     "GluonConfig",
+    "SmallWSConfig",
+    "WSConfig",
     "choose_num_splits",
     "compile_args",
     "compile_attrs",
     "compile_for",
     "default_config",
+    "gluon_kernel",
     "mla_gluon",
+    "resolve_launch",
     "run_validated",
-    "use_warp_specialized",
-    "use_warp_specialized_small",
-    "use_wgmma",
+    "why_not",
 ]
 
 HEAD_DIM = 512
@@ -103,27 +106,15 @@ def _num_compute_units(device_index: int) -> int:
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """Tile sizes and warps of one launch: BLOCK_H heads x BLOCK_K slots per tile.
-
-    ``wgmma`` picks the sm90 sparse-prefill kernel (``hopper_prefill.py``: wgmma, a ring of
-    ``num_stages`` cp.async KV tiles); None: it serves every sm90 prefill launch with
-    BLOCK_H = 64 and 8 warps, the shared algorithm serves the rest. ``num_stages`` is used by
-    that kernel only.
-
-    ``warp_specialized`` picks the sm90 warp-specialised prefill kernels: ``hopper_ws.py`` (a
-    producer warpgroup and two consumer warpgroups, 64 heads x 64 slots) at BLOCK_H = 64, 8
-    warps, and ``hopper_ws_small.py`` (a producer and one consumer, heads on wgmma's N) at
-    BLOCK_H = 16, 4 warps; both with BLOCK_K = 64, one KV split and no LSE. None: they serve
-    every sm90 prefill launch they can (the default configs there are theirs) unless ``wgmma``
-    is set, which asks for the wgmma kernel.
-    """
+    """Launch of the tiled Gluon kernels (``gluon_mma``: the shared algorithm; ``gluon_wgmma``:
+    the sm90 wgmma ring): BLOCK_H heads x BLOCK_K slots per tile, ``num_warps``, and the ring
+    depth ``num_stages`` (``gluon_wgmma`` only). Which kernel runs is its name, never a field
+    of this object (:data:`KERNELS`)."""
 
     BLOCK_H: int = 16
     BLOCK_K: int = 32
     num_warps: int = 4
-    wgmma: bool | None = None
     num_stages: int = 4
-    warp_specialized: bool | None = None
 
     def validate(self) -> None:
         for name in ("BLOCK_H", "BLOCK_K", "num_warps", "num_stages"):
@@ -136,24 +127,37 @@ class GluonConfig:
             raise ValueError(f"config: BLOCK_K must be 16, 32 or 64, got {self.BLOCK_K!r}")
         if self.num_warps not in (4, 8):
             raise ValueError(f"config: num_warps must be 4 or 8, got {self.num_warps!r}")
-        if self.wgmma not in (None, True, False):
-            raise ValueError(f"config: wgmma must be None, True or False, got {self.wgmma!r}")
         if not 2 <= self.num_stages <= 8:
             raise ValueError(f"config: num_stages must be in [2, 8], got {self.num_stages!r}")
-        if self.warp_specialized not in (None, True, False):
+
+
+@dataclass(frozen=True)
+class SmallWSConfig:
+    """Launch of ``gluon_ws_small`` (``hopper_ws_small.py``, heads on wgmma's N): HEAD_GROUPS
+    consumer warpgroups of 16 heads each share every gathered KV tile, so a work item is a
+    token and 16 x HEAD_GROUPS heads (1: H <= 16; 2: 17 <= H <= 32, each row gathered once)."""
+
+    HEAD_GROUPS: int = 1
+
+    def validate(self) -> None:
+        if type(self.HEAD_GROUPS) is not int or self.HEAD_GROUPS not in _ws_small_groups():
             raise ValueError(
-                "config: warp_specialized must be None, True or False, got "
-                f"{self.warp_specialized!r}"
+                f"config: HEAD_GROUPS must be one of {_ws_small_groups()}, got {self.HEAD_GROUPS!r}"
             )
 
 
-def _wgmma_shape_ok(cfg: GluonConfig) -> bool:
-    return (
-        cfg.BLOCK_H == 64
-        and cfg.num_warps == 8
-        and cfg.BLOCK_K in (32, 64)
-        and _wgmma_smem_bytes(cfg) <= SMEM_LIMIT
-    )
+@dataclass(frozen=True)
+class WSConfig:
+    """Launch of ``gluon_ws`` (``hopper_ws.py``: 64 heads on wgmma's M, a producer and two
+    consumers). Its tile, ring and register split are fixed in the kernel: no knobs yet."""
+
+    def validate(self) -> None:
+        return None
+
+
+def _ws_small_groups() -> tuple[int, ...]:
+    """HEAD_GROUPS values the compiled ``hopper_ws_small`` kernel takes."""
+    return (1, 2) if "HEAD_GROUPS" in _prefill_ws_small_kernel.arg_names else (1,)
 
 
 def _wgmma_smem_bytes(cfg: GluonConfig) -> int:
@@ -162,90 +166,167 @@ def _wgmma_smem_bytes(cfg: GluonConfig) -> int:
                 + cfg.BLOCK_H * cfg.BLOCK_K)  # fmt: skip
 
 
-def use_wgmma(cfg: GluonConfig, target: Target, *, has_pe: bool) -> bool:
-    """Whether a launch runs the sm90 wgmma prefill kernel (see :class:`GluonConfig`)."""
-    able = target.arch == "hopper" and target.arch_id == 90 and not has_pe
-    if cfg.wgmma is None:
-        return able and _wgmma_shape_ok(cfg)
-    if cfg.wgmma and not (able and _wgmma_shape_ok(cfg)):
-        raise ValueError(
-            "config: wgmma=True needs an sm90 prefill (has_pe=False) with BLOCK_H=64, "
-            f"num_warps=8, BLOCK_K 32 or 64 and <= {SMEM_LIMIT} bytes of shared memory "
-            f"({_wgmma_smem_bytes(cfg)} at num_stages={cfg.num_stages}); got {cfg} on "
-            f"{target.name}"
+def _sm90(target: Target) -> bool:
+    return target.arch == "hopper" and target.arch_id == 90
+
+
+def _why_not_mma(cfg, target, *, has_pe, num_splits, write_lse):
+    if not isinstance(cfg, GluonConfig):
+        return f"takes a GluonConfig, got {type(cfg).__name__}"
+    return None
+
+
+def _why_not_wgmma(cfg, target, *, has_pe, num_splits, write_lse):
+    if not _sm90(target):
+        return f"needs sm90 (wgmma), the target is {target.name}"
+    if has_pe:
+        return "serves the sparse prefill only (no RoPE part)"
+    if not isinstance(cfg, GluonConfig):
+        return f"takes a GluonConfig, got {type(cfg).__name__}"
+    if cfg.BLOCK_H != 64 or cfg.num_warps != 8 or cfg.BLOCK_K not in (32, 64):
+        return f"needs BLOCK_H=64, num_warps=8 and BLOCK_K 32 or 64, got {cfg}"
+    if _wgmma_smem_bytes(cfg) > SMEM_LIMIT:
+        return (
+            f"needs <= {SMEM_LIMIT} bytes of shared memory, {cfg} takes "
+            f"{_wgmma_smem_bytes(cfg)} (fewer num_stages)"
         )
-    return bool(cfg.wgmma)
+    return None
 
 
-def _ws_able(
-    cfg: GluonConfig, target: Target, kernel, num_warps: int, *, has_pe, num_splits, write_lse
-) -> bool:
-    return (
-        target.arch == "hopper"
-        and target.arch_id == 90
-        and not has_pe
-        and (kernel.BLOCK_H.value, kernel.BLOCK_K.value) == (cfg.BLOCK_H, cfg.BLOCK_K)
-        and cfg.num_warps == num_warps
-        and num_splits == 1
-        and not write_lse
+def _why_not_ws(cfg, target, *, has_pe, num_splits, write_lse, config_type=WSConfig):
+    if not _sm90(target):
+        return f"needs sm90 (wgmma, warp specialisation), the target is {target.name}"
+    if has_pe:
+        return "serves the sparse prefill only (no RoPE part)"
+    if num_splits != 1 or write_lse:
+        return "runs one KV split and writes no LSE"
+    if not isinstance(cfg, config_type):
+        return f"takes a {config_type.__name__}, got {type(cfg).__name__}"
+    return None
+
+
+def _why_not_ws_small(cfg, target, **kw):
+    return _why_not_ws(cfg, target, config_type=SmallWSConfig, **kw)
+
+
+def _default_mma(num_heads: int, target: Target) -> GluonConfig:
+    """BLOCK_H covers the heads up to 64 (a KV row is gathered once per 64 heads); 8 warps at
+    BLOCK_H=64 keep the [64, 512] fp32 accumulator at 64 registers per lane (Hopper: 128)."""
+    block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
+    return GluonConfig(BLOCK_H=block_h, BLOCK_K=32, num_warps=8 if block_h == 64 else 4)
+
+
+def _default_wgmma(num_heads: int, target: Target) -> GluonConfig:
+    """BLOCK_K=64 and a 2-deep ring (205 KB of shared memory): on the H200 at T=16384 it
+    measured 4.80 ms (CSA H=64, topk 512) and 14.5 ms (H=128, topk 1024) against 5.95 / 18.4 ms
+    for BLOCK_K=32 with 3 or 4 stages (docs/PERF_NOTES.md)."""
+    return GluonConfig(BLOCK_H=64, BLOCK_K=64, num_warps=8, num_stages=2)
+
+
+def _default_ws_small(num_heads: int, target: Target) -> SmallWSConfig:
+    groups = _ws_small_groups()
+    return SmallWSConfig(HEAD_GROUPS=min(max(1, -(-num_heads // 16)), max(groups)))
+
+
+@dataclass(frozen=True)
+class GluonKernel:
+    """One Gluon kernel of the package: what the registry (:mod:`sparse_mla.dispatch`) and
+    :func:`compile_args` / :func:`run_validated` need to know about it.
+
+    ``why_not(cfg, target, has_pe=, num_splits=, write_lse=)`` says why it cannot take a launch
+    (None: it can); ``default(num_heads, target)`` is its launch when none is given;
+    ``splits``: whether it runs KV splits with a reduce step (and an LSE)."""
+
+    name: str
+    summary: str
+    modes: tuple[str, ...]
+    targets: tuple[str, ...]
+    config_type: type
+    default: Any
+    why_not: Any
+    splits: bool
+    knobs: dict[str, tuple] = field(default_factory=dict)
+
+
+KERNELS: dict[str, GluonKernel] = {
+    k.name: k
+    for k in (
+        GluonKernel(
+            "gluon_mma",
+            "the shared Gluon MLA algorithm (algorithm.py): decode and sparse prefill, mma.sync "
+            "on sm80-sm90, MFMA and buffer loads on gfx950; KV splits with a reduce step",
+            ("decode", "prefill"), ("sm90", "gfx950"), GluonConfig, _default_mma, _why_not_mma,
+            True, {"BLOCK_H": (16, 32, 64), "BLOCK_K": (16, 32, 64), "num_warps": (4, 8)},
+        ),
+        GluonKernel(
+            "gluon_wgmma",
+            "sm90 sparse prefill (hopper_prefill.py): 64 heads x BLOCK_K slots, wgmma, a ring "
+            "of num_stages cp.async KV tiles; KV splits with a reduce step",
+            ("prefill",), ("sm90",), GluonConfig, _default_wgmma, _why_not_wgmma, True,
+            {"BLOCK_K": (32, 64), "num_stages": (2, 3, 4)},
+        ),
+        GluonKernel(
+            "gluon_ws",
+            "sm90 warp-specialised sparse prefill (hopper_ws.py): 64 heads on wgmma's M (head "
+            "blocks clipped at H), one producer and two consumers, persistent",
+            ("prefill",), ("sm90",), WSConfig, lambda h, t: WSConfig(), _why_not_ws, False,
+        ),
+        GluonKernel(
+            "gluon_ws_small",
+            "sm90 warp-specialised sparse prefill for few heads (hopper_ws_small.py): heads on "
+            "wgmma's N, 16 per consumer warpgroup, HEAD_GROUPS consumers share each KV tile",
+            ("prefill",), ("sm90",), SmallWSConfig, _default_ws_small, _why_not_ws_small, False,
+            {"HEAD_GROUPS": (1, 2)},
+        ),
     )
+}  # fmt: skip
+DEFAULT_KERNEL = "gluon_mma"
 
 
-def use_warp_specialized_small(
-    cfg: GluonConfig, target: Target, *, has_pe: bool, num_splits: int = 1, write_lse: bool = False
-) -> bool:
-    """Whether a launch runs the sm90 warp-specialised kernel for H <= 16 (``hopper_ws_small``:
-    heads on wgmma's N): an sm90 prefill with ``GluonConfig(16, 64, 4)`` (the default config
-    there), one KV split and no LSE, unless the config says ``warp_specialized=False`` or
-    ``wgmma=True``."""
-    able = _ws_able(
-        cfg, target, hopper_ws_small, 4, has_pe=has_pe, num_splits=num_splits,
-        write_lse=write_lse,
-    )  # fmt: skip
-    if cfg.warp_specialized is None:
-        return able and not cfg.wgmma
-    return bool(cfg.warp_specialized) and able
+def gluon_kernel(name: str) -> GluonKernel:
+    """The Gluon kernel ``name``; ValueError listing the known ones."""
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"Gluon kernel {name!r} is unknown; known: {sorted(KERNELS)}") from None
 
 
-def use_warp_specialized(
-    cfg: GluonConfig, target: Target, *, has_pe: bool, num_splits: int = 1, write_lse: bool = False
-) -> bool:
-    """Whether a launch runs the sm90 warp-specialised prefill kernel for H >= 64 (see
-    :class:`GluonConfig`)."""
-    kw = dict(has_pe=has_pe, num_splits=num_splits, write_lse=write_lse)
-    able = _ws_able(cfg, target, hopper_ws, 8, **kw)
-    if cfg.warp_specialized is None:
-        return able and cfg.wgmma is None
-    if cfg.warp_specialized and not able:
-        if use_warp_specialized_small(cfg, target, **kw):
-            return False
-        raise ValueError(
-            "config: warp_specialized=True needs an sm90 prefill (has_pe=False) with BLOCK_H=64, "
-            "BLOCK_K=64, num_warps=8 (or BLOCK_H=16, BLOCK_K=64, num_warps=4 for H <= 16), one "
-            f"KV split and no LSE; got {cfg} on {target.name} with num_kv_splits={num_splits}, "
-            f"return_lse={write_lse}"
+def resolve_launch(name: str, config: Any, num_heads: int, target: Target):
+    """Kernel ``name``'s launch: ``config`` (its config object, a dict of its fields, or None
+    for its default at ``num_heads``), validated."""
+    k = gluon_kernel(name)
+    if config is None:
+        cfg = k.default(num_heads, target)
+    elif isinstance(config, k.config_type):
+        cfg = config
+    elif isinstance(config, dict):
+        try:
+            cfg = k.config_type(**config)
+        except TypeError as e:
+            raise ValueError(f"config: {name} takes {k.config_type.__name__} fields: {e}") from None
+    else:
+        raise TypeError(
+            f"config: {name} takes a {k.config_type.__name__} (or a dict of its fields), got "
+            f"{type(config).__name__}"
         )
-    return bool(cfg.warp_specialized)
+    cfg.validate()
+    return cfg
+
+
+def why_not(
+    name: str, cfg, target: Target, *, has_pe: bool, num_splits: int = 1, write_lse: bool = False
+) -> str | None:
+    """Why kernel ``name`` cannot run a launch (None: it can)."""
+    k = gluon_kernel(name)
+    mode = "decode" if has_pe else "prefill"
+    if mode not in k.modes:
+        return f"{name} serves {' and '.join(k.modes)} only, not {mode}"
+    return k.why_not(cfg, target, has_pe=has_pe, num_splits=num_splits, write_lse=write_lse)
 
 
 def default_config(num_heads: int, target: Target, *, has_pe: bool = True) -> GluonConfig:
-    """BLOCK_H covers the heads up to 64 (a KV row is gathered once per 64 heads); 8 warps at
-    BLOCK_H=64 keep the [64, 512] fp32 accumulator at 64 registers per lane (Hopper: 128).
-
-    sm90 prefill (``has_pe=False``) at BLOCK_H=64 runs the wgmma kernel with BLOCK_K=64 and a
-    2-deep ring (205 KB of shared memory): on the H200 at T=16384 it measured 4.80 ms (CSA H=64,
-    topk 512) and 14.5 ms (H=128, topk 1024) against 5.95 / 18.4 ms for BLOCK_K=32 with 3 or 4
-    stages (docs/PERF_NOTES.md). At H <= 16 the sm90 prefill default is BLOCK_K=64, the tile of
-    the warp-specialised kernel for few heads (``hopper_ws_small.py``)."""
-    block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
-    num_warps = 8 if block_h == 64 else 4
-    sm90_prefill = not has_pe and target.arch == "hopper" and target.arch_id == 90
-    if block_h == 64 and sm90_prefill:
-        return GluonConfig(BLOCK_H=64, BLOCK_K=64, num_warps=8, num_stages=2)
-    if block_h == 16 and sm90_prefill:
-        # The H <= 16 warp-specialised kernel's tile (64 slots: wgmma's M).
-        return GluonConfig(BLOCK_H=16, BLOCK_K=64, num_warps=4)
-    return GluonConfig(BLOCK_H=block_h, BLOCK_K=32, num_warps=num_warps)
+    """The shared algorithm's (``gluon_mma``'s) launch for ``num_heads`` heads."""
+    return _default_mma(num_heads, target)
 
 
 def choose_num_splits(rows: int, num_heads: int, nnz: int, cfg: GluonConfig, num_units: int) -> int:
@@ -354,17 +435,20 @@ def _use_buffer(target: Target, *pools: torch.Tensor) -> bool:
 _DTYPE_SIG = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict, dict]:
+def compile_args(
+    mode: str, target_name: str, kernel: str | None = None, **shape
+) -> tuple[Any, dict, dict, dict]:
     """What ``triton.compile(GluonASTSource(kernel, signature, constexprs), target, options)``
-    needs to compile one mode of the kernel for a target, without its GPU.
+    needs to compile one mode of a Gluon kernel for a target, without its GPU.
 
     Args:
         mode: "decode" (has_pe, q_pe/k_pe) or "prefill" (DSv4 sparse prefill, no PE).
         target_name: "gfx950" or "sm90".
-        **shape: num_heads (default 64 decode / 64 prefill), dtype (torch.bfloat16),
-            index_dtype (torch.int32), has_sink (prefill: True), num_splits (1),
-            return_lse (decode: True), use_buffer (True: pool below 2 GiB), config
-            (a GluonConfig; default :func:`default_config`).
+        kernel: the Gluon kernel's name (:data:`KERNELS`; default ``gluon_mma``, the shared
+            algorithm that serves both modes on both targets).
+        **shape: num_heads (default 64), dtype (torch.bfloat16), index_dtype (torch.int32),
+            has_sink (prefill: True), num_splits (1), return_lse (decode: True), use_buffer
+            (True: pool below 2 GiB), config (the kernel's launch; default its own default).
 
     Returns:
         (kernel, signature, constexprs, options): signature maps every parameter to its
@@ -380,6 +464,7 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
     unknown = sorted(set(shape) - known)
     if unknown:
         raise ValueError(f"compile_args: unknown shape key(s) {unknown}; expected {sorted(known)}")
+    name = kernel or DEFAULT_KERNEL
     has_pe = mode == "decode"
     num_heads = int(shape.get("num_heads", 64))
     dtype = shape.get("dtype", torch.bfloat16)
@@ -388,37 +473,38 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
     index_dtype = shape.get("index_dtype", torch.int32)
     if index_dtype not in (torch.int32, torch.int64):
         raise TypeError(f"index_dtype must be torch.int32 or torch.int64, got {index_dtype}")
-    cfg = shape.get("config") or default_config(num_heads, target, has_pe=has_pe)
-    cfg.validate()
+    cfg = resolve_launch(name, shape.get("config"), num_heads, target)
     elem = "*" + _DTYPE_SIG[dtype]
     idx = "*i64" if index_dtype == torch.int64 else "*i32"
     num_splits = int(shape.get("num_splits", 1))
     write_lse = bool(shape.get("return_lse", has_pe))
-    ws_kw = dict(has_pe=has_pe, num_splits=num_splits, write_lse=write_lse)
-    for able, ws_kernel, module in (
-        (use_warp_specialized_small, _prefill_ws_small_kernel, hopper_ws_small),
-        (use_warp_specialized, _prefill_ws_kernel, hopper_ws),
-    ):
-        if able(cfg, target, **ws_kw):
-            # No constexprs: a launch without a sink passes -inf logits (_launch_persistent).
-            # hopper_ws writes O by TMA: a descriptor of out in place of its pointer and strides.
-            if getattr(module, "OUT_BY_TMA", False):
-                box = [1, module.BLOCK_H.value, module.OUT_BLOCK.value]
-                out_sig = {"out_desc": f"tensordesc<{elem[1:]}{box},{module.OUT_SMEM.value!r}>"}
-            else:
-                out_sig = {"out_ptr": elem, "stride_or": "i32", "stride_oh": "i32"}
-            signature = {
-                "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
-                "sink_ptr": "*fp32", "stride_qr": "i32", "stride_qh": "i32", "stride_kvn": "i32",
-                **out_sig, "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
-                "num_items": "i32",
-            }  # fmt: skip
-            return ws_kernel, signature, {}, {"num_warps": 4, "num_stages": 1}
-    if use_wgmma(cfg, target, has_pe=has_pe):
+    why = why_not(name, cfg, target, has_pe=has_pe, num_splits=num_splits, write_lse=write_lse)
+    if why:
+        raise ValueError(f"compile_args: {name} cannot compile this launch: {why}")
+    if name in ("gluon_ws", "gluon_ws_small"):
+        ws_kernel, module = _WS[name]
+        # A launch without a sink passes -inf logits (_launch_persistent), so no constexprs
+        # but the head groups; hopper_ws writes O by TMA: a descriptor of out in place of its
+        # pointer and strides.
+        if getattr(module, "OUT_BY_TMA", False):
+            box = [1, module.BLOCK_H.value, module.OUT_BLOCK.value]
+            out_sig = {"out_desc": f"tensordesc<{elem[1:]}{box},{module.OUT_SMEM.value!r}>"}
+        else:
+            out_sig = {"out_ptr": elem, "stride_or": "i32", "stride_oh": "i32"}
+        signature = {
+            "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
+            "sink_ptr": "*fp32", "stride_qr": "i32", "stride_qh": "i32", "stride_kvn": "i32",
+            **out_sig, "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
+            "num_items": "i32",
+        }  # fmt: skip
+        constexprs = _ws_constexprs(cfg)
+        signature.update({k: "constexpr" for k in constexprs})
+        return ws_kernel, signature, constexprs, {"num_warps": 4, "num_stages": 1}
+    if name == "gluon_wgmma":
         constexprs = wgmma_constexprs(
             cfg,
             has_sink=bool(shape.get("has_sink", True)),
-            num_splits=int(shape.get("num_splits", 1)),
+            num_splits=num_splits,
             write_lse=bool(shape.get("return_lse", False)),
         )
         signature = {
@@ -435,8 +521,8 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
         target,
         has_pe=has_pe,
         has_sink=bool(shape.get("has_sink", not has_pe)),
-        num_splits=int(shape.get("num_splits", 1)),
-        write_lse=bool(shape.get("return_lse", has_pe)),
+        num_splits=num_splits,
+        write_lse=write_lse,
         use_buffer=bool(shape.get("use_buffer", True)),
     )
     signature = {
@@ -452,6 +538,26 @@ def compile_args(mode: str, target_name: str, **shape) -> tuple[Any, dict, dict,
     return _mla_fwd_kernel, signature, constexprs, options
 
 
+_WS = {
+    "gluon_ws": (_prefill_ws_kernel, hopper_ws),
+    "gluon_ws_small": (_prefill_ws_small_kernel, hopper_ws_small),
+}
+
+
+def _ws_constexprs(cfg) -> dict[str, Any]:
+    """The constexpr arguments of a warp-specialised kernel's launch."""
+    if isinstance(cfg, SmallWSConfig) and len(_ws_small_groups()) > 1:
+        return {"HEAD_GROUPS": cfg.HEAD_GROUPS}
+    return {}
+
+
+def _heads_per_item(name: str, cfg) -> int:
+    """Heads of one work item (token, head block) of a warp-specialised kernel."""
+    if name == "gluon_ws_small":
+        return hopper_ws_small.BLOCK_H.value * cfg.HEAD_GROUPS
+    return hopper_ws.BLOCK_H.value
+
+
 def compile_attrs(kernel, signature: dict) -> dict:
     """``attrs`` for ``GluonASTSource``: every pointer 16-byte aligned and the KV row strides
     multiples of 16 elements, as the JIT specialises them for an engine's tensors. The gfx950
@@ -465,11 +571,11 @@ def compile_attrs(kernel, signature: dict) -> dict:
     return attrs
 
 
-def compile_for(mode: str, target_name: str, **shape):
+def compile_for(mode: str, target_name: str, kernel: str | None = None, **shape):
     """Cross-compile one mode for a target: ``triton.compile`` of :func:`compile_args`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernel, signature, constexprs, options = compile_args(mode, target_name, **shape)
+    kernel, signature, constexprs, options = compile_args(mode, target_name, kernel, **shape)
     src = GluonASTSource(kernel, signature, constexprs, compile_attrs(kernel, signature))
     with runtime.compiling():  # not while another thread interprets a kernel
         return triton.compile(src, target=get_target(target_name).gpu_target(), options=options)
@@ -569,10 +675,16 @@ def mla_gluon(
     num_kv_splits: int | None = None,
     return_lse: bool = False,
     target: str | None = None,
-    config: GluonConfig | None = None,
+    config: Any = None,
     validate: bool | None = None,
+    kernel: str | None = None,
 ):
     """Unified MLA attention (Gluon): MLA decode with the RoPE part, or DSv4 sparse prefill.
+
+    ``kernel`` names the Gluon kernel that runs (:data:`KERNELS`): ``gluon_mma`` (default, the
+    shared algorithm: both modes, every target), or on sm90 for the prefill ``gluon_wgmma``,
+    ``gluon_ws`` or ``gluon_ws_small``. ``sparse_mla_prefill`` picks one per call
+    (:mod:`sparse_mla.dispatch`); here the caller does.
 
     Args:
         q_nope: [R, H, 512] fp16/bf16 queries (R = decode requests, or prefill tokens).
@@ -590,7 +702,8 @@ def mla_gluon(
         return_lse: also return the [R, H] fp32 natural-log LSE of the softmax denominator
             (sink included; -inf for a row with nothing to attend to).
         target: "sm90" / "gfx950" to insist on a target; None: the local GPU.
-        config: tile override (:class:`GluonConfig`); None: :func:`default_config`.
+        config: the kernel's launch (:class:`GluonConfig`, :class:`SmallWSConfig`,
+            :class:`WSConfig` or a dict of its fields); None: the kernel's default.
         validate: check kv_indptr's values on the host (see
             :func:`sparse_mla.validation.validate_inputs`; None: only with
             ``SPARSE_MLA_VALIDATE=1``, as the tensors are on a GPU). Unchecked, each row's range
@@ -603,24 +716,26 @@ def mla_gluon(
         q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, attn_sink, out,
         num_kv_splits, validate,
     )  # fmt: skip
+    name = kernel or DEFAULT_KERNEL
+    gluon_kernel(name)  # a typo is an error before anything runs
     if config is not None:
-        if not isinstance(config, GluonConfig):
-            raise TypeError(f"config must be a GluonConfig or None, got {type(config).__name__}")
-        config.validate()
+        resolve_launch(name, config, x.q.shape[1], get_target(target or "sm90"))
     with runtime.compiling():  # a launch may compile: not while another thread interprets
         return run_validated(
             x.q, q_pe, x.kv, kpe2, x.kv_indices, x.kv_indptr, x.softmax_scale,
             has_pe=has_pe, attn_sink=x.attn_sink, out=out, num_kv_splits=num_kv_splits,
-            return_lse=return_lse, target=target, config=config,
+            return_lse=return_lse, target=target, config=config, kernel=name,
         )  # fmt: skip
 
 
 def run_validated(
     q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sm_scale, *, has_pe, attn_sink=None,
-    out=None, num_kv_splits=None, return_lse=False, target=None, config=None,
+    out=None, num_kv_splits=None, return_lse=False, target=None, config=None, kernel=None,
 ):  # fmt: skip
     """:func:`mla_gluon` after its validation (``kv2``/``kpe2`` are the [N, 512]/[N, 64] pools):
-    for a caller that validated the inputs already, e.g. ``sparse_mla_prefill``'s dispatch."""
+    for a caller that validated the inputs already, e.g. ``sparse_mla_prefill``'s dispatch.
+    ``kernel`` (default ``gluon_mma``) runs with ``config`` (None: its default); ValueError
+    saying why when it cannot run the call."""
     if runtime.runs_interpreted(q_nope):
         raise RuntimeError(
             "mla_gluon needs a GPU: Gluon kernels do not run in Triton's interpreter; "
@@ -631,10 +746,16 @@ def run_validated(
     tgt = get_target(local)
     if target is not None and get_target(target).name != tgt.name:
         raise ValueError(f"target {target!r} does not match the local GPU ({local})")
-    cfg = config or default_config(q_nope.shape[1], tgt, has_pe=has_pe)
-    cfg.validate()
+    name = kernel or DEFAULT_KERNEL
+    spec = gluon_kernel(name)
     R, H, _ = q_nope.shape
+    cfg = resolve_launch(name, config, H, tgt)
     N = kv2.shape[0]
+    if num_kv_splits is not None and num_kv_splits > 1 and not spec.splits:
+        raise ValueError(f"{name} runs one KV split; num_kv_splits={num_kv_splits}")
+    why = why_not(name, cfg, tgt, has_pe=has_pe, num_splits=1, write_lse=return_lse)
+    if why:
+        raise ValueError(f"{name} cannot run this call: {why}")
     if out is None:
         out = torch.empty(R, H, HEAD_DIM, dtype=q_nope.dtype, device=q_nope.device)
     lse = torch.empty(R, H, dtype=torch.float32, device=q_nope.device) if return_lse else None
@@ -647,6 +768,14 @@ def run_validated(
                 lse.fill_(-math.inf)
         return (out, lse) if return_lse else out
 
+    if name in _WS:
+        ws_kernel, module = _WS[name]
+        _launch_persistent(ws_kernel, _heads_per_item(name, cfg), q_nope, kv2, kv_indices,
+                           kv_indptr, attn_sink, out, sm_scale, dev,
+                           out_tma=getattr(module, "OUT_BY_TMA", False),
+                           constexprs=_ws_constexprs(cfg))  # fmt: skip
+        return out
+    block_h = cfg.BLOCK_H
     splits = num_kv_splits or choose_num_splits(
         R, H, kv_indices.numel(), cfg, _num_compute_units(dev)
     )
@@ -658,21 +787,11 @@ def run_validated(
         lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
     else:
         opart = lsepart = lse_dummy(q_nope)
-    ws_kw = dict(has_pe=has_pe, num_splits=splits, write_lse=return_lse)
-    for able, kernel, module in (
-        (use_warp_specialized, _prefill_ws_kernel, hopper_ws),
-        (use_warp_specialized_small, _prefill_ws_small_kernel, hopper_ws_small),
-    ):
-        if able(cfg, tgt, **ws_kw):
-            _launch_persistent(kernel, module.BLOCK_H.value, q_nope, kv2, kv_indices, kv_indptr,
-                               attn_sink, out, sm_scale, dev,
-                               out_tma=getattr(module, "OUT_BY_TMA", False))  # fmt: skip
-            return out
-    if use_wgmma(cfg, tgt, has_pe=has_pe):
+    if name == "gluon_wgmma":
         wcx = wgmma_constexprs(
             cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse
         )
-        _prefill_wgmma_kernel[(R * triton.cdiv(H, cfg.BLOCK_H), splits)](
+        _prefill_wgmma_kernel[(R * triton.cdiv(H, block_h), splits)](
             q_nope, kv2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
             q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
             H, N, kv_indices.numel(), float(sm_scale) * _LOG2E,
@@ -695,7 +814,7 @@ def run_validated(
 
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
-    *, out_tma=False,
+    *, out_tma=False, constexprs=None,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -719,7 +838,7 @@ def _launch_persistent(
     if not out_tma:
         kernel[grid](
             *common, out, q.stride(0), q.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
-            *tail, num_warps=4, num_stages=1,
+            *tail, num_warps=4, num_stages=1, **(constexprs or {}),
         )  # fmt: skip
         return
     dst = out if _tma_addressable(out) else torch.empty(out.shape, dtype=out.dtype,
@@ -729,7 +848,15 @@ def _launch_persistent(
         [1, heads_per_item, hopper_ws.OUT_BLOCK.value], hopper_ws.OUT_SMEM.value,
     )  # fmt: skip
     kernel[grid](
-        *common, desc, q.stride(0), q.stride(1), kv2.stride(0), *tail, num_warps=4, num_stages=1
+        *common,
+        desc,
+        q.stride(0),
+        q.stride(1),
+        kv2.stride(0),
+        *tail,
+        num_warps=4,
+        num_stages=1,
+        **(constexprs or {}),
     )
     if dst is not out:
         out.copy_(dst)

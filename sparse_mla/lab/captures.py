@@ -113,7 +113,8 @@ def slot_pattern_figure(obj, *, title: str | None = None) -> Figure:
 
 def replay_kernels() -> dict[str, Callable[..., torch.Tensor]]:
     """Kernels to replay through, by name: the Triton kernel, plain PyTorch in the input dtype
-    (the tolerance rule's baseline), and the Gluon kernel when a GPU that runs it is present."""
+    (the tolerance rule's baseline), and each registered Gluon kernel that serves the local GPU,
+    forced by name."""
     from .. import runtime
     from ..prefill import sparse_mla_prefill
     from ..reference import sparse_mla_prefill_ref
@@ -126,14 +127,21 @@ def replay_kernels() -> dict[str, Callable[..., torch.Tensor]]:
     torch_same_dtype.__name__ = "torch_same_dtype"
     kernels = {"triton": sparse_mla_prefill, "torch (same dtype)": torch_same_dtype}
     arch = runtime.arch() if runtime.has_gpu() else None
-    if arch in ("sm90", "gfx950"):
-        from ..gluon import mla_gluon
+    if arch is not None:
+        # Every other registered kernel that serves this GPU, forced by name.
+        from .. import dispatch
 
-        def gluon(q, kv, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None):
-            return mla_gluon(q, None, kv, None, kv_indices, kv_indptr, softmax_scale,
-                             has_pe=False, attn_sink=attn_sink)  # fmt: skip
+        for name, k in dispatch.KERNELS.items():
+            if name == dispatch.FALLBACK or k.unavailable(dispatch.Call(arch, 64, 512)):
+                continue
 
-        kernels["gluon"] = gluon
+            def forced(q, kv, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None, name=name):
+                choice = dispatch.Choice(name)
+                return sparse_mla_prefill(q, kv, kv_indices, kv_indptr, softmax_scale,
+                                          attn_sink=attn_sink, config=choice)  # fmt: skip
+
+            forced.__name__ = name
+            kernels[name] = forced
     return kernels
 
 
