@@ -1,15 +1,18 @@
 """Cross-compile the sm90 few-heads kernel (``sparse_mla/gluon/hopper_ws_small.py``) at
-HEAD_GROUPS = 1 and 2 without a GPU and print what each uses: registers per warp partition,
-spills (local memory), shared memory, wgmma and cp.async counts. CPU only, ~1 min:
+HEAD_GROUPS = 1 and 2 (16 / 32 heads on wgmma's N) without a GPU and print what each uses:
+registers per warp partition (and the highest register each partition's code touches), spills
+(local memory), shared memory, wgmma and cp.async counts. CPU only, ~10 s:
 
     python scripts/ws_small_groups_compile.py [--groups 1 2] [--index int32|int64]
-                                              [--sass-dir DIR] [--regs CONSUMER,PRODUCER]
+                                              [--dtype bf16|fp16] [--sass-dir DIR]
+                                              [--producer-regs N]
 
 ``--sass-dir`` writes each variant's SASS (cuobjdump, encodings dropped) to
 ``DIR/ws_small_g{G}_{index}.sass`` for diffing before/after a change (``git stash``, run, pop,
-run, ``diff``). A kernel without the ``HEAD_GROUPS`` parameter (the code before issue 22) is
-compiled as G = 1. ``--regs`` overrides the worker partitions' register requests (a probe of
-each partition's headroom: the smallest budget without spills), e.g. ``--regs 200,48``.
+run, ``diff``; or compile a copy of the old package with ``PYTHONPATH``). A kernel without
+the ``HEAD_GROUPS`` parameter (the code before issue 22) is compiled as G = 1.
+``--producer-regs`` overrides the producer's register request (the consumer gets the rest): a
+probe of either partition's headroom, the smallest budget without spills.
 
 The signature and attributes are the ones the launcher's JIT specialises for an engine's
 tensors (pointers 16-byte aligned, KV row stride a multiple of 16 elements), written out here
@@ -141,12 +144,10 @@ def main() -> int:
     ap.add_argument("--index", choices=["int32", "int64"], default="int32")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     ap.add_argument("--sass-dir", type=Path)
-    ap.add_argument("--regs", help="CONSUMER,PRODUCER register requests (probe; G = 2 only)")
+    ap.add_argument("--producer-regs", type=int, help="the producer's register request (probe)")
     a = ap.parse_args()
-    if a.regs:
-        c, p = (int(x) for x in a.regs.split(","))
-        hopper_ws_small.CONSUMER_REGS.value = c
-        hopper_ws_small.PRODUCER_REGS_2.value = p
+    if a.producer_regs:
+        hopper_ws_small.PRODUCER_REGS.value = a.producer_regs
     for g in a.groups:
         ck = compile_groups(g, a.index, a.dtype)
         print(f"HEAD_GROUPS={g} ({16 * g} heads per item), {a.dtype}, {a.index} ids")

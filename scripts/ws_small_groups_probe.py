@@ -5,21 +5,26 @@ launcher does, each call checked against the fp32 reference on a sample of token
 Run on an H200 from the repository root:
     PYTHONPATH=. python3 scripts/ws_small_groups_probe.py --out $OUT/ws_small_groups.log
 
-"g1 x2" at 32 heads is today's way of serving 17-32 heads with this kernel (two items per
-token, each gathering the token's rows); "g2" gathers them once for 32 heads.
+HEAD_GROUPS=1 at 32 heads is the way this kernel served 17-32 heads before issue 22 (two items
+per token, each gathering the token's rows); HEAD_GROUPS=2 gathers them once for 32 heads.
+``--module`` runs another module's ``_prefill_ws_small_kernel`` (same signature), e.g. the
+two-consumer design of commit 8cabe83:
+    git show 8cabe83:sparse_mla/gluon/hopper_ws_small.py > sparse_mla/gluon/_ws_small_8cabe83.py
+    ... --module sparse_mla.gluon._ws_small_8cabe83 --cases csa:32:512:2,glm:32:2048:2
+Results of this session: data/bench/ws_small_groups_h200.log.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import math
 
 import torch
 import triton
 
 from sparse_mla import workloads
-from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
 from sparse_mla.reference import check_against_reference
 
 LOG2E = 1.4426950408889634
@@ -34,13 +39,16 @@ CASES = [  # (kind, H, top-k, HEAD_GROUPS)
 ]
 
 
+KERNEL = None  # _prefill_ws_small_kernel of --module
+
+
 def launch(w, out, groups):
     q, kv, idx, ptr = w.q, w.kv, w.kv_indices, w.kv_indptr
     R, H, _ = q.shape
     sink = w.attn_sink if w.attn_sink is not None else torch.full((H,), -math.inf, device="cuda")
     items = R * triton.cdiv(H, 16 * groups)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    _prefill_ws_small_kernel[(min(items, sms),)](
+    KERNEL[(min(items, sms),)](
         q, kv, idx, ptr, sink, out, q.stride(0), q.stride(1), kv.stride(0), out.stride(0),
         out.stride(1), H, kv.shape[0], idx.numel(), w.softmax_scale * LOG2E, items,
         HEAD_GROUPS=groups, num_warps=4, num_stages=1,
@@ -63,7 +71,19 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--module",
+        default="sparse_mla.gluon.hopper_ws_small",
+        help="the module whose _prefill_ws_small_kernel runs (a variant's copy)",
+    )
+    ap.add_argument("--cases", help="comma-separated kind:H:topk:groups (default: CASES)")
     a = ap.parse_args()
+    global KERNEL
+    KERNEL = importlib.import_module(a.module)._prefill_ws_small_kernel
+    cases = CASES
+    if a.cases:
+        cases = [(k, int(h), int(t), int(g)) for k, h, t, g in
+                 (c.split(":") for c in a.cases.split(","))]  # fmt: skip
 
     def say(msg):
         print(msg, flush=True)
@@ -71,9 +91,9 @@ def main() -> int:
             f.write(msg + "\n")
 
     say(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
-        f"{datetime.datetime.now()}")  # fmt: skip
+        f"{datetime.datetime.now()} kernel {a.module}")  # fmt: skip
     built = {}
-    for kind, H, topk, groups in CASES:
+    for kind, H, topk, groups in cases:
         key = (kind, H, topk)
         if key not in built:
             built.clear()
