@@ -212,9 +212,9 @@ def _recorded(entry: configs.ConfigEntry, c: configs.KernelChoice) -> str:
 # The documented default for shapes no bench recorded: per arch, (max heads, kernels in order
 # of preference); the first kernel that can run the call is chosen, else Triton. Each region's
 # kernels are the ones measured fastest there on the H200 (docs/PERF_NOTES.md, "No cliffs"):
-# the heads-on-N kernel up to 32 heads (one or two 16-head consumers share every gathered KV
-# tile), the 64-heads-on-M kernel above (its head blocks clipped at H). Triton is never chosen
-# on sm90 where one of them can run: it measured 1.1-5.9x slower everywhere there.
+# the heads-on-N kernel up to 32 heads (wgmma's N = 16 or 32 heads, every KV row gathered once
+# per token), the 64-heads-on-M kernel above (its head blocks clipped at H). Triton is never
+# chosen on sm90 where one of them can run: it measured 1.1-5.9x slower everywhere there.
 RULE: dict[str, tuple[tuple[int | None, tuple[str, ...]], ...]] = {
     "sm90": (
         (32, ("gluon_ws_small", "gluon_ws", "gluon_mma")),

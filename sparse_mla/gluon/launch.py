@@ -133,17 +133,15 @@ class GluonConfig:
 
 @dataclass(frozen=True)
 class SmallWSConfig:
-    """Launch of ``gluon_ws_small`` (``hopper_ws_small.py``, heads on wgmma's N): HEAD_GROUPS
-    consumer warpgroups of 16 heads each share every gathered KV tile, so a work item is a
-    token and 16 x HEAD_GROUPS heads (1: H <= 16; 2: 17 <= H <= 32, each row gathered once)."""
+    """Launch of ``gluon_ws_small`` (``hopper_ws_small.py``, heads on wgmma's N): a work item
+    is a token and 16 x HEAD_GROUPS heads, its consumer warpgroup's wgmma N (1: H <= 16;
+    2: 17 <= H <= 32, each KV row gathered once for up to 32 heads, a 2-tile ring)."""
 
     HEAD_GROUPS: int = 1
 
     def validate(self) -> None:
-        if type(self.HEAD_GROUPS) is not int or self.HEAD_GROUPS not in _ws_small_groups():
-            raise ValueError(
-                f"config: HEAD_GROUPS must be one of {_ws_small_groups()}, got {self.HEAD_GROUPS!r}"
-            )
+        if type(self.HEAD_GROUPS) is not int or self.HEAD_GROUPS not in (1, 2):
+            raise ValueError(f"config: HEAD_GROUPS must be 1 or 2, got {self.HEAD_GROUPS!r}")
 
 
 @dataclass(frozen=True)
@@ -153,11 +151,6 @@ class WSConfig:
 
     def validate(self) -> None:
         return None
-
-
-def _ws_small_groups() -> tuple[int, ...]:
-    """HEAD_GROUPS values the compiled ``hopper_ws_small`` kernel takes."""
-    return (1, 2) if "HEAD_GROUPS" in _prefill_ws_small_kernel.arg_names else (1,)
 
 
 def _wgmma_smem_bytes(cfg: GluonConfig) -> int:
@@ -224,8 +217,8 @@ def _default_wgmma(num_heads: int, target: Target) -> GluonConfig:
 
 
 def _default_ws_small(num_heads: int, target: Target) -> SmallWSConfig:
-    groups = _ws_small_groups()
-    return SmallWSConfig(HEAD_GROUPS=min(max(1, -(-num_heads // 16)), max(groups)))
+    """One head group up to 16 heads, two above (more heads run several items per token)."""
+    return SmallWSConfig(HEAD_GROUPS=1 if num_heads <= 16 else 2)
 
 
 @dataclass(frozen=True)
@@ -273,8 +266,8 @@ KERNELS: dict[str, GluonKernel] = {
         ),
         GluonKernel(
             "gluon_ws_small",
-            "sm90 warp-specialised sparse prefill for few heads (hopper_ws_small.py): heads on "
-            "wgmma's N, 16 per consumer warpgroup, HEAD_GROUPS consumers share each KV tile",
+            "sm90 warp-specialised sparse prefill for few heads (hopper_ws_small.py): one "
+            "producer and one consumer, heads on wgmma's N = 16 x HEAD_GROUPS, persistent",
             ("prefill",), ("sm90",), SmallWSConfig, _default_ws_small, _why_not_ws_small, False,
             {"HEAD_GROUPS": (1, 2)},
         ),
@@ -546,7 +539,7 @@ _WS = {
 
 def _ws_constexprs(cfg) -> dict[str, Any]:
     """The constexpr arguments of a warp-specialised kernel's launch."""
-    if isinstance(cfg, SmallWSConfig) and len(_ws_small_groups()) > 1:
+    if isinstance(cfg, SmallWSConfig):
         return {"HEAD_GROUPS": cfg.HEAD_GROUPS}
     return {}
 
