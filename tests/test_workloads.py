@@ -158,3 +158,83 @@ def test_bad_arguments_name_the_argument():
         wl.dsv4_csa(4, 8, topk=0)
     with pytest.raises(ValueError, match="num_requests"):
         wl.dsv4_csa(4, 8, num_requests=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole-prompt structure at bench sizes, checked with tensor ops (no per-token loop)
+# ---------------------------------------------------------------------------------------------
+
+
+def _dense(w):
+    """[T, L] slot lists padded with -2 (never a slot, never the -1 padding) and lengths [T]."""
+    ptr = w.kv_indptr.long()
+    lengths = ptr[1:] - ptr[:-1]
+    L = int(lengths.max())
+    col = torch.arange(L)
+    inside = col[None, :] < lengths[:, None]
+    pos = torch.where(inside, ptr[:-1, None] + col[None, :], 0)
+    return torch.where(inside, w.kv_indices.long()[pos], -2), lengths
+
+
+@pytest.mark.parametrize("T,topk", [(2600, 512), (4500, 1024)])
+def test_csa_whole_prompt_structure(T, topk):
+    # Past 4 * topk tokens the cap binds: the lists are a stratified sample, in random order.
+    w = wl.dsv4_csa(T, 1, D=16, topk=topk, seed=1)
+    ratio, window = 4, 128
+    C = w.meta["num_compressed"]
+    p = torch.arange(T)
+    visible = (p + 1) // ratio
+    n_c = visible.clamp(max=topk)
+    n_w = (p + 1).clamp(max=window)
+    dense, lengths = _dense(w)
+    assert torch.equal(lengths, n_c + n_w) and w.valid_slots == int((n_c + n_w).sum())
+    col = torch.arange(dense.shape[1])
+    is_c = col[None, :] < n_c[:, None]
+    is_w = (col[None, :] >= n_c[:, None]) & (col[None, :] < lengths[:, None])
+    # Window: positions p - n_w + 1 .. p, oldest first, at slot C + window + position.
+    expect_w = C + window + (p - n_w + 1)[:, None] + (col[None, :] - n_c[:, None])
+    assert torch.equal(dense[is_w], expect_w[is_w])
+    # Compressed: ids among the visible rows, sorted they fall one into each of n_c strata.
+    comp = torch.where(is_c, dense, torch.iinfo(torch.int64).max).sort(dim=1).values
+    k = torch.arange(topk)
+    comp = comp[:, :topk]
+    ok = k[None, :] >= n_c[:, None]
+    lo = k[None, :] * visible[:, None] // n_c.clamp(min=1)[:, None]
+    hi = (k[None, :] + 1) * visible[:, None] // n_c.clamp(min=1)[:, None]
+    assert bool((ok | ((comp >= lo) & (comp < hi))).all())
+    few = visible <= topk  # every visible row, in order
+    assert torch.equal(comp[few][~ok[few]], k[None, :].expand(T, -1)[few][~ok[few]])
+    capped = ~few
+    assert int(capped.sum()) > 0
+    # Shuffled: the capped lists are not in ascending order (as an indexer returns them).
+    unsorted = (dense[capped, 1:topk] < dense[capped, : topk - 1]).any(dim=1)
+    assert bool(unsorted.all())
+    # Uniform within the strata: the mean offset in its stratum is about one half.
+    width = (hi - lo)[capped].double()
+    frac = ((comp[capped] - lo[capped]).double() + 0.5) / width
+    assert abs(float(frac.mean()) - 0.5) < 0.01
+
+
+def test_glm_whole_prompt_structure():
+    T, topk, bs = 3000, 2048, 64
+    w = wl.glm_full_topk(T, 1, D=16, topk=topk, block_size=bs, seed=2)
+    table = torch.tensor(w.meta["block_table"][0])
+    # Invert the block table: pool slot -> prompt position.
+    position_of = torch.full((w.kv.shape[0],), -1, dtype=torch.int64)
+    slots = (table[:, None] * bs + torch.arange(bs)[None, :]).flatten()
+    position_of[slots] = torch.arange(slots.numel())
+    dense, lengths = _dense(w)
+    p = torch.arange(T)
+    assert torch.equal(lengths, (p + 1).clamp(max=topk))
+    inside = dense >= 0
+    assert bool((inside == (torch.arange(dense.shape[1])[None, :] < lengths[:, None])).all())
+    pos = torch.where(inside, position_of[dense.clamp(min=0)], -1)
+    assert bool((pos[inside] >= 0).all())
+    assert bool((pos <= p[:, None]).all())  # causal
+    sorted_pos = pos.sort(dim=1).values
+    distinct = (sorted_pos[:, 1:] != sorted_pos[:, :-1]) | (sorted_pos[:, 1:] < 0)
+    assert bool(distinct.all())
+    full = p + 1 <= topk  # every earlier position, once
+    k = torch.arange(dense.shape[1])
+    expect = torch.where(k[None, :] < lengths[:, None], k[None, :], -1)
+    assert torch.equal(sorted_pos[full], expect[full].sort(dim=1).values)
