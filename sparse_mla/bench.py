@@ -1,24 +1,36 @@
 """Benchmark of the sparse prefill: providers x workloads against floors measured in the same run.
 
 For each workload (:mod:`sparse_mla.workloads`) every provider runs once on a NaN-poisoned output,
-is checked against the fp32 reference (on token slices when T is large), and only then is timed
-with ``triton.testing.do_bench(return_mode="median")``. Providers:
+is checked against the fp32 reference (on token slices when T is large; the reference of a
+workload is computed once and shared by its providers), and only then is timed: with
+``triton.testing.do_bench(return_mode="median")``, or, given a time budget (the grid's way), with
+:func:`time_budget` (the same L2 flush before each call and median of per-call event times, but
+as many calls as fit the budget, at least 5). Providers:
 
-- each kernel of the package (``triton``, ``gluon``, and any other in
-  :data:`sparse_mla.dispatch.KERNELS`), forced through :func:`sparse_mla.sparse_mla_prefill`
-  (Triton with its tuned launch for the arch, the others with their default launch); a kernel
-  that cannot run here (Gluon off a GPU) is skipped;
+- each kernel of the package (every name in :data:`sparse_mla.dispatch.KERNELS`, read at run
+  time), forced through :func:`sparse_mla.sparse_mla_prefill` (Triton with its tuned launch for
+  the arch, the others with their default launch); a kernel that cannot run a call here (Gluon
+  off a GPU, a head count it does not serve) is skipped;
 - ``default``: exactly what ``sparse_mla_prefill(..., config=None)`` runs (the kernel that
-  configs/ records as the fastest, see :mod:`sparse_mla.dispatch`); its config names the kernel;
+  :func:`sparse_mla.dispatch.choose` picks for the call); its config names the kernel;
 - ``torch``: :func:`torch_gather_prefill`, a plain PyTorch gather and two batched matmuls;
 - peers, when importable (their code is never part of the package; ``../shared/peers/``):
   ``flashmla``, DeepSeek's ``flash_mla.flash_mla_sparse_fwd`` (H 64 or 128; fewer heads are
-  zero-padded to 64 and reported as ``flashmla_pad64``; the -1-padded [T, 1, topk] index matrix,
-  topk a multiple of 128, with ``topk_length``, and the padding are built outside the timed
-  region), and ``aiter``, aiter's Triton ``_sparse_attn_prefill_kernel`` at the best of a small
-  config grid (:func:`aiter_configs`), each config gated before it is timed, the row naming the
-  winner. A peer that is missing, does not serve the shape, or raises while set up is one log
-  line and no row.
+  zero-padded to 64 and reported as ``flashmla_pad64``, 65-127 heads to 128 as
+  ``flashmla_pad128``; the -1-padded [T, 1, topk] index matrix, topk a multiple of 128, with
+  ``topk_length``, and the padding are built outside the timed region), and ``aiter``, aiter's
+  Triton ``_sparse_attn_prefill_kernel`` at the best of a small config grid
+  (:func:`aiter_configs`), each config gated before it is timed, the row naming the winner. A
+  peer that is missing, does not serve the shape, or raises while set up is one log line and no
+  row.
+
+Grid
+----
+:func:`run_grid` (``sparse-mla bench --grid``) benches the points of :func:`grid_points` in one
+run with one set of ceilings: the DSv4 CSA workload (top-k 512 + window 128, top-k 1024 from
+:data:`GRID_TOPK1024_FROM_H` heads) at every head count of :data:`GRID_HEADS` and every T of
+:data:`GRID_TOKENS`, plus GLM-style full top-k 2048 at :data:`GRID_GLM_HEADS` and T 16384. Each
+point's workload is built once on the device, shared by its providers and freed before the next.
 
 Work model (per call, ``nnz`` = valid (token, slot) pairs)
 -----------------------------------------------------------
@@ -40,12 +52,20 @@ gather rate taken at the smallest measured pool at least as large as the workloa
 
 Rows
 ----
-Tidy CSV rows (:data:`CSV_COLUMNS`), appended to ``data/bench/<device-slug>.csv`` by default.
-``nnz`` is the valid (token, slot) pairs; ``pool_bytes`` the KV pool's size (which gather
-rate the floor used); ``config`` the launch as JSON; a provider that fails
-the check (or raises) gets ``ok=False``, its reason in ``note``, and no timing. The ceilings are
-rows too, with ``provider = "ceiling:<name>"`` and their rate in ``tflops``
-(matmul) or ``gather_tbs`` (copy: read + write; gathers: bytes read), in TB/s.
+Tidy CSV rows (:data:`CSV_COLUMNS`), appended to ``data/bench/<device-slug>.csv`` by default
+(a grid run: ``data/bench/<device-slug>_grid.csv``). Every row of a run has its ``timestamp``
+(the run's id), ``device``, versions and ``commit``; every workload row its ``workload``, ``T``,
+``H``, ``D``, ``topk``, ``provider`` and ``ok``. ``nnz`` is the valid (token, slot) pairs;
+``pool_bytes`` the KV pool's size (which gather rate the floor used); ``config`` the launch as
+JSON; a provider that fails the check (or raises) gets ``ok=False``, its reason in ``note``, and
+no timing (``ms`` empty). The ceilings are rows too, with ``provider = "ceiling:<name>"`` and
+their rate in ``tflops`` (matmul) or ``gather_tbs`` (copy: read + write; gathers: bytes read),
+in TB/s.
+
+Timing covers what one eager call costs the GPU between two events after an L2 flush: a call
+whose host side (Python, validation, launch) takes longer than the flush leaves the GPU idle
+inside the timed window, so the times of the smallest calls (T 64, few heads: tens of us) may
+include part of their launch overhead, for every provider alike.
 """
 
 from __future__ import annotations
@@ -74,22 +94,34 @@ __all__ = [
     "CSV_COLUMNS",
     "DEFAULT_WORKLOADS",
     "GATHER_POOL_BYTES",
+    "GRID_GLM_HEADS",
+    "GRID_GLM_TOKENS",
+    "GRID_HEADS",
+    "GRID_TOKENS",
+    "GRID_TOPK1024_FROM_H",
     "PROVIDERS",
     "Ceilings",
+    "GridPoint",
     "Peers",
     "Prepared",
     "aiter_configs",
     "append_rows",
+    "budget_reps",
     "device_slug",
+    "flashmla_heads",
     "floor_ms",
     "format_table",
     "gather_sum",
     "git_commit",
+    "grid_points",
+    "grid_providers",
     "measure_ceilings",
     "provider_names",
     "read_rows",
     "run_bench",
+    "run_grid",
     "run_summary",
+    "time_budget",
     "torch_gather_prefill",
     "work_model",
 ]
@@ -102,8 +134,20 @@ DEFAULT_WORKLOADS = (
     "csa_h128_topk1024",
     "glm_h16_topk2048",
 )
-# The providers of a default run (the package's registered kernels are all in providers()).
-PROVIDERS = ("triton", "gluon", "default", "torch", "flashmla", "aiter")
+# The providers of a default run besides the package's registered kernels (provider_names()).
+PROVIDERS = ("default", "torch", "flashmla", "aiter")
+# The grid (run_grid): CSA at every H x T, top-k 1024 from GRID_TOPK1024_FROM_H heads (V4-Pro's
+# 128 heads and the head counts between it and V4-Flash's 64), GLM full top-k 2048 at a few H.
+GRID_HEADS = (1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128)
+GRID_TOKENS = (64, 256, 1024, 4096, 16384)
+GRID_TOPK1024_FROM_H = 96
+GRID_GLM_HEADS = (16, 32, 64)
+GRID_GLM_TOKENS = (16384,)
+GRID_GLM_TOPK = 2048
+# Per provider and point: time budget (ms) of the timed calls, and their least and most number.
+GRID_BUDGET_MS = 40.0
+BUDGET_MIN_REPS = 5
+BUDGET_MAX_REPS = 200
 GATHER_POOL_BYTES = (4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30)
 CSV_COLUMNS = (
     "timestamp", "device", "torch", "triton", "commit", "workload", "T", "H", "D", "topk", "nnz",
@@ -249,6 +293,66 @@ def _do_bench(fn: Callable[[], Any], quick: bool) -> float:
     if quick:
         return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
     return float(triton.testing.do_bench(fn, return_mode="median"))
+
+
+def budget_reps(
+    estimate_ms: float,
+    budget_ms: float,
+    *,
+    min_reps: int = BUDGET_MIN_REPS,
+    max_reps: int = BUDGET_MAX_REPS,
+) -> int:
+    """Timed calls that fit ``budget_ms`` at ``estimate_ms`` each (L2 flush included), clamped
+    to [min_reps, max_reps]: a 25 ms call still gets ``min_reps`` samples for its median, a
+    10 us one stops at ``max_reps``."""
+    if not (budget_ms > 0 and min_reps >= 1 and max_reps >= min_reps):
+        raise ValueError(f"need budget_ms > 0 and 1 <= min_reps <= max_reps, got {budget_ms}, "
+                         f"{min_reps}, {max_reps}")  # fmt: skip
+    if not math.isfinite(estimate_ms) or estimate_ms <= 0:
+        return max_reps
+    return max(min_reps, min(max_reps, int(budget_ms / estimate_ms)))
+
+
+def _bench_driver():
+    """Triton's active driver: events, synchronize and the L2 flush buffer (a test fakes it)."""
+    return triton.runtime.driver.active
+
+
+def time_budget(
+    fn: Callable[[], Any],
+    budget_ms: float,
+    *,
+    min_reps: int = BUDGET_MIN_REPS,
+    max_reps: int = BUDGET_MAX_REPS,
+) -> float:
+    """Median ms of ``fn`` on the GPU, as many calls as fit ``budget_ms`` (:func:`budget_reps`).
+
+    Measured as ``triton.testing.do_bench`` measures (the L2 flushed before every call, one
+    event pair around each), without its fixed 25 ms warm-up and 100 ms window: two flushed calls
+    warm up and give the estimate, then the timed calls. ``fn`` must have run once already (the
+    correctness gate does), so no call here compiles.
+    """
+    drv = _bench_driver()
+    di = drv.get_device_interface()
+    cache = drv.get_empty_cache_for_benchmark()
+    start, end = di.Event(enable_timing=True), di.Event(enable_timing=True)
+    di.synchronize()
+    start.record()
+    for _ in range(2):
+        drv.clear_cache(cache)
+        fn()
+    end.record()
+    di.synchronize()
+    n = budget_reps(start.elapsed_time(end) / 2, budget_ms, min_reps=min_reps, max_reps=max_reps)
+    starts = [di.Event(enable_timing=True) for _ in range(n)]
+    ends = [di.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        drv.clear_cache(cache)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    di.synchronize()
+    return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)))
 
 
 def measure_ceilings(
@@ -451,6 +555,20 @@ def _arch(device: torch.device) -> str | None:
     return runtime.arch(device.index or 0) if device.type == "cuda" else None
 
 
+def _dispatch_call(w, device: torch.device):
+    """The :class:`sparse_mla.dispatch.Call` the entry builds for workload ``w`` (its T and nnz
+    too, where the dispatch takes them: a choice may depend on the token count)."""
+    import dataclasses
+
+    from . import dispatch
+
+    q, kv, idx = w.q, w.kv, w.kv_indices
+    kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
+    fields = {f.name for f in dataclasses.fields(dispatch.Call)}
+    extra = {k: v for k, v in (("num_tokens", q.shape[0]), ("nnz", idx.numel())) if k in fields}
+    return dispatch.Call(_arch(device), q.shape[1], q.shape[2], q.dtype, kv2, **extra)
+
+
 def _package_kernel(name: str, w, device: torch.device) -> Prepared:
     """A registered kernel of the package, forced through the public entry."""
     from . import dispatch
@@ -458,21 +576,24 @@ def _package_kernel(name: str, w, device: torch.device) -> Prepared:
 
     q, kv, idx, indptr, scale = w.args()
     H, D = q.shape[1], q.shape[2]
-    arch = _arch(device)
-    kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
+    call_info = _dispatch_call(w, device)
     k = dispatch.kernel(name)
-    why = k.unavailable(dispatch.Call(arch, H, D, q.dtype, kv2))
+    why = k.unavailable(call_info)
     if why:
         raise Unavailable(why)
     # Triton: its tuned launch for the arch (as config=None would pick); others: their default.
-    launch = resolve_config(H, D, None, arch) if name == dispatch.FALLBACK else None
-    choice = dispatch.Choice(name, k.resolve(launch, dispatch.Call(arch, H, D, q.dtype, kv2)))
+    launch = resolve_config(H, D, None, call_info.arch) if name == dispatch.FALLBACK else None
+    choice = dispatch.Choice(name, k.resolve(launch, call_info))
     cfg = choice.launch_dict()
-    if name == "gluon":
-        from .gluon import choose_num_splits
+    if "num_kv_splits" in k.per_call_keys and device.type == "cuda":
+        try:  # what the launcher computes per call (recorded, not passed)
+            from .gluon import choose_num_splits
 
-        sms = torch.cuda.get_device_properties(device.index or 0).multi_processor_count
-        cfg["num_kv_splits"] = choose_num_splits(q.shape[0], H, idx.numel(), choice.launch, sms)
+            sms = torch.cuda.get_device_properties(device.index or 0).multi_processor_count
+            cfg["num_kv_splits"] = choose_num_splits(q.shape[0], H, idx.numel(), choice.launch,
+                                                     sms)  # fmt: skip
+        except Exception:  # the column is informative; the call computes its own
+            pass
 
     def call(out):
         return sparse_mla_prefill(q, kv, idx, indptr, scale, attn_sink=w.attn_sink, out=out,
@@ -487,8 +608,7 @@ def _default(w, device: torch.device) -> Prepared:
     from .prefill import sparse_mla_prefill
 
     q, kv, idx, indptr, scale = w.args()
-    kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
-    choice = dispatch.choose(dispatch.Call(_arch(device), q.shape[1], q.shape[2], q.dtype, kv2))
+    choice = dispatch.choose(_dispatch_call(w, device))
     cfg = {"kernel": choice.kernel, **choice.launch_dict()}
 
     def call(out):
@@ -533,7 +653,10 @@ def _provider(name: str, w, device: torch.device, peers: Peers | None = None) ->
 # Peers: FlashMLA and aiter, when importable (never committed; ../shared/peers/README.md)
 # ----------------------------------------------------------------------------------------------
 
-_FLASHMLA_NAMES = ("flashmla", "flashmla_pad64")
+_FLASHMLA_NAMES = ("flashmla", "flashmla_pad64", "flashmla_pad128")
+# The head counts FlashMLA's sparse prefill serves; a call with fewer heads is zero-padded to the
+# next one (the row is then named flashmla_pad<heads>).
+_FLASHMLA_HEADS = (64, 128)
 # Where aiter's DSv4 sparse prefill kernel is looked for: the file assemble.sh writes (on
 # PYTHONPATH), then an installed aiter.
 AITER_MODULES = (
@@ -624,31 +747,51 @@ def _dense_topk(idx: torch.Tensor, indptr: torch.Tensor, num_kv: int, multiple: 
     return dense, lengths.to(torch.int32)
 
 
+def flashmla_heads(num_heads: int) -> tuple[int, str]:
+    """(heads FlashMLA runs, provider name) for a call with ``num_heads`` heads: 64 or 128 as
+    they are (``flashmla``), 1-63 zero-padded to 64 (``flashmla_pad64``), 65-127 to 128
+    (``flashmla_pad128``); more than 128 is :class:`Unavailable`."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be an int >= 1, got {num_heads!r}")
+    for heads in _FLASHMLA_HEADS:
+        if num_heads <= heads:
+            return heads, "flashmla" if heads == num_heads else f"flashmla_pad{heads}"
+    raise Unavailable(f"serves at most {_FLASHMLA_HEADS[-1]} heads, got {num_heads}")
+
+
+def _pad_heads(q: torch.Tensor, sink: torch.Tensor | None, heads: int):
+    """q [T, H, D] and sink [H] zero-padded to ``heads`` heads (as they are when H == heads).
+
+    A head's softmax, sink included, is its own: the padding heads (q = 0, sink 0) cannot change
+    the real heads' outputs, which are the first H of the padded call's.
+    """
+    T, H, D = q.shape
+    if heads == H:
+        return q, sink
+    qp = q.new_zeros(T, heads, D)
+    qp[:, :H] = q
+    if sink is not None:
+        sink = torch.cat([sink, sink.new_zeros(heads - H)])
+    return qp, sink
+
+
 def _flashmla(w, device: torch.device, mod) -> Prepared:
     """FlashMLA's ``flash_mla_sparse_fwd``: H in {64, 128} natively, fewer heads zero-padded
-    to 64 (``flashmla_pad64``). Index matrix and padding are built once, outside the timing;
-    the timed call is FlashMLA's own (it allocates its output); the check copies it into out."""
+    to the next of them (:func:`flashmla_heads`). Index matrix and padding are built once,
+    outside the timing; the timed call is FlashMLA's own (it allocates its output); the check
+    copies its first H heads into out."""
     why = _flashmla_unavailable(device)
     if why:
         raise Unavailable(why)
     q, kv, idx, indptr, scale = w.args()
-    T, H, D = q.shape
+    H, D = q.shape[1:]
     if q.dtype != torch.bfloat16 or D != 512:
         raise Unavailable(f"needs bf16 and head_dim 512, got {q.dtype} and {D}")
-    if H > 128 or 64 < H < 128:
-        raise Unavailable(f"serves 64 or 128 heads (fewer padded to 64), got {H}")
-    heads = H if H in (64, 128) else 64
+    heads, name = flashmla_heads(H)
     kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
     indices, topk_length = _dense_topk(idx, indptr, kv2.shape[0], 128)
     indices = indices[:, None, :]  # [T, 1, topk]
-    sink = w.attn_sink
-    if heads != H:
-        qp = torch.zeros(T, heads, D, dtype=q.dtype, device=q.device)
-        qp[:, :H] = q
-        if sink is not None:
-            sink = torch.cat([sink, sink.new_zeros(heads - H)])
-    else:
-        qp = q
+    qp, sink = _pad_heads(q, w.attn_sink, heads)
     kv3 = kv2[:, None, :]  # [N, 1, D]
 
     def timed():
@@ -661,7 +804,6 @@ def _flashmla(w, device: torch.device, mod) -> Prepared:
         out.copy_(res[:, :H])
         return out
 
-    name = "flashmla" if heads == H else "flashmla_pad64"
     cfg = {"heads": heads, "topk": indices.shape[-1], "topk_length": True,
            "module": getattr(mod, "__file__", None) or mod.__name__}  # fmt: skip
     return Prepared(name, call, cfg, timed)
@@ -736,14 +878,39 @@ def _token_slices(num_tokens: int, check_tokens: int) -> list[tuple[int, int]]:
     return [(0, half), (num_tokens - half, num_tokens)]
 
 
-def _check(call, w, check_tokens: int) -> tuple[bool, float, str]:
-    """Run ``call`` once into a NaN-poisoned output and compare slices with the fp32 reference.
+class _References:
+    """The fp32 reference and the same-dtype PyTorch baseline of a workload's checked token
+    slices (:func:`_token_slices`), computed on first use and shared by every provider."""
+
+    def __init__(self, w, check_tokens: int):
+        self.w = w
+        self.slices = _token_slices(w.q.shape[0], check_tokens)
+        self._done: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from .reference import sparse_mla_prefill_ref
+
+        if (t0, t1) not in self._done:
+            q, kv, idx, indptr, scale = self.w.args()
+            a, b = int(indptr[t0]), int(indptr[t1])
+            args = (q[t0:t1], kv, idx[a:b], indptr[t0 : t1 + 1] - indptr[t0], scale)
+            sink = self.w.attn_sink
+            ref = sparse_mla_prefill_ref(*args, attn_sink=sink)
+            base = sparse_mla_prefill_ref(*args, attn_sink=sink, upcast=False)
+            self._done[(t0, t1)] = (ref, base)
+        return self._done[(t0, t1)]
+
+
+def _check(call, w, check_tokens: int, refs: _References | None = None) -> tuple[bool, float, str]:
+    """Run ``call`` once into a NaN-poisoned output and compare slices with the fp32 reference
+    (the rule of :func:`sparse_mla.reference.check_against_reference`).
 
     Returns (ok, worst rel_l2, note).
     """
-    from .reference import check_against_reference
+    from .reference import error_report
 
-    q, kv, idx, indptr, scale = w.args()
+    refs = refs if refs is not None else _References(w, check_tokens)
+    q = w.q
     out = torch.full_like(q, float("nan"))
     got = call(out)
     if got is not out:
@@ -751,12 +918,9 @@ def _check(call, w, check_tokens: int) -> tuple[bool, float, str]:
     if bool(torch.isnan(out).any()):
         return False, math.nan, "NaN in the output (unwritten or wrong rows)"
     ok, worst, notes = True, 0.0, []
-    for t0, t1 in _token_slices(q.shape[0], check_tokens):
-        a, b = int(indptr[t0]), int(indptr[t1])
-        sl_indptr = indptr[t0 : t1 + 1] - indptr[t0]
-        sink = w.attn_sink
-        rep = check_against_reference(out[t0:t1], q[t0:t1], kv, idx[a:b], sl_indptr, scale,
-                                      attn_sink=sink)  # fmt: skip
+    for t0, t1 in refs.slices:
+        ref, base = refs.get(t0, t1)
+        rep = error_report(out[t0:t1], ref, base)
         worst = max(worst, rep.rel_l2) if math.isfinite(rep.rel_l2) else math.inf
         if not rep.ok:
             ok = False
@@ -764,8 +928,14 @@ def _check(call, w, check_tokens: int) -> tuple[bool, float, str]:
     return ok, worst, "; ".join(notes)
 
 
-def _time(call, out: torch.Tensor, device: torch.device, quick: bool) -> float:
+def _time(
+    call, out: torch.Tensor, device: torch.device, quick: bool, budget_ms: float | None = None
+) -> float:
+    """ms of ``call(out)``: :func:`time_budget` when a budget is given, else do_bench; on CPU
+    an interpreter smoke timing."""
     if device.type == "cuda":
+        if budget_ms is not None:
+            return time_budget(lambda: call(out), budget_ms)
         return _do_bench(lambda: call(out), quick)
     # Interpreter smoke run: the check already warmed up; one timed call is enough.
     times = []
@@ -973,6 +1143,71 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+def _print_flush(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _chosen_providers(providers: Sequence[str] | None, default: Sequence[str]) -> list[str]:
+    """The providers of a run in order, duplicates dropped; FlashMLA is one provider whatever
+    name asks for it (its rows are named by the head count)."""
+    known = (*provider_names(), *_FLASHMLA_NAMES)
+    chosen = list(default) if providers is None else list(providers)
+    unknown = [p for p in chosen if p not in known]
+    if unknown:
+        raise ValueError(f"providers: unknown {unknown}; expected a subset of {list(known)}")
+    out: list[str] = []
+    for p in chosen:
+        if p in out or (p in _FLASHMLA_NAMES and any(o in _FLASHMLA_NAMES for o in out)):
+            continue
+        out.append(p)
+    return out
+
+
+class _Run:
+    """One run's common columns, its rows and where they go (appended as they come, so a run
+    cut short by a time limit keeps what it measured)."""
+
+    def __init__(self, device: torch.device, commit: str | None, out_path, say):
+        gpu = device.type == "cuda"
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self.common = {
+            "timestamp": now.isoformat(timespec="seconds"),
+            "device": runtime.device_name(device.index or 0) if gpu else "cpu (Triton interpreter)",
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "commit": commit or git_commit(),
+        }
+        self.rows: list[dict[str, Any]] = []
+        self.out_path = out_path
+        self.say = say
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def keep(self, new_rows: list[dict[str, Any]]) -> None:
+        self.rows.extend(new_rows)
+        if self.out_path is not None and new_rows:
+            append_rows(self.out_path, new_rows)
+
+    def ceilings(self, device: torch.device, wanted: bool, quick: bool, seed: int):
+        """Measure the ceilings (GPU only) once for the run; returns them or None."""
+        if wanted and device.type == "cuda":
+            self.say("measuring ceilings (bf16 matmul, copy, row gather 4 MiB..1 GiB) ...")
+            ceil, ceil_rows = measure_ceilings(device, quick=quick, seed=seed)
+            self.keep([{**self.common, "ok": True, **r} for r in ceil_rows])
+            self.say(f"  ceilings done at {self.elapsed():.0f} s")
+            return ceil
+        if wanted:
+            self.say("ceilings skipped: they need a GPU")
+        return None
+
+
+def _check_budget(budget_ms: float | None) -> None:
+    if budget_ms is not None and (isinstance(budget_ms, bool) or not budget_ms > 0):
+        raise ValueError(f"budget_ms must be > 0 (or None: do_bench), got {budget_ms!r}")
+
+
 def run_bench(
     workloads: Sequence[str] = DEFAULT_WORKLOADS,
     *,
@@ -987,6 +1222,7 @@ def run_bench(
     commit: str | None = None,
     out_path: Path | str | None = None,
     aiter_module: str | None = None,
+    budget_ms: float | None = None,
     log: Callable[[str], Any] | None = print,
 ) -> list[dict[str, Any]]:
     """Check then time every provider on every named workload; returns the CSV rows.
@@ -1006,68 +1242,234 @@ def run_bench(
             are only returned).
         aiter_module: where aiter's kernel is imported from (a module name or a .py path;
             default: :data:`AITER_MODULES`).
+        budget_ms: time each provider with :func:`time_budget` at this budget instead of
+            do_bench (None).
         log: progress lines (None: silent).
     """
     from . import workloads as _workloads
 
     say = log or (lambda _msg: None)
     device = torch.device(device)
-    known = (*provider_names(), *_FLASHMLA_NAMES)
-    chosen = list(provider_names()) if providers is None else list(providers)
-    unknown = [p for p in chosen if p not in known]
-    if unknown:
-        raise ValueError(f"providers: unknown {unknown}; expected a subset of {list(known)}")
-    if "flashmla" in chosen and "flashmla_pad64" in chosen:
-        chosen.remove("flashmla_pad64")  # one provider; its rows are named by the head count
+    chosen = _chosen_providers(providers, provider_names())
     for name in workloads:
         if name not in _workloads.WORKLOADS:
             raise ValueError(f"unknown workload {name!r}; known: "
                              f"{', '.join(_workloads.standard_names())}")  # fmt: skip
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
+    _check_budget(budget_ms)
     gpu = device.type == "cuda"
     if check_tokens is None:
         check_tokens = 64 if quick else 256
-    common = {
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": runtime.device_name(device.index or 0) if gpu else "cpu (Triton interpreter)",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "commit": commit or git_commit(),
-    }
-    rows: list[dict[str, Any]] = []
-
-    def keep(new_rows: list[dict[str, Any]]) -> None:
-        # Saved as they come, so a run cut short by a time limit keeps what it measured.
-        rows.extend(new_rows)
-        if out_path is not None and new_rows:
-            append_rows(out_path, new_rows)
-
-    start = time.perf_counter()
-    ceil = None
-    if ceilings and gpu:
-        say("measuring ceilings (bf16 matmul, copy, row gather 4 MiB..1 GiB) ...")
-        ceil, ceil_rows = measure_ceilings(device, quick=quick, seed=seed)
-        keep([{**common, "ok": True, **r} for r in ceil_rows])
-        say(f"  ceilings done at {time.perf_counter() - start:.0f} s")
-    elif ceilings:
-        say("ceilings skipped: they need a GPU")
-
+    run = _Run(device, commit, out_path, say)
+    ceil = run.ceilings(device, ceilings, quick, seed)
     peers = Peers(aiter_module)
     for name in workloads:
         w = _workloads.by_name(name, T=tokens, device=device, big_buffer=gpu, sink=sink,
                                seed=seed)  # fmt: skip
-        keep(_bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, peers,
-                             say))  # fmt: skip
+        run.keep(_bench_workload(name, w, chosen, device, ceil, run.common, check_tokens,
+                                 quick, peers, say, budget_ms=budget_ms))  # fmt: skip
         del w
         if gpu:
             torch.cuda.empty_cache()
-        say(f"  {name} done at {time.perf_counter() - start:.0f} s")
-    return rows
+        say(f"  {name} done at {run.elapsed():.0f} s")
+    return run.rows
 
 
-def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, peers, say):
-    """Rows of every provider on one built workload (check, then time when it passes)."""
+# ----------------------------------------------------------------------------------------------
+# The grid: every head count x every prompt chunk length, one run
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One point of the grid: ``kind`` ("dsv4_csa" or "glm_full_topk") at T tokens, H heads and
+    top-k ``topk``; :meth:`build` makes its workload (seeded, so every run builds the same)."""
+
+    kind: str
+    T: int
+    H: int
+    topk: int
+
+    def __post_init__(self):
+        if self.kind not in ("dsv4_csa", "glm_full_topk"):
+            raise ValueError(f"kind must be 'dsv4_csa' or 'glm_full_topk', got {self.kind!r}")
+
+    @property
+    def workload(self) -> str:
+        """The rows' ``workload``: ``csa_h{H}_topk{k}`` or ``glm_h{H}_topk{k}`` (no T: that is
+        the ``T`` column, as in a named-workload run)."""
+        family = {"dsv4_csa": "csa", "glm_full_topk": "glm"}[self.kind]
+        return f"{family}_h{self.H}_topk{self.topk}"
+
+    def build(
+        self,
+        device: str | torch.device = "cpu",
+        *,
+        seed: int = 0,
+        sink: bool = True,
+        big_buffer: bool = False,
+        **kw,
+    ):
+        """The point's :class:`~sparse_mla.workloads.Workload`, built on ``device`` (``kw``:
+        further generator arguments, e.g. a small ``D`` for a CPU test)."""
+        from . import workloads as _workloads
+
+        generators = {"dsv4_csa": _workloads.dsv4_csa, "glm_full_topk": _workloads.glm_full_topk}
+        fn = generators[self.kind]
+        return fn(self.T, self.H, topk=self.topk, device=device, seed=seed, sink=sink,
+                  big_buffer=big_buffer, name=f"{self.workload}_t{self.T}", **kw)  # fmt: skip
+
+
+def _grid_topk(num_heads: int) -> int:
+    """The CSA top-k of the grid at ``num_heads``: 1024 (V4-Pro) from GRID_TOPK1024_FROM_H."""
+    return 1024 if num_heads >= GRID_TOPK1024_FROM_H else 512
+
+
+def _sizes(name: str, values: Iterable[int]) -> list[int]:
+    out: list[int] = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be ints >= 1, got {v!r}")
+        if v not in out:
+            out.append(v)
+    if not out:
+        raise ValueError(f"{name}: give at least one value")
+    return out
+
+
+def grid_points(
+    heads: Iterable[int] = GRID_HEADS, tokens: Iterable[int] = GRID_TOKENS, *, glm: bool = True
+) -> list[GridPoint]:
+    """The grid's points, T-major in the given orders (short calls first): the CSA workload
+    (top-k 512, 1024 from :data:`GRID_TOPK1024_FROM_H` heads) at every (T, H); then, with
+    ``glm``, GLM full top-k 2048 at the (T, H) of :data:`GRID_GLM_TOKENS` x
+    :data:`GRID_GLM_HEADS` that ``tokens`` and ``heads`` include. The full grid: 80 + 3 points.
+    """
+    heads, tokens = _sizes("heads", heads), _sizes("tokens", tokens)
+    points = [GridPoint("dsv4_csa", T, H, _grid_topk(H)) for T in tokens for H in heads]
+    if glm:
+        points += [GridPoint("glm_full_topk", T, H, GRID_GLM_TOPK) for T in tokens
+                   if T in GRID_GLM_TOKENS for H in heads if H in GRID_GLM_HEADS]  # fmt: skip
+    return points
+
+
+def grid_providers() -> tuple[str, ...]:
+    """A grid run's default providers: every registered package kernel, ``default`` and
+    FlashMLA (``torch`` and ``aiter`` only when asked for: they are slow to time)."""
+    from . import dispatch
+
+    return (*dispatch.KERNELS, "default", "flashmla")
+
+
+def run_grid(
+    points: Sequence[GridPoint] | None = None,
+    *,
+    heads: Iterable[int] = GRID_HEADS,
+    tokens: Iterable[int] = GRID_TOKENS,
+    glm: bool = True,
+    providers: Sequence[str] | None = None,
+    device: str | torch.device = "cuda",
+    ceilings: bool = True,
+    quick: bool = False,
+    check_tokens: int | None = None,
+    sink: bool = True,
+    seed: int = 0,
+    commit: str | None = None,
+    out_path: Path | str | None = None,
+    aiter_module: str | None = None,
+    budget_ms: float | None = GRID_BUDGET_MS,
+    time_limit_s: float | None = None,
+    log: Callable[[str], Any] | None = _print_flush,
+    **workload_kw,
+) -> list[dict[str, Any]]:
+    """Check then time every provider at every grid point, in one run; returns the CSV rows.
+
+    Args:
+        points: the points (default :func:`grid_points` of ``heads``, ``tokens``, ``glm``).
+        providers: default :func:`grid_providers`; names as for :func:`run_bench`.
+        budget_ms: per provider and point, the time budget of :func:`time_budget` (None:
+            do_bench's fixed windows, about 125 ms each).
+        time_limit_s: start no point after this many seconds (the rows so far are kept; the
+            points left are logged).
+        log: progress: the run's header, one line per point with every provider's ms (and which
+            kernel ``default`` ran), first-seen skip reasons and failures (None: silent).
+        workload_kw: passed to each point's :meth:`GridPoint.build` (e.g. ``D`` for a CPU test).
+
+    Other arguments as for :func:`run_bench`. Rows are appended to ``out_path`` after each
+    point; each point's workload is built on ``device`` once, shared by its providers and
+    freed before the next.
+    """
+    say = log or (lambda _msg: None)
+    device = torch.device(device)
+    points = list(points) if points is not None else grid_points(heads, tokens, glm=glm)
+    chosen = _chosen_providers(providers, grid_providers())
+    _check_budget(budget_ms)
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise ValueError(f"time_limit_s must be > 0 (or None), got {time_limit_s!r}")
+    gpu = device.type == "cuda"
+    if check_tokens is None:
+        check_tokens = 64 if quick else 256
+    run = _Run(device, commit, out_path, say)
+    timing = f"{budget_ms:g} ms budget" if budget_ms is not None else "do_bench"
+    say(f"grid: {len(points)} points x {len(chosen)} providers ({', '.join(chosen)}), "
+        f"{timing} per provider and point, run {run.common['timestamp']}")  # fmt: skip
+    ceil = run.ceilings(device, ceilings, quick, seed)
+    peers = Peers(aiter_module)
+    seen: set[tuple[str, str]] = set()
+    width = len(str(len(points)))
+    for i, pt in enumerate(points, 1):
+        if time_limit_s is not None and run.elapsed() >= time_limit_s:
+            left = ", ".join(f"{p.workload} T={p.T}" for p in points[i - 1 :])
+            say(f"time limit {time_limit_s:g} s reached: {len(points) - i + 1} points not run "
+                f"({left})")  # fmt: skip
+            break
+        w = pt.build(device, seed=seed, sink=sink, big_buffer=gpu, **workload_kw)
+        rows = _bench_workload(pt.workload, w, chosen, device, ceil, run.common, check_tokens,
+                               quick, peers, say, budget_ms=budget_ms, seen=seen)  # fmt: skip
+        del w
+        if gpu:
+            torch.cuda.empty_cache()
+        run.keep(rows)
+        say(f"[{i:>{width}}/{len(points)} {run.elapsed():5.0f} s] {pt.workload} T={pt.T}: "
+            + _point_summary(rows, chosen))  # fmt: skip
+    say(f"grid done at {run.elapsed():.0f} s: {len(run.rows)} rows")
+    return run.rows
+
+
+def _provider_of(row_name: str) -> str:
+    """The requested provider of a row (``flashmla_pad64`` -> ``flashmla``)."""
+    return "flashmla" if row_name in _FLASHMLA_NAMES else row_name
+
+
+def _point_summary(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str]) -> str:
+    """One point's providers: ``name ms`` (FAIL when its check failed, ``-`` when it does not
+    serve the point), which kernel ``default`` ran, and the floor."""
+    by = {_provider_of(r["provider"]): r for r in rows}
+    parts = []
+    for prov in chosen:
+        r = by.get("flashmla" if prov in _FLASHMLA_NAMES else prov)
+        if r is None:
+            parts.append(f"{prov} -")
+            continue
+        shown = f"{r['provider']} {r['ms']:.4g}" if r.get("ok") and r.get("ms") else (
+            f"{r['provider']} FAIL")  # fmt: skip
+        cfg = r.get("config")
+        if prov == "default" and isinstance(cfg, Mapping) and cfg.get("kernel"):
+            shown += f" ({cfg['kernel']})"
+        parts.append(shown)
+    floor = next((r["floor_ms"] for r in rows if r.get("floor_ms")), None)
+    return "  ".join(parts) + (f"  | floor {floor:.4g}" if floor else "")
+
+
+def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, peers, say, *,
+                    budget_ms=None, seen=None):  # fmt: skip
+    """Rows of every provider on one built workload (check, then time when it passes).
+
+    ``seen`` None: a line per provider (a named-workload run). A set: the grid's quiet mode,
+    where a skip reason is logged the first time it is seen (the set keeps them) and a failure
+    always; the caller prints the point's one line.
+    """
     q = w.q
     T, H, D = q.shape
     nnz = w.valid_slots
@@ -1076,8 +1478,19 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
     fl = floor_ms(flops, nbytes, pool_bytes, ceil) if ceil else None
     base = {**common, "workload": name, "T": T, "H": H, "D": D, "topk": w.meta.get("topk"),
             "nnz": nnz, "floor_ms": fl, "pool_bytes": pool_bytes}  # fmt: skip
-    say(f"{w!r}: {flops / 1e12:.3f} TFLOP, {nbytes / 1e9:.3f} GB gathered, pool "
-        f"{pool_bytes / 2**20:.1f} MiB" + (f", floor {fl:.3f} ms" if fl else ""))  # fmt: skip
+    verbose = seen is None
+    if verbose:
+        say(f"{w!r}: {flops / 1e12:.3f} TFLOP, {nbytes / 1e9:.3f} GB gathered, pool "
+            f"{pool_bytes / 2**20:.1f} MiB" + (f", floor {fl:.3f} ms" if fl else ""))  # fmt: skip
+
+    def once(prov: str, what: str) -> None:
+        if verbose:
+            say(f"  {prov}: {what}"[:500])
+        elif (prov, what) not in seen:
+            seen.add((prov, what))
+            say(f"    {prov}: {what}"[:500])
+
+    refs = _References(w, check_tokens)
     rows = []
     peer_names = (*_FLASHMLA_NAMES, "aiter")
     for prov in chosen:
@@ -1086,17 +1499,19 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
         try:
             if prov == "aiter":
                 row.update(_best_of(_aiter_candidates(w, device, peers.aiter()), w, device,
-                                    check_tokens, quick, say))  # fmt: skip
+                                    check_tokens, quick, say, refs=refs,
+                                    budget_ms=budget_ms))  # fmt: skip
             else:
                 prepared = _provider(prov, w, device, peers)
                 row.update(provider=prepared.name, config=prepared.config)
-                row.update(_check_and_time(prepared, w, device, check_tokens, quick))
+                row.update(_check_and_time(prepared, w, device, check_tokens, quick, refs=refs,
+                                           budget_ms=budget_ms))  # fmt: skip
         except Unavailable as e:
-            say(f"  {prov}: skipped ({e})")
+            once(prov, f"skipped ({e})")
             continue
         except Exception as e:  # one provider's failure must not end the run
             if prov in peer_names:
-                say(f"  {prov}: skipped, it raised ({type(e).__name__}: {e})"[:500])
+                once(prov, f"skipped, it raised ({type(e).__name__}: {e})")
                 continue
             row.update(ok=False, note=f"{type(e).__name__}: {e}"[:500])
         if row.get("ms") is not None:
@@ -1104,43 +1519,49 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
             row.update(tflops=flops / s / 1e12, gather_tbs=nbytes / s / 1e12)
             if fl is not None:
                 row["frac_of_floor"] = fl / row["ms"]
-        status = "ok" if row["ok"] else "FAIL"
-        timing = f"{row['ms']:.3f} ms" if row.get("ms") is not None else "not timed"
-        rel = row.get("rel_l2")
-        rel = math.nan if rel is None else rel
-        say(f"  {row['provider']}: {status}, rel_l2 {rel:.2e}, {timing}"
-            f" [{time.perf_counter() - t0:.1f} s]"
-            + (f" ({row['note']})" if row.get("note") else ""))  # fmt: skip
+        if verbose:
+            status = "ok" if row["ok"] else "FAIL"
+            timing = f"{row['ms']:.3f} ms" if row.get("ms") is not None else "not timed"
+            rel = row.get("rel_l2")
+            rel = math.nan if rel is None else rel
+            say(f"  {row['provider']}: {status}, rel_l2 {rel:.2e}, {timing}"
+                f" [{time.perf_counter() - t0:.1f} s]"
+                + (f" ({row['note']})" if row.get("note") else ""))  # fmt: skip
+        elif not row["ok"]:
+            say(f"    {row['provider']} at {name} T={T}: FAIL ({row.get('note')})"[:500])
         rows.append(row)
     return rows
 
 
-def _check_and_time(p: Prepared, w, device, check_tokens: int, quick: bool) -> dict[str, Any]:
+def _check_and_time(p: Prepared, w, device, check_tokens: int, quick: bool, *, refs=None,
+                    budget_ms=None) -> dict[str, Any]:  # fmt: skip
     """ok / rel_l2 / note from the gate, and ms when it passed."""
-    ok, rel, note = _check(p.run, w, check_tokens)
+    ok, rel, note = _check(p.run, w, check_tokens, refs)
     res: dict[str, Any] = {"ok": ok, "rel_l2": rel, "note": note or None}
     if ok:
         if p.timed is not None:
-            res["ms"] = _time(lambda _out: p.timed(), None, device, quick)
+            res["ms"] = _time(lambda _out: p.timed(), None, device, quick, budget_ms)
         else:
-            res["ms"] = _time(p.run, torch.empty_like(w.q), device, quick)
+            res["ms"] = _time(p.run, torch.empty_like(w.q), device, quick, budget_ms)
     return res
 
 
-def _best_of(candidates: list[Prepared], w, device, check_tokens, quick, say) -> dict[str, Any]:
+def _best_of(candidates: list[Prepared], w, device, check_tokens, quick, say, *, refs=None,
+             budget_ms=None) -> dict[str, Any]:  # fmt: skip
     """Gate every candidate config, rank those that pass by a short timing, time the fastest
     in full; the row names the winner's config and how many were tried."""
     passed, wrong, raised = [], [], []
+    short = None if budget_ms is None else budget_ms / 4
     for p in candidates:
         try:
-            ok, rel, note = _check(p.run, w, check_tokens)
+            ok, rel, note = _check(p.run, w, check_tokens, refs)
         except Exception as e:  # a config that does not compile or launch here is no candidate
             raised.append(f"{p.config}: {type(e).__name__}: {str(e)[:120]}")
             continue
         if not ok:
             wrong.append(f"{p.config}: {note or 'wrong result'}")
             continue
-        ms = _time(p.run, torch.empty_like(w.q), device, quick=True)
+        ms = _time(p.run, torch.empty_like(w.q), device, True, short)
         passed.append((ms, rel, p))
     if raised or wrong:
         say(f"  {candidates[0].name}: {len(raised) + len(wrong)} of {len(candidates)} configs "
@@ -1151,6 +1572,6 @@ def _best_of(candidates: list[Prepared], w, device, check_tokens, quick, say) ->
         return {"ok": False, "rel_l2": None, "note": "every config failed the check: "
                 + " | ".join(wrong)[:400], "config": {"tried": len(candidates)}}  # fmt: skip
     _, rel, best = min(passed, key=lambda t: t[0])
-    ms = _time(best.run, torch.empty_like(w.q), device, quick)
+    ms = _time(best.run, torch.empty_like(w.q), device, quick, budget_ms)
     cfg = {**best.config, "tried": len(candidates), "passed": len(passed)}
     return {"provider": best.name, "ok": True, "rel_l2": rel, "ms": ms, "config": cfg}

@@ -411,7 +411,8 @@ def _cmd_isa(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """Check then time the providers on named workloads against floors measured in the run."""
+    """Check then time the providers on named workloads (or the H x T grid) against floors
+    measured in the run."""
     from pathlib import Path
 
     import torch
@@ -426,17 +427,32 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         )
         return 2
     device = torch.device("cpu" if args.cpu else "cuda")
+    providers = [p.strip() for p in (args.providers or "").split(",") if p.strip()] or None
+    tokens = [t for item in args.tokens or [] for t in _int_list(item)]
+    heads = [h for item in args.heads or [] for h in _int_list(item)]
+    for flag, values in (("--tokens", tokens), ("--heads", heads)):
+        if any(v < 1 for v in values):
+            raise UsageError(f"{flag} must be >= 1, got {min(values)}")
+    if args.budget_ms is not None and not args.budget_ms > 0:
+        raise UsageError(f"--budget-ms must be > 0, got {args.budget_ms}")
+    if args.grid:
+        return _bench_grid(args, bench, runtime, device, providers, heads, tokens)
+    for flag, given in (("--heads", heads), ("--glm/--no-glm", args.glm is not None),
+                        ("--time-limit", args.time_limit is not None)):  # fmt: skip
+        if given:
+            raise UsageError(f"{flag} goes with --grid (a named workload has its own heads)")
+    if len(tokens) > 1:
+        raise UsageError("several --tokens go with --grid; a named-workload run takes one T")
     default_names = ["csa_h8_topk512"] if args.cpu else list(bench.DEFAULT_WORKLOADS)
     names = [n.strip() for n in (args.workloads or "").split(",") if n.strip()] or default_names
-    providers = [p.strip() for p in (args.providers or "").split(",") if p.strip()] or None
-    tokens = args.tokens if args.tokens is not None else (16 if args.cpu else 16384)
+    T = tokens[0] if tokens else (16 if args.cpu else 16384)
     out = args.out
     if out is None and not args.cpu:  # a smoke run saves rows only when --out is given
         out = Path("data/bench") / f"{bench.device_slug(runtime.device_name())}.csv"
     try:
         rows = bench.run_bench(
             names,
-            tokens=tokens,
+            tokens=T,
             providers=providers,
             device=device,
             ceilings=not args.no_ceilings and not args.cpu,
@@ -447,18 +463,86 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             commit=args.commit,
             out_path=out,
             aiter_module=args.aiter_module,
+            budget_ms=args.budget_ms,
+            log=_say,
         )
     except ValueError as e:
         print(f"sparse-mla bench: {e}", file=sys.stderr)
         return 2
     print()
     print(bench.format_table(rows))
+    return _bench_done(rows, out)
+
+
+def _say(msg: str) -> None:
+    """A progress line, flushed (a long bench run shows each point as it finishes)."""
+    print(msg, flush=True)
+
+
+# A CPU grid (--cpu --grid) is a smoke run in the interpreter: one small point by default.
+_CPU_GRID_HEADS = (8,)
+_CPU_GRID_TOKENS = (16,)
+
+
+def _bench_grid(args, bench, runtime, device, providers, heads, tokens) -> int:
+    """``bench --grid``: every provider at every (H, T) point in one run."""
+    from pathlib import Path
+
+    if args.workloads:
+        raise UsageError("--workloads and --grid exclude each other (the grid has its points)")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise UsageError(f"--time-limit must be > 0, got {args.time_limit}")
+    if not heads:
+        heads = list(_CPU_GRID_HEADS if args.cpu else bench.GRID_HEADS)
+    if not tokens:
+        tokens = list(_CPU_GRID_TOKENS if args.cpu else bench.GRID_TOKENS)
+    out = args.out
+    if out is None and not args.cpu:
+        out = Path("data/bench") / f"{bench.device_slug(runtime.device_name())}_grid.csv"
+    try:
+        rows = bench.run_grid(
+            heads=heads,
+            tokens=tokens,
+            glm=args.glm is not False,
+            providers=providers,
+            device=device,
+            ceilings=not args.no_ceilings and not args.cpu,
+            quick=args.quick,
+            check_tokens=args.check_tokens,
+            sink=args.sink,
+            seed=args.seed,
+            commit=args.commit,
+            out_path=out,
+            aiter_module=args.aiter_module,
+            budget_ms=args.budget_ms if args.budget_ms is not None else bench.GRID_BUDGET_MS,
+            time_limit_s=args.time_limit,
+            log=_say,
+        )
+    except ValueError as e:
+        print(f"sparse-mla bench: {e}", file=sys.stderr)
+        return 2
+    return _bench_done(rows, out)
+
+
+def _bench_done(rows, out) -> int:
+    """Where the rows went and which providers failed; exit status 1 when one did."""
     if out is not None:
         print(f"{len(rows)} rows appended to {out}")
-    bad = [f"{r['workload']}/{r['provider']}" for r in rows if not r.get("ok")]
+    bad = [f"{r['workload']}/{r['provider']}" + (f"@T{r['T']}" if r.get("T") else "")
+           for r in rows if not r.get("ok")]  # fmt: skip
     if bad:
         print(f"FAILED (not timed): {', '.join(bad)}")
     return 1 if bad else 0
+
+
+def _cmd_which(args: argparse.Namespace) -> int:
+    from . import dispatch
+
+    arch = None if args.arch == "cpu" else args.arch
+    for H in args.heads:
+        for T in args.tokens or [None]:
+            print(dispatch.describe(arch, H, args.head_dim, num_tokens=T, verbose=args.verbose))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -601,13 +685,55 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="check and time providers on workloads against the floor")
     p.add_argument("--workloads", default=None, help="comma-separated names (default: the five)")
-    p.add_argument("--tokens", type=int, default=None, help="T (default 16384; --cpu: 16)")
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="one run over the H x T grid: DSv4 CSA (top-k 512 + window 128, top-k 1024 from "
+        "96 heads) at H 1..128 (16 values) x T 64..16384 (5), plus GLM full top-k 2048 at H "
+        "16/32/64, T 16384; default out data/bench/<device>_grid.csv",
+    )
+    p.add_argument(
+        "--tokens",
+        action="append",
+        default=None,
+        metavar="T[,T...]",
+        help="T (default 16384; --cpu: 16); with --grid a comma-separated list of the grid's T",
+    )
+    p.add_argument(
+        "--heads",
+        action="append",
+        default=None,
+        metavar="H[,H...]",
+        help="--grid only: the head counts (default 1,2,4,8,12,16,20,24,32,40,48,64,80,96,112,128)",
+    )
+    p.add_argument(
+        "--glm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--grid only: include the GLM full top-k points (default on; only where --heads "
+        "and --tokens include them)",
+    )
     p.add_argument(
         "--providers",
         default=None,
-        help="comma-separated (default: all): the package's kernels (triton, gluon, ...), "
-        "default (what config=None runs), torch, and the peers flashmla and aiter when "
-        "importable (a missing peer is a log line, no row)",
+        help="comma-separated (default: all; --grid: the package's kernels, default and "
+        "flashmla): the package's kernels (every registered name), default (what config=None "
+        "runs), torch, and the peers flashmla and aiter when importable (a missing peer is a "
+        "log line, no row)",
+    )
+    p.add_argument(
+        "--budget-ms",
+        type=float,
+        default=None,
+        help="time each provider and point with as many calls as fit this many ms (at least 5; "
+        "default: --grid 40, else do_bench's fixed windows)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="--grid only: start no point after this many seconds (rows so far are kept)",
     )
     p.add_argument(
         "--aiter-module",
@@ -615,7 +741,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="aiter's sparse_attention_dsv4 kernels: a module name or a .py path (default: "
         "aiter_sparse_dsv4_kernels, then the installed aiter's module)",
     )
-    p.add_argument("--out", default=None, help="CSV appended to (default data/bench/<device>.csv)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="CSV appended to (default data/bench/<device>.csv; --grid: <device>_grid.csv)",
+    )
     p.add_argument("--no-ceilings", action="store_true", help="skip the ceilings (no floor)")
     p.add_argument("--quick", action="store_true", help="short timing windows, 64 checked tokens")
     p.add_argument("--check-tokens", type=int, default=None, help="tokens checked (default 256)")
@@ -624,6 +754,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commit", default=None, help="commit recorded (default: git rev-parse HEAD)")
     p.add_argument("--cpu", action="store_true", help="tiny smoke run in the interpreter")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "which", help="which kernel config=None runs for a shape, and why (the dispatch's choice)"
+    )
+    p.add_argument("--arch", required=True, help="arch id: sm90, gfx942, gfx950, ... or cpu")
+    p.add_argument("--heads", type=int, nargs="+", required=True, help="head counts H")
+    p.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts T")
+    p.add_argument("--head-dim", type=int, default=512)
+    p.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="also say, for every registered kernel, whether it can run the shape",
+    )  # fmt: skip
+    p.set_defaults(func=_cmd_which)
 
     return parser
 

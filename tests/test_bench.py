@@ -13,8 +13,8 @@ import pytest
 import torch
 from conftest import make_case
 
-from sparse_mla import bench, cli, runtime
-from sparse_mla.reference import check_against_reference
+from sparse_mla import bench, cli, dispatch, runtime
+from sparse_mla.reference import check_against_reference, sparse_mla_prefill_ref
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -140,7 +140,10 @@ def test_cli_cpu_end_to_end(capsys, tmp_path):
     rc = cli.main(["bench", "--cpu", "--tokens", "8", "--quick", "--out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "gluon: skipped" in text and "frac_of_floor" in text
+    assert "frac_of_floor" in text
+    # Every registered kernel but Triton needs a GPU: each is one skip line, no row.
+    others = [k for k in dispatch.KERNELS if k != "triton"]
+    assert others and all(f"  {k}: skipped" in text for k in others)
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["provider"] for r in rows] == ["triton", "default", "torch"]
@@ -189,11 +192,11 @@ def test_token_slices():
 @pytest.mark.gpu
 def test_gpu_bench_small(tmp_path):
     rows = bench.run_bench(["csa_h16_topk512"], tokens=512, device="cuda", quick=True,
-                           providers=["triton", "gluon", "default", "torch"],
+                           providers=[*dispatch.KERNELS, "default", "torch"],
                            out_path=tmp_path / "g.csv", log=None)  # fmt: skip
     provs = {r["provider"]: r for r in rows}
     assert provs["triton"]["ok"] and provs["torch"]["ok"] and provs["default"]["ok"]
-    assert provs["default"]["config"]["kernel"] in ("triton", "gluon")
+    assert provs["default"]["config"]["kernel"] in dispatch.KERNELS
     assert provs["triton"]["frac_of_floor"] > 0
     assert any(p.startswith("ceiling:gather_") for p in provs)
 
@@ -256,6 +259,53 @@ def test_fake_flash_mla_is_a_provider(fake_flash_mla, monkeypatch):
         assert r["ok"] is True and r["rel_l2"] < 1e-2 and r["ms"] > 0, r
     assert [c["H"] for c in flash_mla.calls[:1]] == [64] and flash_mla.calls[0]["topk_length"]
     assert rows[0]["config"]["heads"] == 64 and rows[0]["config"]["topk"] % 128 == 0
+
+
+def test_flashmla_heads_pad_to_64_or_128():
+    assert bench.flashmla_heads(1) == (64, "flashmla_pad64")
+    assert bench.flashmla_heads(63) == (64, "flashmla_pad64")
+    assert bench.flashmla_heads(64) == (64, "flashmla")
+    assert bench.flashmla_heads(65) == (128, "flashmla_pad128")
+    assert bench.flashmla_heads(112) == (128, "flashmla_pad128")
+    assert bench.flashmla_heads(128) == (128, "flashmla")
+    with pytest.raises(bench.Unavailable, match="at most 128"):
+        bench.flashmla_heads(129)
+    with pytest.raises(ValueError, match="num_heads"):
+        bench.flashmla_heads(0)
+
+
+def test_fake_flash_mla_pads_65_to_127_heads_to_128(fake_flash_mla, monkeypatch):
+    # The fake refuses any H but 64 and 128 (as FlashMLA does): 96 and 112 heads only get rows
+    # because they are padded to 128; the check compares the real heads with the reference.
+    monkeypatch.setattr(bench, "_flashmla_unavailable", lambda device: None)
+    rows = bench.run_grid(heads=[8, 64, 96, 112, 128], tokens=[5], device="cpu", quick=True,
+                          providers=["flashmla"], ceilings=False, log=None)  # fmt: skip
+    import flash_mla
+
+    assert [r["provider"] for r in rows] == ["flashmla_pad64", "flashmla", "flashmla_pad128",
+                                             "flashmla_pad128", "flashmla"]  # fmt: skip
+    assert [r["config"]["heads"] for r in rows] == [64, 64, 128, 128, 128]
+    assert [r["H"] for r in rows] == [8, 64, 96, 112, 128]
+    for r in rows:
+        assert r["ok"] is True and r["rel_l2"] < 1e-2 and r["ms"] > 0, r
+    assert {c["H"] for c in flash_mla.calls} == {64, 128}
+
+
+def test_padding_heads_cannot_change_the_real_heads():
+    # A head's softmax (sink included) is its own: whatever the padding heads' sink, the first
+    # H heads of a padded call are the unpadded call's (FlashMLA reads attn_sink per head row).
+    c = make_case(6, 5, 32, N=40, max_slots=20, seed=4)
+    qp, sp = bench._pad_heads(c.q, c.attn_sink, 8)
+    assert qp.shape == (6, 8, 32) and torch.equal(qp[:, :5], c.q) and not qp[:, 5:].any()
+    assert torch.equal(sp[:5], c.attn_sink) and not sp[5:].any()
+    ref = sparse_mla_prefill_ref(*c.args(), attn_sink=c.attn_sink)
+    for pad_sink in (0.0, 30.0, float("-inf")):
+        sink = sp.clone()
+        sink[5:] = pad_sink
+        got = sparse_mla_prefill_ref(qp, *c.args()[1:], attn_sink=sink)
+        torch.testing.assert_close(got[:, :5], ref, rtol=1e-6, atol=1e-6)
+    q, s = bench._pad_heads(c.q, None, 5)
+    assert q is c.q and s is None
 
 
 def test_flash_mla_rows_are_checked(fake_flash_mla, monkeypatch):
