@@ -5,7 +5,8 @@ is checked against the fp32 reference (on token slices when T is large; the refe
 workload is computed once and shared by its providers), and only then is timed: with
 ``triton.testing.do_bench(return_mode="median")``, or, given a time budget (the grid's way), with
 :func:`time_budget` (the same L2 flush before each call and median of per-call event times, but
-as many calls as fit the budget, at least 5). Providers:
+as many calls as fit the budget, at least 5, queued behind a GPU sleep so that ``ms`` is the
+GPU's time, not the host's: a small call's Python and launch cost is not in it). Providers:
 
 - each kernel of the package (every name in :data:`sparse_mla.dispatch.KERNELS`, read at run
   time), forced through :func:`sparse_mla.sparse_mla_prefill` (Triton with its tuned launch for
@@ -72,6 +73,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import functools
 import json
 import math
 import re
@@ -325,12 +327,18 @@ def time_budget(
     min_reps: int = BUDGET_MIN_REPS,
     max_reps: int = BUDGET_MAX_REPS,
 ) -> float:
-    """Median ms of ``fn`` on the GPU, as many calls as fit ``budget_ms`` (:func:`budget_reps`).
+    """Median GPU ms of ``fn``, as many calls as fit ``budget_ms`` (:func:`budget_reps`).
 
     Measured as ``triton.testing.do_bench`` measures (the L2 flushed before every call, one
     event pair around each), without its fixed 25 ms warm-up and 100 ms window: two flushed calls
     warm up and give the estimate, then the timed calls. ``fn`` must have run once already (the
     correctness gate does), so no call here compiles.
+
+    The timed calls go in batches of :data:`HOLD_BATCH`, each behind a GPU sleep long enough
+    for the host to queue the whole batch (:func:`_hold_gpu`): the events then time the GPU's
+    work alone. Without it a call whose host side (Python, argument checks, launch) outlasts the
+    flush would be timed with the GPU idle, waiting for the host; that host time is a cost of
+    its own, not of the kernel (and is not what this column measures).
     """
     drv = _bench_driver()
     di = drv.get_device_interface()
@@ -338,21 +346,50 @@ def time_budget(
     start, end = di.Event(enable_timing=True), di.Event(enable_timing=True)
     di.synchronize()
     start.record()
+    host = []
     for _ in range(2):
         drv.clear_cache(cache)
+        t0 = time.perf_counter()
         fn()
+        host.append((time.perf_counter() - t0) * 1e3)
     end.record()
     di.synchronize()
     n = budget_reps(start.elapsed_time(end) / 2, budget_ms, min_reps=min_reps, max_reps=max_reps)
+    host_ms = min(host)
     starts = [di.Event(enable_timing=True) for _ in range(n)]
     ends = [di.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
+        if i % HOLD_BATCH == 0:
+            _hold_gpu(min(HOLD_BATCH, n - i) * (2 * host_ms + 0.05) + 0.5)
         drv.clear_cache(cache)
         starts[i].record()
         fn()
         ends[i].record()
     di.synchronize()
     return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)))
+
+
+HOLD_BATCH = 16  # timed calls queued behind one GPU sleep
+
+
+def _hold_gpu(ms: float) -> None:
+    """Keep the current CUDA stream busy for about ``ms`` (a spin kernel), so the host can queue
+    work behind it; nothing without a CUDA device."""
+    if not torch.cuda.is_available():
+        return
+    torch.cuda._sleep(int(ms * _sleep_cycles_per_ms()))
+
+
+@functools.cache
+def _sleep_cycles_per_ms() -> float:
+    """``torch.cuda._sleep`` cycles per ms on this GPU, measured once with events."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # warm-up
+    a.record()
+    torch.cuda._sleep(20_000_000)
+    b.record()
+    b.synchronize()
+    return 20_000_000 / max(a.elapsed_time(b), 1e-3)
 
 
 def measure_ceilings(
