@@ -209,25 +209,34 @@ def _recorded(entry: configs.ConfigEntry, c: configs.KernelChoice) -> str:
     return f"{key}: {shown} ({where})" if shown else f"{key} ({where})"
 
 
-# The documented default for shapes no bench recorded: per arch, (max heads, kernels in order
-# of preference); the first kernel that can run the call is chosen, else Triton. Each region's
-# kernels are the ones measured fastest there on the H200 (docs/PERF_NOTES.md, "No cliffs"):
-# the heads-on-N kernel up to 32 heads (wgmma's N = 16 or 32 heads, every KV row gathered once
-# per token), the 64-heads-on-M kernel above (its head blocks clipped at H). Triton is never
-# chosen on sm90 where one of them can run: it measured 1.1-5.9x slower everywhere there.
-RULE: dict[str, tuple[tuple[int | None, tuple[str, ...]], ...]] = {
+# The documented default for shapes no bench recorded: per arch, rows of (max heads, max
+# tokens, kernels in order of preference); the first row whose bounds hold the call (None: no
+# bound) names the kernels, and the first of them that can run the call is chosen, else Triton.
+# Each row's kernels are the ones measured fastest there on the H200 (docs/PERF_NOTES.md, "No
+# cliffs", grid run of 2026-12-01): the heads-on-N kernel up to 32 heads (wgmma's N = 16 or 32
+# heads, every KV row gathered once per token) and, below 128 tokens, up to 64 heads (two or
+# more items per token fill more SMs: 11.9-12.4 us against 13.6-14.2 us at T=64, H 40-64; at
+# T=256 the 64-heads-on-M kernel wins again, 26.9-28.9 us against 32.5-33.0); the
+# 64-heads-on-M kernel above (its head blocks clipped at H). Triton is never chosen on sm90
+# where one of them can run: it measured 1.1-20x slower there.
+RULE: dict[str, tuple[tuple[int | None, int | None, tuple[str, ...]], ...]] = {
     "sm90": (
-        (32, ("gluon_ws_small", "gluon_ws", "gluon_mma")),
-        (None, ("gluon_ws", "gluon_wgmma", "gluon_mma")),
+        (32, None, ("gluon_ws_small", "gluon_ws", "gluon_mma")),
+        (64, 127, ("gluon_ws_small", "gluon_ws", "gluon_mma")),
+        (None, None, ("gluon_ws", "gluon_wgmma", "gluon_mma")),
     ),
 }
 
 
 def rule(call: Call) -> tuple[str, ...]:
-    """The kernels :data:`RULE` prefers for ``call``'s (arch, H), best first (may be empty)."""
-    for max_heads, names in RULE.get(call.arch or "", ()):
-        if max_heads is None or call.num_heads <= max_heads:
-            return names
+    """The kernels :data:`RULE` prefers for ``call``'s (arch, H, T), best first (may be empty;
+    a call of unknown T is taken as a large one)."""
+    for max_heads, max_tokens, names in RULE.get(call.arch or "", ()):
+        if max_heads is not None and call.num_heads > max_heads:
+            continue
+        if max_tokens is not None and (call.num_tokens is None or call.num_tokens > max_tokens):
+            continue
+        return names
     return ()
 
 
