@@ -21,23 +21,22 @@ import torch
 import triton
 
 from sparse_mla import sparse_mla_prefill, workloads
-from sparse_mla.gluon import GluonConfig, mla_gluon
+from sparse_mla.gluon import mla_gluon
 from sparse_mla.reference import check_against_reference
 
-KERNELS = {
-    "gluon_ws": GluonConfig(64, 64, 8, warp_specialized=True),
-    "gluon_wgmma": GluonConfig(64, 64, 8, wgmma=True, num_stages=2, warp_specialized=False),
-}
+KERNELS = ("gluon_ws", "gluon_wgmma")  # registry names, each at its default launch
 # --small: the H <= 16 kernel (heads on wgmma's N) against the Triton kernel and FlashMLA with
 # q zero-padded to 64 heads.
-KERNELS_SMALL = {"gluon_ws_small": GluonConfig(16, 64, 4, warp_specialized=True)}
+KERNELS_SMALL = ("gluon_ws_small",)
 
 
-def gluon_call(cfg):
+def gluon_call(kernel):
+    """The Gluon kernel ``kernel`` (a registry name) at its default launch."""
+
     def call(w, out=None):
         return mla_gluon(
             w.q, None, w.kv, None, w.kv_indices, w.kv_indptr, w.softmax_scale,
-            has_pe=False, attn_sink=w.attn_sink, out=out, config=cfg, num_kv_splits=1,
+            has_pe=False, attn_sink=w.attn_sink, out=out, kernel=kernel,
         )  # fmt: skip
 
     return call
@@ -170,7 +169,7 @@ def main():
     kernels = KERNELS_SMALL if args.small else KERNELS
     if not args.skip_checks:
         heads = (1, 8, 16) if args.small else (64, 128)
-        calls = {n: gluon_call(c) for n, c in kernels.items()}
+        calls = {n: gluon_call(n) for n in kernels}
         say(f"edge checks: {'ALL OK' if check_edges(say, calls, heads) else 'FAILURES'}")
 
     try:
@@ -204,7 +203,7 @@ def main():
             )
         w.kv.normal_()
         flops = w.flops()
-        provs = {n: gluon_call(c) for n, c in kernels.items()}
+        provs = {n: gluon_call(n) for n in kernels}
         provs["triton"] = triton_call
         if have_fm:
             provs["flashmla" if H >= 64 else "flashmla_pad64"] = flashmla_call(w)

@@ -23,17 +23,16 @@ import ws_probe as wp
 import ws_small_variants as sv
 
 from sparse_mla import workloads
-from sparse_mla.gluon import GluonConfig
 from sparse_mla.gluon import launch as L
 from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
 
-SMALL = GluonConfig(16, 64, 4, warp_specialized=True)
+SMALL = "gluon_ws_small"
 say = wp.logger(os.path.join(os.environ.get("OUT", "/tmp"), "var_probe.log"))
 
 
 def variant_call(kernel):
     def call(w, out=None):
-        L._prefill_ws_small_kernel = kernel
+        L._WS[SMALL] = (kernel, L._WS[SMALL][1])  # the launcher runs what the table names
         return wp.gluon_call(SMALL)(w, out=out)
 
     return call

@@ -26,11 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ws_probe as wp
 
 from sparse_mla import workloads
-from sparse_mla.gluon import GluonConfig
 from sparse_mla.gluon import launch as L
 from sparse_mla.gluon.hopper_ws import _prefill_ws_kernel
 
-WS = GluonConfig(64, 64, 8, warp_specialized=True)
+WS = "gluon_ws"
 say = wp.logger(os.path.join(os.environ.get("OUT", "/tmp"), "ws_variants.log"))
 
 
@@ -60,7 +59,7 @@ def variant_call(kernel, launch=PACKAGE_LAUNCH):
     whose kernel takes other arguments brings its own)."""
 
     def call(w, out=None):
-        L._prefill_ws_kernel = kernel
+        L._WS[WS] = (kernel, L._WS[WS][1])  # the launcher runs what the registry table names
         L._launch_persistent = launch
         return wp.gluon_call(WS)(w, out=out)
 
