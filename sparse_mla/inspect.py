@@ -51,6 +51,7 @@ __all__ = [
     "by_line_table",
     "clear_cache",
     "compile",
+    "compile_kernel",
     "compile_prefill",
     "compiler_output",
     "diff",
@@ -1588,3 +1589,60 @@ def compile_gluon(
     return compile(
         kernel, target, constexprs, options, signature, divisible=("stride_kvn", "stride_kpen")
     )
+
+
+def compile_kernel(
+    name: str,
+    target: str | Target,
+    *,
+    num_heads: int = 16,
+    head_dim: int = 512,
+    num_tokens: int | None = None,
+    config=None,
+    dtype: str = "bf16",
+    index_dtype: str = "int32",
+) -> tuple[str, CompileResult]:
+    """Cross-compile a registered kernel of the sparse prefill for ``target`` as a launch at
+    (H, D) would: ``name`` a name of :data:`sparse_mla.dispatch.KERNELS`, or ``"default"`` for
+    the one ``sparse_mla_prefill(config=None)`` runs there (the dispatch's own choice for the
+    target's arch, H, D and ``num_tokens``: the same selector serves the run and this compile).
+    ``config`` is the kernel's launch (None: its default, or for ``default`` the chosen one).
+
+    Returns (kernel name, CompileResult).
+    """
+    import torch
+
+    from . import dispatch
+
+    t = get_target(target)
+    arch = t.name if t.name != "local" else None
+    if name == "default":
+        if config is not None:
+            raise ValueError("compile_kernel: 'default' takes no config (the dispatch picks it)")
+        c = dispatch.choose(dispatch.Call(arch or t.name, num_heads, head_dim,
+                                          num_tokens=num_tokens))  # fmt: skip
+        name, config = c.kernel, c.launch
+    k = dispatch.kernel(name)
+    if name == dispatch.FALLBACK:
+        res = compile_prefill(t, config, num_heads=num_heads, head_dim=head_dim, dtype=dtype,
+                              index_dtype=index_dtype)  # fmt: skip
+        return name, res
+    if k.compile_args is None:
+        raise ValueError(f"compile_kernel: kernel {name!r} cannot be cross-compiled")
+    why = k.unavailable(dispatch.Call(t.name, num_heads, head_dim, num_tokens=num_tokens))
+    if why:
+        raise ValueError(f"compile_kernel: {name} cannot compile for {t.name}: {why}")
+    if dtype not in _DTYPES or index_dtype not in _INDEX_DTYPES:
+        raise ValueError(
+            f"dtype / index_dtype must be in {sorted(_DTYPES)} / {sorted(_INDEX_DTYPES)}"
+        )
+    shape = {
+        "num_heads": num_heads,
+        "dtype": torch.bfloat16 if _DTYPES[dtype] == "bf16" else torch.float16,
+        "index_dtype": torch.int64 if index_dtype == "int64" else torch.int32,
+    }
+    if config is not None:
+        shape["config"] = config
+    kernel, signature, constexprs, options = k.compile_args(t.name, **shape)
+    res = compile(kernel, t, constexprs, options, signature, divisible=("stride_kvn",))
+    return name, res

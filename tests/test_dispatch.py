@@ -373,3 +373,33 @@ def test_gpu_default_runs_the_chosen_kernel(H, T, index_dtype, monkeypatch):
     if arch == "sm90":  # never Triton where a Gluon kernel can run
         assert expected.startswith("gluon_")
     assert names == [expected]
+
+
+@pytest.mark.parametrize(
+    "name", ["triton", "gluon_mma", "gluon_wgmma", "gluon_ws", "gluon_ws_small"]
+)
+def test_every_registered_kernel_cross_compiles_through_inspect(name):
+    """Each kernel of the registry compiles for sm90 through one call of inspect, at a head
+    count between the recorded ones; "default" compiles what the dispatch chooses there."""
+    from sparse_mla import inspect
+
+    assert name in dispatch.KERNELS
+    got, res = inspect.compile_kernel(name, "sm90", num_heads=20, index_dtype="int64")
+    assert got == name
+    assert res.mix["wgmma"] + res.mix["mma"] > 0, res.mix
+    assert res.resources.shared_bytes <= 227 * 1024
+    if name.startswith("gluon_ws"):
+        assert res.resources.spill_bytes == 0, res.resources
+    chosen = dispatch.choose(dispatch.Call("sm90", 20, 512, num_tokens=64)).kernel
+    assert inspect.compile_kernel("default", "sm90", num_heads=20, num_tokens=64)[0] == chosen
+
+
+def test_compile_kernel_refuses_what_a_kernel_cannot_serve():
+    from sparse_mla import inspect
+
+    with pytest.raises(ValueError, match="gluon_ws cannot compile for gfx950"):
+        inspect.compile_kernel("gluon_ws", "gfx950", num_heads=64)
+    with pytest.raises(ValueError, match="not registered"):
+        inspect.compile_kernel("gluon", "sm90")
+    with pytest.raises(ValueError, match="takes no config"):
+        inspect.compile_kernel("default", "sm90", config={"BLOCK_K": 32})
