@@ -29,10 +29,12 @@ __all__ = [
 ]
 
 # Peers are drawn in warm colours, the package's kernels in cool ones, PyTorch in grey.
-PEERS = ("flashmla", "flashmla_pad64", "aiter")
+PEERS = ("flashmla", "flashmla_pad64", "flashmla_pad128", "aiter")
 _COLORS = {
-    "flashmla": "#d62728", "flashmla_pad64": "#ff7f0e", "aiter": "#bcbd22", "torch": "#7f7f7f",
-    "triton": "#1f77b4", "gluon": "#17becf", "default": "#2ca02c",
+    "flashmla": "#d62728", "flashmla_pad64": "#ff7f0e", "flashmla_pad128": "#ffbb78",
+    "aiter": "#bcbd22", "torch": "#7f7f7f", "triton": "#1f77b4", "gluon": "#17becf",
+    "gluon_ws": "#17becf", "gluon_ws_small": "#9edae5", "gluon_wgmma": "#393b79",
+    "gluon_mma": "#6b6ecf", "default": "#2ca02c",
 }  # fmt: skip
 _OTHERS = ("#9467bd", "#8c564b", "#e377c2", "#aec7e8")
 
