@@ -678,7 +678,7 @@ def test_persistent_launch_arguments(monkeypatch):
         def __getitem__(self, grid):
             def run(*args, **kw):
                 calls.append((grid, args, kw))
-                for a in args:  # "write" the output the kernel was given
+                for a in args[5:6]:  # "write" the output the kernel was given (out_desc)
                     if isinstance(a, TensorDescriptor):
                         a.base.fill_(3.0)
 
@@ -692,13 +692,18 @@ def test_persistent_launch_arguments(monkeypatch):
     idx = torch.arange(10, dtype=torch.int32)
     ptr = torch.zeros(T + 1, dtype=torch.int32)
     out = torch.empty(T, H, 512, dtype=torch.bfloat16)
-    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, out, 0.25, 0, out_tma=True)
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, out, 0.25, 0, out_tma=True,
+                              q_tma=True)  # fmt: skip
     (grid, args, kw), = calls  # fmt: skip
     assert grid == (132,) and kw == {"num_warps": 4, "num_stages": 1}
     names = [n for n in _prefill_ws_kernel.arg_names]
     assert len(args) == len(names), (len(args), names)
     got = dict(zip(names, args, strict=True))
-    assert got["q_ptr"].is_contiguous() and torch.equal(got["q_ptr"], q)
+    qd = got["q_desc"]  # Q by TMA: a descriptor of a contiguous copy of q (rows not aligned)
+    assert isinstance(qd, TensorDescriptor) and qd.base.is_contiguous()
+    assert torch.equal(qd.base, q) and list(qd.shape) == [T, H, 512]
+    assert list(qd.block_shape) == [1, 64, hopper_ws.Q_BLOCK.value]
+    assert qd.layout == hopper_ws.Q_SMEM.value
     assert got["kv_ptr"] is kv and got["idx_ptr"] is idx
     desc = got["out_desc"]
     assert desc.base is out and list(desc.shape) == [T, H, 512]
@@ -713,7 +718,8 @@ def test_persistent_launch_arguments(monkeypatch):
     calls.clear()
     ob = torch.zeros(T, H, 520, dtype=torch.bfloat16)
     odd = ob[..., 4:516]
-    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, odd, 0.25, 0, out_tma=True)
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, odd, 0.25, 0, out_tma=True,
+                              q_tma=True)  # fmt: skip
     (_, args, _), = calls  # fmt: skip
     desc = dict(zip(names, args, strict=True))["out_desc"]
     assert desc.base is not odd and desc.base.is_contiguous()

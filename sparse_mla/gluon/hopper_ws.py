@@ -3,11 +3,11 @@
 Persistent: one program per SM takes (token, block of 64 heads) work items round-robin; each
 program runs 12 warps in three partitions:
 
-- **producer** (4 warps, few registers): cp.async-gathers Q once and then the token's KV rows,
-  64 slots a tile, into two shared-memory tile buffers. Each buffer is filled and released in
-  two halves of 256 columns (``L`` = D[0:256], ``R`` = D[256:512]); each half has a ``ready``
-  mbarrier (the producer's 128 lanes arrive when their copies land) and a ``free`` one (the
-  consumer that reads it last arrives). Absent slots (< 0, >= N, past the list's end) copy
+- **producer** (4 warps, few registers): loads Q once by TMA, then cp.async-gathers the token's
+  KV rows, 64 slots a tile, into two shared-memory tile buffers. Each buffer is filled and
+  released in two halves of 256 columns (``L`` = D[0:256], ``R`` = D[256:512]); each half has
+  a ``ready`` mbarrier (the producer's 128 lanes arrive when their copies land) and a ``free``
+  one (the consumer that reads it last arrives). Absent slots (< 0, >= N, past the list's end) copy
   nothing and are zero-filled, so their V rows are 0 and the pool is never read for them.
 - **consumer 0** (the default partition) computes S = Q K^T of the even tiles (buffer 0) and
   owns O[:, 0:256]; **consumer 1** computes S of the odd tiles (buffer 1) and owns O[:, 256:512].
@@ -98,6 +98,12 @@ LANE = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))  # one element per th
 OUT_BLOCK = gl.constexpr(64)
 OUT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3))
 OUT_BY_TMA = True  # for the launcher: pass a TMA descriptor of out, not a pointer
+# Q comes in by TMA too: one [1, BLOCK_H, Q_BLOCK] block of q [R, H, 512] per item (rows past
+# H zero-filled by the descriptor's bounds; the compiler issues it as eight 128-byte-wide boxes,
+# the swizzle's width), on one barrier that expects its bytes.
+Q_BLOCK = gl.constexpr(512)
+Q_SMEM = OUT_SMEM
+Q_BY_TMA = True  # for the launcher: pass a TMA descriptor of q in place of its pointer
 
 
 @gluon.jit
@@ -161,23 +167,27 @@ def _copy_q(dst, q_ptr, pid_r, offs_h, offs_c, stride_qr, stride_qh, num_heads):
 
 @gluon.jit
 def _producer(
-    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
+    q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
 ):  # fmt: skip
-    offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
-    offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
     g0 = 0  # pairs of tiles gathered so far, over all items: the barriers' phase
     it = 0  # items so far
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
 
         # Q [64, 512] of this head block (rows past num_heads zero-filled), once both consumers
-        # are past their last QK^T of the previous item.
+        # are past their last QK^T of the previous item: by TMA (eight bulk copies) rather than
+        # 32 16-byte cp.async per lane, which cost 1.5-2.6 us of an item's latency at T = 64
+        # (data/bench/ws_lat_h200.log, ablation abl_noq).
         mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
-        _copy_q(q_smem.index(0), q_ptr, pid_r, pid_h * BLOCK_H + offs_hq, offs_c, stride_qr,
-                stride_qh, num_heads)  # fmt: skip
-        cp.mbarrier_arrive(bars.index(Q_READY), increment_count=False)
+        mbarrier.expect(
+            bars.index(Q_READY), BLOCK_H * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8
+        )
+        tma.async_copy_global_to_shared(
+            q_desc, [pid_r.to(gl.int32), pid_h * BLOCK_H, 0], bars.index(Q_READY),
+            q_smem.index(0).reshape([1, BLOCK_H, HEAD_DIM]),
+        )  # fmt: skip
 
         num_pairs = (num_tiles + 1) // 2
         for j in range(num_pairs):
@@ -339,12 +349,12 @@ def _consumer_item(item, indptr_ptr, nnz, num_heads):
 
 @gluon.jit
 def _consumer0(
-    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
+    q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
 ):  # fmt: skip
     """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    dtype: gl.constexpr = q_desc.dtype
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
@@ -412,12 +422,12 @@ def _consumer0(
 
 @gluon.jit
 def _consumer1(
-    q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
+    q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
 ):  # fmt: skip
     """Odd tiles' S, O[:, 256:512]."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    dtype: gl.constexpr = q_desc.dtype
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
@@ -470,13 +480,13 @@ def _consumer1(
 
 @gluon.jit(do_not_specialize=["nnz"])
 def _prefill_ws_kernel(
-    q_ptr,  # [R, H, 512]
+    q_desc,  # TMA descriptor of q [R, H, 512]: boxes [1, BLOCK_H, Q_BLOCK], Q_SMEM
     kv_ptr,  # [N, 512]
     idx_ptr,  # [nnz] int32 | int64
     indptr_ptr,  # [R + 1]
     sink_ptr,  # [H] fp32 sink logits (-inf: no sink)
     out_desc,  # TMA descriptor of out [R, H, 512]: boxes [1, BLOCK_H, OUT_BLOCK], OUT_SMEM
-    stride_qr,
+    stride_qr,  # q's strides: unused (the descriptor holds them), kept for the shared launch
     stride_qh,
     stride_kvn,
     num_heads,
@@ -487,7 +497,7 @@ def _prefill_ws_kernel(
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
     kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
     # One allocation per buffer that one consumer writes and the other reads: the compiler's
@@ -504,11 +514,11 @@ def _prefill_ws_kernel(
     for i in gl.static_range(4):
         mbarrier.init(bars.index(READY + i), count=128)  # the producer's lanes, via cp.async
         mbarrier.init(bars.index(FREE + i), count=1)
-    mbarrier.init(bars.index(Q_READY), count=128)
+    mbarrier.init(bars.index(Q_READY), count=1)  # the producer's expect; the bytes by TMA
     mbarrier.init(bars.index(Q_FREE), count=2)  # one arrival per consumer
 
     args = (
-        q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
+        q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
         stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
         num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     )  # fmt: skip

@@ -484,8 +484,13 @@ def compile_args(
             out_sig = {"out_desc": f"tensordesc<{elem[1:]}{box},{module.OUT_SMEM.value!r}>"}
         else:
             out_sig = {"out_ptr": elem, "stride_or": "i32", "stride_oh": "i32"}
+        if getattr(module, "Q_BY_TMA", False):
+            box = [1, module.BLOCK_H.value, module.Q_BLOCK.value]
+            q_sig = {"q_desc": f"tensordesc<{elem[1:]}{box},{module.Q_SMEM.value!r}>"}
+        else:
+            q_sig = {"q_ptr": elem}
         signature = {
-            "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
+            **q_sig, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
             "sink_ptr": "*fp32", "stride_qr": "i32", "stride_qh": "i32", "stride_kvn": "i32",
             **out_sig, "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
             "num_items": "i32",
@@ -766,6 +771,7 @@ def run_validated(
         _launch_persistent(ws_kernel, _heads_per_item(name, cfg), q_nope, kv2, kv_indices,
                            kv_indptr, attn_sink, out, sm_scale, dev,
                            out_tma=getattr(module, "OUT_BY_TMA", False),
+                           q_tma=getattr(module, "Q_BY_TMA", False),
                            constexprs=_ws_constexprs(cfg))  # fmt: skip
         return out
     block_h = cfg.BLOCK_H
@@ -807,7 +813,7 @@ def run_validated(
 
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
-    *, out_tma=False, constexprs=None,
+    *, out_tma=False, q_tma=False, constexprs=None,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -815,7 +821,9 @@ def _launch_persistent(
     ``out_tma``: the kernel writes O by TMA (``hopper_ws``) and takes a descriptor of ``out``
     (boxes [1, heads_per_item, OUT_BLOCK]) instead of its pointer and strides; an ``out`` that
     TMA cannot address (base or a stride not a multiple of 16 bytes, last dim not contiguous)
-    is written through a contiguous buffer and copied."""
+    is written through a contiguous buffer and copied. ``q_tma``: the kernel reads Q by TMA
+    (``hopper_ws``) and takes a descriptor of ``q`` (boxes [1, heads_per_item, Q_BLOCK]) in
+    place of its pointer (q rows 16-byte aligned, as for the cp.async copies)."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
@@ -826,7 +834,13 @@ def _launch_persistent(
         sink = attn_sink.contiguous()
     items = R * triton.cdiv(H, heads_per_item)
     grid = (min(items, _num_compute_units(dev)),)
-    common = (q, kv2, kv_indices, kv_indptr, sink)
+    q_arg = q
+    if q_tma:
+        q_arg = TensorDescriptor(
+            q, list(q.shape), list(q.stride()),
+            [1, heads_per_item, hopper_ws.Q_BLOCK.value], hopper_ws.Q_SMEM.value,
+        )  # fmt: skip
+    common = (q_arg, kv2, kv_indices, kv_indptr, sink)
     tail = (H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E, items)
     if not out_tma:
         kernel[grid](

@@ -210,7 +210,7 @@ def _w(*names: str, d: int = 0) -> tuple[tuple[str, int], ...]:
 TIMELINE = (
     # producer warpgroup: Q once per item, then the four halves of a pair in the order the
     # consumers free them.
-    Step(PRODUCER, "gather Q [64, 512]", "copy", 2.0, _w("Q_FREE", d=-1), ("Q_READY",), "item"),
+    Step(PRODUCER, "TMA Q [64, 512]", "copy", 2.0, _w("Q_FREE", d=-1), ("Q_READY",), "item"),
     Step(PRODUCER, "gather 0L", "copy", 1.5, _w("FREE 0L", d=-1), ("READY 0L",), gather="0L"),
     Step(PRODUCER, "gather 1R", "copy", 1.5, _w("FREE 1R", d=-1), ("READY 1R",), gather="1R"),
     Step(PRODUCER, "gather 0R", "copy", 1.5, _w("FREE 0R", d=-1), ("READY 0R",), gather="0R"),
@@ -680,10 +680,10 @@ def kernel_gathers() -> list[tuple[str, int, int]]:
 
 def source_events(function: str) -> list[tuple[str, str]]:
     """(op, barrier name) of one partition function in source order: ``mbarrier.wait`` and the
-    arrivals (``_arrive``, ``cp.mbarrier_arrive``), the waits inside ``_qk`` / ``_qk_half``
-    (READY of the half or halves they read), the named barriers (``_bar_sync(NB_X)``: arrive
-    at X, then wait on it; ``_bar_arrive(NB_X)``: arrive only) and, for a call of
-    ``_epilogue``, the events of ``_epilogue``'s own source."""
+    arrivals (``_arrive``, ``cp.mbarrier_arrive``, ``mbarrier.expect``), the waits inside
+    ``_qk`` / ``_qk_half`` (READY of the half or halves they read), the named barriers
+    (``_bar_sync(NB_X)``: arrive at X, then wait on it; ``_bar_arrive(NB_X)``: arrive only)
+    and, for a call of ``_epilogue``, the events of ``_epilogue``'s own source."""
     by_slot = {b.slot: b.name for b in MBARRIERS}
     by_id = {b.id: b.name for b in NAMED_BARRIERS}
     out: list[tuple[str, str]] = []
@@ -691,7 +691,10 @@ def source_events(function: str) -> list[tuple[str, str]]:
         name = _callee(c)
         if name == "mbarrier.wait" and _bar(c.args[0]) is not None:
             out.append(("wait", by_slot[_bar(c.args[0])]))
-        elif name in ("_arrive", "cp.mbarrier_arrive") and _bar(c.args[0]) is not None:
+        elif (
+            name in ("_arrive", "cp.mbarrier_arrive", "mbarrier.expect")
+            and _bar(c.args[0]) is not None
+        ):  # an expect is an arrival whose phase also waits for its TMA bytes
             out.append(("arrive", by_slot[_bar(c.args[0])]))
         elif name == "_qk":  # (q, kv, bars, first_half, ready0, ph)
             first, ready0 = _value(c.args[3]), _value(c.args[4])
