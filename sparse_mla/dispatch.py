@@ -279,7 +279,7 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
             continue
         why = k.unavailable(call)
         if not why:
-            where = "no recorded choice" if c is None else passed[-1]
+            where = "no recorded choice" if c is None else passed[0]
             return Choice(name, k.resolve(None, call), f"rule for {call.arch} H={call.num_heads}"
                           f" ({where})")  # fmt: skip
         passed.append(f"{name}: {why}")

@@ -403,3 +403,15 @@ def test_compile_kernel_refuses_what_a_kernel_cannot_serve():
         inspect.compile_kernel("gluon", "sm90")
     with pytest.raises(ValueError, match="takes no config"):
         inspect.compile_kernel("default", "sm90", config={"BLOCK_K": 32})
+
+
+def test_recorded_kernel_that_cannot_run_falls_to_the_rule(tmp_path, monkeypatch):
+    """A recorded kernel that cannot run the call hands it to the rule's next kernel, and the
+    reason says why the recorded one was passed over."""
+    ws = dispatch.KERNELS["gluon_ws"]
+    monkeypatch.setitem(dispatch.KERNELS, "gluon_ws", replace(ws, unavailable=lambda c: "off"))
+    rec = {"name": "gluon_ws", "provenance": {**CHOICE_PROV, "times_ms": {"gluon_ws": 1.0}}}
+    _write(tmp_path, "sm90", {"H64_D512": _entry(rec)})
+    c = dispatch.choose(dispatch.Call("sm90", 64, 512, num_tokens=4096), root=tmp_path)
+    assert c.kernel == "gluon_wgmma", c
+    assert "gluon_ws recorded, but off" in c.reason and c.reason.startswith("rule for sm90 H=64")
