@@ -118,6 +118,7 @@ __all__ = [
     "grid_points",
     "grid_providers",
     "measure_ceilings",
+    "pick_run",
     "provider_names",
     "read_rows",
     "run_bench",
@@ -1087,6 +1088,18 @@ def read_rows(path: Path | str) -> list[dict[str, Any]]:
     return out
 
 
+def pick_run(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> str:
+    """The run (its ``timestamp``) of bench rows to read: ``run`` when given (ValueError if
+    no row has it), else the latest run that has workload rows."""
+    runs = sorted({r["timestamp"] for r in rows if r.get("workload") and r.get("timestamp")})
+    if not runs:
+        raise ValueError("no workload rows")
+    run = run or runs[-1]
+    if run not in runs:
+        raise ValueError(f"no run {run!r}; runs: {runs}")
+    return run
+
+
 def run_summary(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> dict[str, Any]:
     """One run's workloads with their same-run floors and every provider's time.
 
@@ -1103,12 +1116,7 @@ def run_summary(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> di
         run's gather rate at the pool's size (rows without ``pool_bytes``: the floor when it is
         above the matmul floor, else None).
     """
-    runs = sorted({r["timestamp"] for r in rows if r.get("workload") and r.get("timestamp")})
-    if not runs:
-        raise ValueError("no workload rows")
-    run = run or runs[-1]
-    if run not in runs:
-        raise ValueError(f"no run {run!r}; runs: {runs}")
+    run = pick_run(rows, run)
     mine = [r for r in rows if r.get("timestamp") == run]
     matmul = gather = None
     rates: dict[int, float] = {}

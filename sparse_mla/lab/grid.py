@@ -78,13 +78,9 @@ def is_package_kernel(provider: str | None) -> bool:
 def grid_run(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> str:
     """The run (its ``timestamp``) the grid functions read: ``run`` when given, else the latest
     run with workload rows, as :func:`sparse_mla.bench.run_summary` picks it."""
-    runs = sorted({r["timestamp"] for r in rows if r.get("workload") and r.get("timestamp")})
-    if not runs:
-        raise ValueError("no workload rows")
-    run = run or runs[-1]
-    if run not in runs:
-        raise ValueError(f"no run {run!r}; runs: {runs}")
-    return run
+    from ..bench import pick_run
+
+    return pick_run(rows, run)
 
 
 def _config(row: Mapping[str, Any]) -> dict[str, Any]:
