@@ -22,6 +22,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from sparse_mla import dispatch
 from sparse_mla.prefill import sparse_mla_prefill
 from sparse_mla.reference import sparse_mla_prefill_ref
 
@@ -408,19 +409,9 @@ def _gluon(call: Call, **kw):
     )  # fmt: skip
 
 
-def _gluon_kwargs(kernel: str) -> dict:
-    """The Gluon instantiation a GPU test runs: the default choice (warp-specialised at
-    BLOCK_H = 64 on sm90, the shared algorithm below), the wgmma kernel, or KV splits."""
-    from sparse_mla.gluon import GluonConfig
-
-    if kernel == "gluon_wgmma":
-        return {"config": GluonConfig(64, 64, 8, wgmma=True, num_stages=2)}
-    if kernel == "gluon_splits":
-        return {"num_kv_splits": 3}
-    return {}
-
-
-GPU_KERNELS = ["triton", "gluon", "gluon_wgmma", "gluon_splits", "default"]
+# Every registered kernel forced by name, the shared Gluon algorithm with KV splits, and
+# config=None (the kernel the dispatch picks for the shape).
+GPU_KERNELS = [*dispatch.KERNELS, "gluon_mma_splits", "default"]
 
 
 def _run_gpu(kernel: str, call: Call, spec: Spec, **kw):
@@ -430,7 +421,10 @@ def _run_gpu(kernel: str, call: Call, spec: Spec, **kw):
         )
     if kernel == "default":  # config=None: the kernel configs/ records for the shape
         return sparse_mla_prefill(*call.args(), attn_sink=call.sink, out=call.out, **kw)
-    return _gluon(call, **_gluon_kwargs(kernel), **kw)
+    if kernel == "gluon_mma_splits":
+        return _gluon(call, kernel="gluon_mma", num_kv_splits=3, **kw)
+    return sparse_mla_prefill(*call.args(), attn_sink=call.sink, out=call.out,
+                              config=dispatch.Choice(kernel), **kw)  # fmt: skip
 
 
 @pytest.mark.gpu

@@ -1,8 +1,9 @@
 """Hopper (sm90) pieces of the Gluon MLA kernel: mma.sync (MMA v2) layouts, cp.async gathers.
 
 The shared algorithm (``algorithm.py``) calls these through ``ARCH == "hopper"``. It serves
-decode, sm80-sm89 and prefill with BLOCK_H < 64; sm90 prefill at BLOCK_H = 64 runs the wgmma
-kernel of ``hopper_prefill.py`` instead (``launch.use_wgmma``).
+decode, sm80-sm89 and the sm90 prefill as the ``gluon_mma`` kernel; the other sm90 prefill
+kernels (``gluon_wgmma``: ``hopper_prefill.py``; ``gluon_ws`` / ``gluon_ws_small``) are their own
+registry entries (``launch.KERNELS``).
 - MMA: ``mma.sync.m16n8k16`` bf16/fp16 with fp32 accumulation (``NVMMADistributedLayout``
   version [2, 0]); operands come from shared memory through ``ldmatrix`` (``k_width=2``).
 - Gather: ``cp.async`` 16-byte copies per lane into shared memory, 64-bit addressing; a masked
