@@ -401,37 +401,28 @@ def _gluon_unavailable(name: str, call: dispatch.Call) -> str | None:
     return gluon_launch.why_not(name, cfg, target, has_pe=False)
 
 
-def _gluon_resolver(name: str):
-    def resolve(launch, call: dispatch.Call):
-        from .gluon import launch as gluon_launch
+def _resolve_gluon(name: str, launch, call: dispatch.Call):
+    """Gluon kernel ``name``'s launch for a call (None: its default at the call's heads)."""
+    from .gluon import launch as gluon_launch
 
-        return gluon_launch.resolve_launch(
-            name, launch, call.num_heads, gluon_launch.get_target(call.arch or "sm90")
-        )
-
-    return resolve
+    target = gluon_launch.get_target(call.arch or "sm90")
+    return gluon_launch.resolve_launch(name, launch, call.num_heads, target)
 
 
-def _gluon_runner(name: str):
-    def run(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
-        from .gluon import launch as gluon_launch
+def _run_gluon(name: str, q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+    from .gluon import launch as gluon_launch
 
-        with runtime.compiling():  # a launch may compile: not while another thread interprets
-            return gluon_launch.run_validated(
-                q, None, kv2, None, kv_indices, kv_indptr, softmax_scale, has_pe=False,
-                attn_sink=attn_sink, out=out, config=cfg, kernel=name,
-            )  # fmt: skip
-
-    return run
+    with runtime.compiling():  # a launch may compile: not while another thread interprets
+        return gluon_launch.run_validated(
+            q, None, kv2, None, kv_indices, kv_indptr, softmax_scale, has_pe=False,
+            attn_sink=attn_sink, out=out, config=cfg, kernel=name,
+        )  # fmt: skip
 
 
-def _gluon_compiler(name: str):
-    def compile_args(target: str, **shape):
-        from .gluon import launch as gluon_launch
+def _compile_gluon(name: str, target: str, **shape):
+    from .gluon import launch as gluon_launch
 
-        return gluon_launch.compile_args("prefill", target, name, **shape)
-
-    return compile_args
+    return gluon_launch.compile_args("prefill", target, name, **shape)
 
 
 dispatch.register(
@@ -466,8 +457,8 @@ def _register_gluon() -> None:
         dispatch.register(
             dispatch.Kernel(
                 spec.name,
-                run=_gluon_runner(spec.name),
-                resolve=_gluon_resolver(spec.name),
+                run=functools.partial(_run_gluon, spec.name),
+                resolve=functools.partial(_resolve_gluon, spec.name),
                 unavailable=functools.partial(_gluon_unavailable, spec.name),
                 # GluonConfig forces the shared algorithm; the wgmma ring shares its config
                 # class, so it is forced by name (dispatch.Choice) only.
@@ -477,7 +468,7 @@ def _register_gluon() -> None:
                 summary=spec.summary,
                 targets=spec.targets,
                 knobs=dict(spec.knobs),
-                compile_args=_gluon_compiler(spec.name),
+                compile_args=functools.partial(_compile_gluon, spec.name),
             )
         )
 
