@@ -559,46 +559,6 @@ def test_gpu_default_prefill_few_heads(H, max_len, with_sink, index_dtype):
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_ws_prefill_pool_past_2_31_and_views():
-    """Both warp-specialised kernels: a pool view starting past element 2**31 of its buffer
-    (64-bit row offsets), ``out=`` strided views (nothing outside them written), q a view that
-    is not 16-byte aligned."""
-    g = torch.Generator(device="cuda").manual_seed(3)
-    T, H, N = 70, 64, 2000
-    off = 2**31 + 4096
-    buf = torch.full((off + N * 512,), float("nan"), dtype=torch.bfloat16, device="cuda")
-    kv = buf[off:].view(N, 512)
-    used = torch.randperm(N, generator=g, device="cuda")[: N // 2]
-    kv[used] = torch.randn(used.numel(), 512, generator=g, device="cuda").to(torch.bfloat16)
-    lens = torch.randint(0, 400, (T,), generator=g, device="cuda")
-    lens[4] = 0
-    ptr = torch.zeros(T + 1, dtype=torch.int64, device="cuda")
-    ptr[1:] = lens.cumsum(0)
-    nnz = int(ptr[-1])
-    idx = used[torch.randint(0, used.numel(), (nnz,), generator=g, device="cuda")]
-    bad = torch.rand(nnz, generator=g, device="cuda") < 0.1
-    idx = torch.where(bad, torch.full_like(idx, -(2**40)), idx)
-    qb = torch.randn(T, H, 520, generator=g, device="cuda").to(torch.bfloat16)
-    q = qb[..., 4:516]  # starts 8 bytes into each row: not 16-byte aligned
-    sink = torch.randn(H, generator=g, device="cuda")
-    # out views: 128 bytes into each row (the TMA-writing kernel addresses it directly) and
-    # 8 bytes in (it cannot: written through a buffer and copied).
-    for kernel, heads, lead in ((WS, H, 64), (WS, H, 4), ("gluon_ws_small", 16, 64)):
-        qh, sh = q[:, :heads], sink[:heads]
-        ob = torch.full((T, heads, 640), float("nan"), dtype=torch.bfloat16, device="cuda")
-        out = ob[..., lead : lead + 512]
-        mla_gluon(qh, None, kv, None, idx, ptr, 512**-0.5, has_pe=False, attn_sink=sh, out=out,
-                  kernel=kernel)  # fmt: skip
-        ref = sparse_mla_prefill_ref(qh, kv, idx, ptr, 512**-0.5, attn_sink=sh)
-        base = sparse_mla_prefill_ref(qh, kv, idx, ptr, 512**-0.5, attn_sink=sh, upcast=False)
-        rep = error_report(out.float(), ref, base.float())
-        assert rep.ok, f"{kernel}: {rep}"
-        assert torch.all(out[4] == 0)
-        assert torch.isnan(ob[..., :lead]).all() and torch.isnan(ob[..., lead + 512 :]).all()
-
-
-@pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("H", [16, 64, 128])
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
