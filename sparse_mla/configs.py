@@ -1,4 +1,4 @@
-"""Tuned launch configs: configs/<arch>/triton/attention/sparse_attention_dsv4/DEFAULT.json.
+"""Tuned launch configs: <root>/<arch>/triton/attention/sparse_attention_dsv4/DEFAULT.json.
 
 One JSON file per architecture id (``gfx942``, ``gfx950``, ``sm90``; never product names),
 keyed by shape::
@@ -20,14 +20,35 @@ keyed by shape::
 optional ``kernel`` records which of the package's kernels is the fastest for the shape (its
 ``name``, optionally its own ``launch``, and the ``provenance`` of the same-run timing that chose
 it, ``times_ms`` per kernel); :mod:`sparse_mla.dispatch` reads it. Every file is validated as
-a whole when first read (types, known keys, a launch the kernel accepts for that shape); a broken
-file raises :class:`ConfigFileError` naming the file and the entry.
+a whole when first read (strict JSON: no duplicate keys, no integer of more than 18 digits;
+types, known keys, a launch the kernel accepts for that shape, a recorded kernel's own
+``launch`` checked against that kernel's config in the registry); a broken, unreadable or
+dangling file raises :class:`ConfigFileError` naming the file and the entry.
+
+Where the files live (the roots), first match per shape wins:
+
+1. Inside ``with use_root(path):`` only ``path`` (a context variable: the current thread and
+   the tasks it starts with a copied context; threads started in the block do not see it).
+   For a notebook's scratch copy; ``path`` must be an existing folder.
+2. Else the user root, read over the shipped files entry by entry (a shape the user root has
+   replaces the shipped entry for that shape; other shapes keep the shipped ones). It is
+   ``$SPARSE_MLA_CONFIG_DIR`` when that variable is set (then the folder must exist), else
+   ``$XDG_CONFIG_HOME/sparse-mla`` (default ``~/.config/sparse-mla``; absent is fine). The
+   variable is read at each lookup and holds for every thread of the process: the way for an
+   engine that dispatches from worker threads to use its own tuned files.
+3. The shipped files, package data under ``sparse_mla/tuned/`` (:data:`CONFIG_ROOT`, found with
+   importlib.resources, so a wheel install has them).
+
+Writing entries (atomically, under a file lock) is :func:`sparse_mla.tune.export` and
+:func:`sparse_mla.tune.export_kernel_choice`; without ``root=`` they write under the
+``use_root`` block's root, else the user root (:func:`config_path`), never the shipped files
+(pass ``root=CONFIG_ROOT``, CLI ``--root sparse_mla/tuned``, to update those in a checkout).
 
 A missing file or entry is the normal case for most shapes and is silent (nothing logged):
 :func:`lookup` returns None and the launcher uses :func:`sparse_mla.prefill.default_config`.
-Writing entries (atomically, under a file lock) is :func:`sparse_mla.tune.export` and
-:func:`sparse_mla.tune.export_kernel_choice`. This module owns the config dataclass and imports
-nothing else of the package, so the kernels and the dispatch can import it.
+This module owns the config dataclass and imports no other module of the package at import
+time, so the kernels and the dispatch can import it; checking a recorded kernel's ``launch``
+asks the registry (:mod:`sparse_mla.dispatch`) when a file is read.
 """
 
 from __future__ import annotations
@@ -36,15 +57,18 @@ import contextlib
 import contextvars
 import datetime as _dt
 import functools
+import importlib.resources
 import itertools
 import json
 import math
+import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CONFIG_DIR_ENV",
     "CONFIG_ROOT",
     "PROVENANCE_KEYS",
     "ConfigEntry",
@@ -59,13 +83,19 @@ __all__ = [
     "lookup_entry",
     "parse_entries",
     "parse_shape_key",
+    "read_json",
+    "roots",
     "shape_key",
     "use_root",
+    "user_root",
     "validate_all",
     "validate_file",
 ]
 
-CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
+# The shipped tuned files: package data (sparse_mla/tuned/), present in a wheel install too.
+CONFIG_ROOT = Path(str(importlib.resources.files(__package__).joinpath("tuned")))
+# The environment variable naming the user root (read at each lookup, never at import).
+CONFIG_DIR_ENV = "SPARSE_MLA_CONFIG_DIR"
 # The root that lookups without an explicit ``root`` read: CONFIG_ROOT unless use_root() says
 # otherwise. A context variable, so a notebook's scratch root does not leak into other threads.
 _ACTIVE_ROOT: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
@@ -75,18 +105,53 @@ _ACTIVE_ROOT: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def use_root(root: str | Path):
-    """Inside the block, lookups (and so the launcher) and exports without ``root=`` use
-    ``root`` instead of the package's configs/."""
-    token = _ACTIVE_ROOT.set(Path(root))
+    """Inside the block, lookups (and so the launcher) and exports without ``root=`` use only
+    ``root`` (an existing folder; ConfigFileError otherwise), not the user root or the shipped
+    files. The current thread only: for a process-wide root set ``SPARSE_MLA_CONFIG_DIR``."""
+    path = Path(root)
+    if not path.is_dir():
+        raise ConfigFileError(f"use_root: {path} is not an existing folder")
+    token = _ACTIVE_ROOT.set(path)
     try:
-        yield Path(root)
+        yield path
     finally:
         _ACTIVE_ROOT.reset(token)
 
 
-def _default_root() -> Path:
+def user_root() -> Path | None:
+    """The user's config root: ``$SPARSE_MLA_CONFIG_DIR`` when set (ConfigFileError unless it is
+    an existing folder), else ``$XDG_CONFIG_HOME/sparse-mla`` or ``~/.config/sparse-mla``
+    (which may not exist; None when there is no home folder)."""
+    env = os.environ.get(CONFIG_DIR_ENV)
+    if env:
+        path = Path(env).expanduser()
+        if not path.is_dir():
+            raise ConfigFileError(f"{CONFIG_DIR_ENV}={env}: not an existing folder")
+        return path
+    base = os.environ.get("XDG_CONFIG_HOME")
+    if not base:
+        try:
+            base = Path.home() / ".config"
+        except RuntimeError:  # no HOME and no passwd entry
+            return None
+    return Path(base) / "sparse-mla"
+
+
+def roots() -> tuple[Path, ...]:
+    """The roots lookups without ``root=`` read, first match per shape wins: the ``use_root``
+    block's root alone, else the user root then the shipped :data:`CONFIG_ROOT`."""
     active = _ACTIVE_ROOT.get()
-    return active if active is not None else CONFIG_ROOT
+    if active is not None:
+        return (active,)
+    user = user_root()
+    if user is None or user == CONFIG_ROOT:
+        return (CONFIG_ROOT,)
+    return (user, CONFIG_ROOT)
+
+
+def _default_root() -> Path:
+    """Where exports without ``root=`` write: the ``use_root`` root, else the user root."""
+    return roots()[0]
 
 
 _OP_DIR = Path("triton/attention/sparse_attention_dsv4")
@@ -268,13 +333,14 @@ class KernelChoice:
 class ConfigEntry:
     """One validated shape entry: Triton's launch as a PrefillConfig, its provenance, and the
     kernels recorded as the fastest for the shape (empty: none recorded), one per token bucket
-    (a single choice without ``tokens`` serves every T)."""
+    (a single choice without ``tokens`` serves every T); ``source`` names the file it came from."""
 
     num_heads: int
     head_dim: int
     launch: PrefillConfig
     provenance: dict[str, Any] = field(default_factory=dict)
     kernels: tuple[KernelChoice, ...] = ()
+    source: str | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -317,7 +383,8 @@ def parse_shape_key(key: str) -> tuple[int, int]:
 
 
 def config_path(arch: str, root: Path | str | None = None) -> Path:
-    """Path of ``arch``'s DEFAULT.json under ``root`` (default: the package's configs/)."""
+    """Path of ``arch``'s DEFAULT.json under ``root`` (default: where an export without ``root``
+    writes: the ``use_root`` block's root, else the user root; see the module docstring)."""
     if not isinstance(arch, str) or not re.fullmatch(r"[a-z]+[0-9a-z]*", arch):
         raise ValueError(f"arch must be an id like 'gfx942' or 'sm90', got {arch!r}")
     return Path(root if root is not None else _default_root()) / arch / _OP_DIR / "DEFAULT.json"
@@ -501,10 +568,38 @@ def parse_entries(data: Any, arch: str, source: str = "<data>") -> dict[str, Con
             cfg = _check_launch(arch, H, D, entry["launch"])
             prov = _check_provenance(entry["provenance"])
             choices = _check_kernels(entry["kernel"]) if "kernel" in entry else ()
+            for c in choices:
+                _check_choice_launch(c, arch, H, D)
         except (TypeError, ValueError) as e:
             raise ConfigFileError(f"{source}: entry {key!r}: {e}") from None
-        out[key] = ConfigEntry(H, D, cfg, prov, choices)
+        out[key] = ConfigEntry(H, D, cfg, prov, choices, source)
     return out
+
+
+def _check_choice_launch(c: KernelChoice, arch: str, num_heads: int, head_dim: int) -> None:
+    """A recorded kernel's own ``launch`` must be one its config class takes: known fields,
+    ints as ints and flags as bools, values the kernel accepts (ValueError otherwise). The
+    registry knows each kernel's config; a name it does not know is the dispatch's error."""
+    if c.launch is None:
+        return
+    from . import dispatch  # at file check time: dispatch imports this module
+
+    k = dispatch.KERNELS.get(c.name)
+    if k is None:
+        return
+    try:
+        cfg = k.resolve(dict(c.launch), dispatch.Call(arch, num_heads, head_dim))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"kernel {c.name!r}: launch {c.launch}: {e}") from None
+    if is_dataclass(cfg):
+        for f in fields(cfg):
+            v = c.launch.get(f.name)
+            text = f.type if isinstance(f.type, str) else repr(f.type)
+            want = bool if "bool" in text else (int if "int" in text else None)
+            if v is not None and want is not None and type(v) is not want:
+                raise ValueError(
+                    f"kernel {c.name!r}: launch {f.name} must be {want.__name__}, got {v!r}"
+                )
 
 
 def _arch_of(path: Path) -> str:
@@ -512,44 +607,108 @@ def _arch_of(path: Path) -> str:
     return path.parents[len(_OP_DIR.parts)].name
 
 
+MAX_INT_DIGITS = 18  # any count or time a config holds fits; a longer integer is a broken file
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r} (JSON keeps the last one silently)")
+        out[k] = v
+    return out
+
+
+def read_json(path: Path | str, text: str | None = None) -> Any:
+    """A config file's JSON value (``text``: its contents, already read); ConfigFileError naming
+    the file when it cannot be read (a dangling symlink, a loop, no permission), is not UTF-8,
+    is not strict JSON (a duplicate key, an integer over 18 digits) or is nested too deeply."""
+    path = Path(path)
+    if text is None:
+        _stamp(path, missing_ok=False)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigFileError(f"{path}: cannot be read ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigFileError(f"{path}: not a readable JSON file (not UTF-8: {e})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_parse_int)
+    except RecursionError:
+        raise ConfigFileError(f"{path}: not a readable JSON file (nested too deeply)") from None
+    except ValueError as e:  # JSONDecodeError, or a hook's refusal
+        raise ConfigFileError(f"{path}: not a readable JSON file ({e})") from None
+
+
+def _stamp(path: Path, *, missing_ok: bool = True) -> tuple[int, ...] | None:
+    """The file's stat stamp (None: no file, when ``missing_ok``); ConfigFileError for a
+    dangling symlink, a symlink loop or a path that cannot be looked at."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise ConfigFileError(
+                f"{path}: a dangling symlink (to {os.readlink(path)}, which does not exist)"
+            ) from None
+        if missing_ok:
+            return None
+        raise ConfigFileError(f"{path}: no such file") from None
+    except OSError as e:  # ELOOP (a symlink loop), EACCES, ENOTDIR, ...
+        raise ConfigFileError(f"{path}: cannot be read ({e.strerror or e})") from None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
 @functools.lru_cache(maxsize=64)
 def _load(path: Path, stamp: tuple[int, ...]) -> dict[str, ConfigEntry]:
     # Keyed by the file's stat stamp: an export (a new inode via os.replace) is seen at once.
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigFileError(f"{path}: not a readable JSON file ({e})") from e
-    return parse_entries(data, _arch_of(path), str(path))
+    return parse_entries(read_json(path), _arch_of(path), str(path))
 
 
 def validate_file(path: Path | str, arch: str | None = None) -> dict[str, ConfigEntry]:
     """Read and validate one config file (arch taken from its path unless given)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-        data = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigFileError(f"{path}: not a readable JSON file ({e})") from e
-    return parse_entries(data, arch or _arch_of(path), str(path))
+    return parse_entries(read_json(path), arch or _arch_of(path), str(path))
 
 
 def validate_all(root: Path | str | None = None) -> dict[str, dict[str, ConfigEntry]]:
-    """Validate every arch's DEFAULT.json under ``root``: {arch: {shape key: entry}}."""
-    root = Path(root if root is not None else _default_root())
-    found = {}
-    for path in sorted(root.glob(f"*/{_OP_DIR.as_posix()}/DEFAULT.json")):
-        found[_arch_of(path)] = validate_file(path)
+    """Validate every arch's DEFAULT.json under ``root`` (default: every root of :func:`roots`,
+    merged as lookups merge them): {arch: {shape key: entry}}."""
+    found: dict[str, dict[str, ConfigEntry]] = {}
+    for r in reversed(roots()) if root is None else (Path(root),):
+        # Every DEFAULT.json there, dangling symlinks and loops included (glob skips those).
+        arch_dirs = sorted(Path(r).iterdir()) if Path(r).is_dir() else []
+        for path in (d / _OP_DIR / "DEFAULT.json" for d in arch_dirs):
+            if os.path.lexists(path):
+                found.setdefault(_arch_of(path), {}).update(validate_file(path))
     return found
 
 
 def entries(arch: str, root: Path | str | None = None) -> dict[str, ConfigEntry]:
-    """All validated entries of ``arch``'s file ({} when the file does not exist)."""
-    path = config_path(arch, root)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return {}
-    return _load(path, (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size))
+    """All validated entries of ``arch`` ({} when no file has any): those of the file under
+    ``root``, or without ``root`` those of every root of :func:`roots`, the first root's entry
+    winning per shape (each entry's ``source`` names its file)."""
+    if root is not None:
+        paths = (config_path(arch, root),)
+    else:
+        paths = tuple(config_path(arch, r) for r in roots())
+    found = [(p, s) for p in paths if (s := _stamp(p)) is not None]
+    if len(found) == 1:
+        return _load(*found[0])
+    return _merged(tuple(found))
+
+
+@functools.lru_cache(maxsize=64)
+def _merged(found: tuple[tuple[Path, tuple[int, ...]], ...]) -> dict[str, ConfigEntry]:
+    out: dict[str, ConfigEntry] = {}
+    for path, stamp in reversed(found):
+        out.update(_load(path, stamp))
+    return out
 
 
 def lookup_entry(

@@ -240,7 +240,7 @@ def rule(call: Call) -> tuple[str, ...]:
     return ()
 
 
-def _unregistered(name: str, call: Call, root) -> configs.ConfigFileError:
+def _unregistered(name: str, entry: configs.ConfigEntry) -> configs.ConfigFileError:
     hint = ""
     if name == "gluon":
         hint = (
@@ -248,8 +248,7 @@ def _unregistered(name: str, call: Call, root) -> configs.ConfigFileError:
             "gluon_wgmma, gluon_mma): re-export the choice from a bench run"
         )
     return configs.ConfigFileError(
-        f"{configs.config_path(call.arch, root)}: kernel {name!r} is not registered (known: "
-        f"{sorted(KERNELS)}){hint}"
+        f"{entry.source}: kernel {name!r} is not registered (known: {sorted(KERNELS)}){hint}"
     )
 
 
@@ -266,7 +265,7 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
     c = entry.kernel_for(call.num_tokens) if entry is not None else None
     if c is not None:
         if c.name not in KERNELS:
-            raise _unregistered(c.name, call, root)
+            raise _unregistered(c.name, entry)
         k = KERNELS[c.name]
         why = k.unavailable(call)
         if not why:

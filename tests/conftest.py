@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import pytest
@@ -10,6 +13,11 @@ import torch
 
 # Keep the interpreter's numpy warnings out of the way and make every run reproducible per test.
 os.environ.setdefault("PYTHONHASHSEED", "0")
+# The tests read the shipped tuned configs only: an empty user config root (sparse_mla.configs)
+# for this process and the CLI / notebook processes it starts, whatever the machine's
+# ~/.config/sparse-mla or SPARSE_MLA_CONFIG_DIR hold.
+os.environ["SPARSE_MLA_CONFIG_DIR"] = tempfile.mkdtemp(prefix="sparse_mla_test_user_configs_")
+atexit.register(shutil.rmtree, os.environ["SPARSE_MLA_CONFIG_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -169,3 +169,159 @@ def test_use_root_redirects_lookup_and_restores(tmp_path):
         hit = cfgmod.lookup("sm90", 24, 64)
         assert hit is not None and hit.BLOCK_H == 32 and hit.num_warps == 2
     assert cfgmod.lookup("sm90", 24, 64) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that are not what they claim, and where lookups look (issue 24, items 6 and 8)
+# ---------------------------------------------------------------------------------------------
+
+CHOICE_PROV = {"device": "t", "date": "2026-12-01", "source": "t", "times_ms": {}}
+
+
+def _with_choice(name, launch):
+    prov = {**CHOICE_PROV, "times_ms": {name: 1.0}}
+    choice = {"name": name, "launch": launch, "provenance": prov}
+    return {"H16_D512": {"kernel": choice, "launch": LAUNCH, "provenance": PROV}}
+
+
+BAD_TEXT = {
+    "kernel.launch unknown key": (
+        json.dumps(_with_choice("gluon_ws_small", {"HEAD_GROUPS": 1, "BOGUS": 2})),
+        "gluon_ws_small.*BOGUS",
+    ),
+    "kernel.launch bad value": (
+        json.dumps(_with_choice("gluon_ws_small", {"HEAD_GROUPS": 3})),
+        "HEAD_GROUPS must be 1 or 2",
+    ),
+    "kernel.launch wgmma flag": (
+        json.dumps(_with_choice("gluon_mma", {"BLOCK_H": 16, "wgmma": 1})),
+        "gluon_mma.*wgmma",
+    ),
+    "kernel.launch bool for an int": (
+        json.dumps(_with_choice("gluon_mma", {"BLOCK_H": 16, "num_warps": True})),
+        "num_warps must be an int",
+    ),
+    "kernel.launch for a kernel without knobs": (
+        json.dumps(_with_choice("gluon_ws", {"BLOCK_K": 64})),
+        "gluon_ws.*BLOCK_K",
+    ),
+    "duplicate shape key": (
+        '{{"H16_D512": {0}, "H16_D512": {0}}}'.format(
+            json.dumps({"launch": LAUNCH, "provenance": PROV})
+        ),
+        "duplicate key 'H16_D512'",
+    ),
+    "duplicate launch key": (
+        '{"H16_D512": {"launch": {"BLOCK_H": 16, "BLOCK_H": 32, "BLOCK_K": 16, "num_warps": 4,'
+        ' "num_stages": 2}, "provenance": ' + json.dumps(PROV) + "}}",
+        "duplicate key 'BLOCK_H'",
+    ),
+    "100k-deep nesting": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "5000-digit integer": (
+        json.dumps({"H16_D512": {"launch": {**LAUNCH, "BLOCK_K": 7}, "provenance": PROV}}).replace(
+            '"BLOCK_K": 7', '"BLOCK_K": ' + "9" * 5000
+        ),
+        "integer of 5000 digits",
+    ),
+    "not UTF-8": (b"\xff\xfe{}", "not UTF-8"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TEXT))
+def test_bad_file_text_is_a_config_file_error_naming_the_file(tmp_path, case):
+    text, message = BAD_TEXT[case]
+    path = configs.config_path("sm90", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    for check in (
+        lambda: configs.lookup("sm90", 16, 512, root=tmp_path),
+        lambda: configs.validate_all(tmp_path),
+        lambda: configs.validate_file(path),
+    ):
+        with pytest.raises(configs.ConfigFileError, match=message) as err:
+            check()
+        assert str(path) in str(err.value)
+
+
+def test_shipped_kernel_launches_pass_the_file_check():
+    # Every recorded choice's own launch is one its kernel takes (checked at file read).
+    found = configs.validate_all(configs.CONFIG_ROOT)
+    launches = [c.launch for e in found["sm90"].values() for c in e.kernels if c.launch]
+    assert launches and all(isinstance(v, int) for lau in launches for v in lau.values())
+
+
+def test_symlink_loop_dangling_symlink_and_unreadable_paths(tmp_path):
+    path = configs.config_path("sm90", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.symlink_to(path)  # a loop: stat() fails with ELOOP
+    for check in (
+        lambda: configs.lookup("sm90", 16, 512, root=tmp_path),
+        lambda: configs.validate_all(tmp_path),
+    ):
+        with pytest.raises(configs.ConfigFileError, match="symbolic links") as err:
+            check()
+        assert str(path) in str(err.value)
+    path.unlink()
+    path.symlink_to(tmp_path / "gone.json")
+    for check in (
+        lambda: configs.lookup("sm90", 16, 512, root=tmp_path),
+        lambda: configs.validate_all(tmp_path),
+    ):
+        with pytest.raises(configs.ConfigFileError, match="dangling symlink") as err:
+            check()
+        assert str(path) in str(err.value) and "gone.json" in str(err.value)
+    # The same file through a valid link is read (a shared deployment file).
+    (tmp_path / "gone.json").write_text(json.dumps({"H16_D512": {"launch": LAUNCH,
+                                                                 "provenance": PROV}}))  # fmt: skip
+    assert configs.lookup("sm90", 16, 512, root=tmp_path).BLOCK_K == 64
+
+
+def test_missing_roots_are_refused(tmp_path, monkeypatch):
+    missing = pytest.raises(configs.ConfigFileError, match=r"use_root: .*nowhere is not an exist")
+    with missing, configs.use_root(tmp_path / "nowhere"):
+        pass
+    monkeypatch.setenv(configs.CONFIG_DIR_ENV, str(tmp_path / "typo"))
+    with pytest.raises(configs.ConfigFileError, match=r"SPARSE_MLA_CONFIG_DIR=.*typo"):
+        configs.lookup("sm90", 16, 512)
+    # Unset, the per-user folder may be absent: silent.
+    monkeypatch.delenv(configs.CONFIG_DIR_ENV)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no_such_home"))
+    assert configs.user_root() == tmp_path / "no_such_home" / "sparse-mla"
+    assert configs.lookup("gfx942", 16, 512) is not None  # the shipped entry
+
+
+def test_user_root_reads_over_the_shipped_files_per_shape(tmp_path, monkeypatch):
+    user = tmp_path / "user"
+    own = {**LAUNCH, "BLOCK_K": 32, "num_warps": 2}
+    path = _write(user, "gfx942", {"H16_D512": {"launch": own, "provenance": PROV}})
+    monkeypatch.setenv(configs.CONFIG_DIR_ENV, str(user))
+    assert configs.roots() == (user, configs.CONFIG_ROOT)
+    hit = configs.lookup_entry("gfx942", 16, 512)
+    assert (hit.launch.BLOCK_K, hit.launch.num_warps, hit.source) == (32, 2, str(path))
+    shipped = configs.lookup_entry("gfx942", 8, 512)  # not in the user's file: the shipped one
+    assert shipped.launch.kpack == 2 and shipped.source.startswith(str(configs.CONFIG_ROOT))
+    assert set(configs.validate_all()["gfx942"]) == {"H8_D512", "H16_D512"}
+    assert configs.config_path("sm90") == configs.config_path("sm90", user)  # exports go here
+
+
+def test_the_process_wide_root_reaches_worker_threads_use_root_does_not(tmp_path, monkeypatch):
+    import threading
+
+    user, scratch = tmp_path / "user", tmp_path / "scratch"
+    for root, block_k in ((user, 16), (scratch, 128)):
+        entry = {"launch": {**LAUNCH, "BLOCK_K": block_k}, "provenance": PROV}
+        _write(root, "sm90", {"H24_D64": entry})
+    monkeypatch.setenv(configs.CONFIG_DIR_ENV, str(user))
+
+    def in_a_thread():
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(configs.lookup("sm90", 24, 64)))
+        t.start()
+        t.join()
+        return seen[0].BLOCK_K
+
+    assert configs.lookup("sm90", 24, 64).BLOCK_K == in_a_thread() == 16
+    with configs.use_root(scratch):
+        assert configs.lookup("sm90", 24, 64).BLOCK_K == 128  # this thread
+        assert in_a_thread() == 16  # a worker thread: the process-wide root
+    assert configs.lookup("sm90", 24, 64).BLOCK_K == 16

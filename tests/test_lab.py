@@ -431,12 +431,12 @@ def test_sweep_heatmaps_and_scratch_root():
     assert "116\nw8" in texts and all("\nw8" in t for t in texts), texts
     with pytest.raises(ValueError, match="no rows"):
         heatmaps(rows, target="sm90", H=16, D=512)
-    original = configs.CONFIG_ROOT
+    original = configs.roots()
     with scratch_config_root() as root:
-        assert root == configs._default_root() and root != original
+        assert configs.roots() == (root,) and root not in original
         path = configs.config_path("gfx950")
         assert str(path).startswith(str(root))
-    assert original == configs.CONFIG_ROOT == configs._default_root()
+    assert original == configs.roots() and configs.roots()[-1] == configs.CONFIG_ROOT
     assert not root.exists()
 
 
