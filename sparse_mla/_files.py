@@ -54,10 +54,11 @@ def clean_stale_temps(folder: str | os.PathLike, *, max_age: float = STALE_SECON
     return removed
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder, fsync, then os.replace:
     readers see the old file or the new one, and nothing partial remains on any error. Stale
-    temp files of killed writers in that folder are removed first (:func:`clean_stale_temps`)."""
+    temp files of killed writers in that folder are removed first (:func:`clean_stale_temps`).
+    ``mode``: the new file's permission bits (default: the umask's)."""
     path = Path(path)
     clean_stale_temps(path.parent)
     # A hidden, unique name beside the target; "x" mode gives normal (umask) permissions.
@@ -66,6 +67,8 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         with open(tmp, "xb") as f:
             f.write(data)
             f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -31,6 +31,7 @@ import math
 import multiprocessing as mp
 import os
 import random
+import stat
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -881,7 +882,9 @@ def export(
         winners: rows (e.g. ``best_per_shape(rows).values()``), or a dict of shape key or
             (target, H, D) -> row / PrefillConfig / ConfigEntry.
         arch: the file's arch id (``"sm90"``, ``"gfx942"``); rows for another target are refused.
-        root: config root (default: the package's configs/).
+        root: config root (default: the ``use_root`` block's root, else the user root,
+            ``$SPARSE_MLA_CONFIG_DIR`` or ``~/.config/sparse-mla``; never the shipped files
+            unless named: ``root=configs.CONFIG_ROOT``).
         provenance: fields set on every written entry, over those taken from the rows
             (required in the end: device, triton, date, workload, time_ms, sweep_size).
         dry_run: compute the diff without writing anything (no folder, lock or file).
@@ -892,6 +895,12 @@ def export(
     Entries for other shapes are kept. The write is atomic (a temporary file in the same
     folder, then os.replace) and runs under an exclusive lock on ``DEFAULT.json.lock``, so
     concurrent exports into one file lose nothing. The merged file is validated first.
+
+    A DEFAULT.json that is a symlink is written through: the file it leads to is replaced
+    (atomically, in its own folder, with its mode kept), so every root sharing it sees the
+    export and the link stays a link. A file the exporting user may not write by its mode bits
+    (read-only, e.g. 0444, or another user's without a write bit for us; root included) is
+    refused with a ConfigFileError, as is a link that leads nowhere: nothing is written.
     """
     path = configs.config_path(arch, root)
     new_entries = dict(_entry_from(k, v, arch, provenance) for k, v in _winner_items(winners))
@@ -923,22 +932,65 @@ def export(
     return _merge_into(path, arch, merge, dry_run)
 
 
+def _writable_by_us(st: os.stat_result) -> bool:
+    """Whether the file's mode bits let this user write it (root is not exempt: an export must
+    not replace a file its owner made read-only or that belongs to someone else)."""
+    if st.st_uid == os.geteuid():
+        return bool(st.st_mode & stat.S_IWUSR)
+    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        return bool(st.st_mode & stat.S_IWGRP)
+    return bool(st.st_mode & stat.S_IWOTH)
+
+
+def _export_target(path: Path) -> Path:
+    """The file an export writes for ``path``: itself, or the file its symlink leads to;
+    ConfigFileError for a link that leads nowhere or a file we may not write."""
+    target = path
+    if path.is_symlink():
+        try:
+            target = path.resolve(strict=True)
+        except (OSError, RuntimeError) as e:  # dangling, or a loop (RuntimeError before 3.13)
+            raise configs.ConfigFileError(
+                f"{path}: a symlink that leads to no file ({e}); export does not replace it"
+            ) from None
+    try:
+        st = target.stat()
+    except FileNotFoundError:
+        return target
+    if not _writable_by_us(st):
+        via = f" (the target of {path})" if target != path else ""
+        raise configs.ConfigFileError(
+            f"{target}{via}: read-only for this user (mode {stat.filemode(st.st_mode)}, owner uid "
+            f"{st.st_uid}); export does not replace it: make it writable or export to another "
+            "root (root=, CLI --root, or SPARSE_MLA_CONFIG_DIR)"
+        )
+    return target
+
+
 def _merge_into(path: Path, arch: str, merge, dry_run: bool) -> str:
     """Under the file's lock: validate the old file, write ``merge(old)`` atomically if it
-    differs (unless ``dry_run``); returns the unified diff."""
+    differs (unless ``dry_run``); returns the unified diff. ``path`` a symlink: its target is
+    written (:func:`export`)."""
+    path = _export_target(path)
     label = str(path)
     # A dry run reads the file as it is and writes nothing: no folder, no lock file.
     with contextlib.nullcontext() if dry_run else _locked(path):
-        old_text = path.read_text() if path.exists() else ""
-        try:
-            old = json.loads(old_text) if old_text.strip() else {}
-        except json.JSONDecodeError as e:
-            raise configs.ConfigFileError(f"{label}: not valid JSON ({e}); fix or remove it") from e
+        old_text = ""
+        if path.exists():
+            try:
+                old_text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise configs.ConfigFileError(f"{label}: cannot be read ({e})") from None
+        old = configs.read_json(path, old_text) if old_text.strip() else {}
         configs.parse_entries(old, arch, label)
         new_text = configs.dump_entries(merge(old))
         configs.parse_entries(json.loads(new_text), arch, label)
         if not dry_run and new_text != old_text:
-            atomic_write(path, new_text.encode())
+            mode = stat.S_IMODE(path.stat().st_mode) if old_text else None
+            try:
+                atomic_write(path, new_text.encode(), mode=mode)
+            except OSError as e:
+                raise configs.ConfigFileError(f"{label}: cannot write ({e})") from None
     try:
         rel = path.resolve().relative_to(Path.cwd().resolve())
         a, b = f"a/{rel}", f"b/{rel}"

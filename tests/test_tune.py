@@ -193,6 +193,56 @@ def test_export_into_empty_then_existing_file(tmp_path):
     assert not list(path.parent.glob("*.tmp"))
 
 
+def test_export_writes_through_a_symlinked_file(tmp_path):
+    shared = tmp_path / "shared"
+    tune.export([_row(16, 512, 1.0)], "sm90", root=shared)
+    target = configs.config_path("sm90", shared)
+    target.chmod(0o640)
+    link = configs.config_path("sm90", tmp_path / "deploy")
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target)
+    diff = tune.export([_row(8, 512, 0.5, BLOCK_K=16)], "sm90", root=tmp_path / "deploy")
+    assert str(target) in diff and '+  "H8_D512": {' in diff
+    assert link.is_symlink() and link.resolve() == target  # still a link, to the same file
+    assert set(json.loads(target.read_text())) == {"H8_D512", "H16_D512"}
+    assert oct(target.stat().st_mode & 0o777) == oct(0o640)  # its mode kept
+    assert configs.lookup("sm90", 8, 512, root=shared).BLOCK_K == 16
+
+
+def test_export_refuses_read_only_and_dangling_files(tmp_path):
+    import os
+
+    tune.export([_row(16, 512, 1.0)], "sm90", root=tmp_path)
+    path = configs.config_path("sm90", tmp_path)
+    before = path.read_text()
+    path.chmod(0o444)
+    with pytest.raises(configs.ConfigFileError, match="read-only for this user") as err:
+        tune.export([_row(8, 512, 0.5)], "sm90", root=tmp_path)
+    assert str(path) in str(err.value)
+    assert path.read_text() == before and path.stat().st_mode & 0o777 == 0o444
+    if os.geteuid() == 0:  # another user's file without a write bit for us: refused, root too
+        path.chmod(0o644)
+        os.chown(path, 65534, 65534)
+        with pytest.raises(configs.ConfigFileError, match="owner uid 65534"):
+            tune.export([_row(8, 512, 0.5)], "sm90", root=tmp_path)
+        assert path.read_text() == before and path.stat().st_uid == 65534
+    link = configs.config_path("sm90", tmp_path / "dangling")
+    link.parent.mkdir(parents=True)
+    link.symlink_to(tmp_path / "gone.json")
+    with pytest.raises(configs.ConfigFileError, match="symlink that leads to no file"):
+        tune.export([_row(8, 512, 0.5)], "sm90", root=tmp_path / "dangling")
+    assert link.is_symlink() and not (tmp_path / "gone.json").exists()
+
+
+def test_export_of_a_deeply_nested_file_names_it(tmp_path):
+    path = configs.config_path("sm90", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(configs.ConfigFileError, match="nested too deeply") as err:
+        tune.export([_row(8, 512, 0.5)], "sm90", root=tmp_path)
+    assert str(path) in str(err.value)
+
+
 def test_export_refuses_compile_only_winners_over_timed_entries(tmp_path):
     tune.export([_row(16, 512, 1.0)], "sm90", root=tmp_path)  # a timed entry
     path = configs.config_path("sm90", tmp_path)
