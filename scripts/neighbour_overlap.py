@@ -22,6 +22,13 @@ from sparse_mla.lab.gather import neighbour_overlap
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("csa_h16_topk512", "csa_h16_topk1024", "hca_h16", "glm_h16_topk2048")
+# The shipped captures (data/README.md), by name.
+CAPTURES = (
+    "csa_h16_topk512_t32_ctx4096",
+    "csa_h8_topk512_t128_r2",
+    "glm_h8_topk2048_t64",
+    "hca_h16_t64_ctx8192",
+)
 
 
 def main() -> int:
@@ -53,8 +60,8 @@ def main() -> int:
         # H only shapes q: one head keeps memory small; the slot lists are the bench's.
         w = workloads.by_name(name, T=args.tokens, H=1, seed=1)
         add(name, args.tokens, "generated", w.kv_indices, w.kv_indptr, w.kv.shape[0])
-    for path in sorted((ROOT / "data/captures").glob("*.safetensors")):
-        c = load_capture(path)
+    for name in CAPTURES:
+        c = load_capture(ROOT / "data/captures" / f"{name}.safetensors")
         label = {True: "synthetic capture", False: "engine capture"}.get(c.synthetic, "unknown")
         add(c.name, c.kv_indptr.numel() - 1, label, c.kv_indices, c.kv_indptr, c.num_kv)
     with open(args.out, "w", newline="") as f:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 __all__ = ["main"]
+
+# Where outputs go when no --out is given: runs/ under the working directory (ignored by git in
+# a checkout), never data/, whose files the tests and notebooks read.
+RUNS = Path("runs")
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -46,7 +51,6 @@ def _int_list(text: str) -> list[int]:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     """Sweep launch configs (compile-only resources or GPU timing); rows saved as CSV."""
     import datetime
-    from pathlib import Path
 
     from . import tune
 
@@ -75,7 +79,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     out = args.out
     if out is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = Path("data/sweeps") / f"{args.mode}_{'-'.join(sorted(set(targets)))}_{stamp}.csv"
+        out = RUNS / "sweeps" / f"{args.mode}_{'-'.join(sorted(set(targets)))}_{stamp}.csv"
     path = tune.save_rows(rows, out)
     timed = args.mode == "time"
     metric = ["time_ms", "rel_l2"] if timed else ["spill_bytes", "occupancy", "registers"]
@@ -103,7 +107,8 @@ def _print_table(rows: list[dict], cols: list[str]) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    """Merge a sweep's best config per shape into configs/<arch>/.../DEFAULT.json."""
+    """Merge a sweep's best config per shape into <root>/<arch>/.../DEFAULT.json (default root:
+    the user root, sparse_mla.configs)."""
     from . import tune
     from .targets import get_target
 
@@ -576,15 +581,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload-arg", action="append", metavar="KEY=VALUE", help="e.g. T=16384")
     p.add_argument("--jobs", type=int, default=None, help="worker processes")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument("--out", default=None, help="CSV path (default data/sweeps/<mode>_...csv)")
+    p.add_argument("--out", default=None, help="CSV path (default runs/sweeps/<mode>_...csv)")
     p.add_argument("--top", type=int, default=5, help="rows shown per shape")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_sweep)
 
-    p = sub.add_parser("export", help="merge a sweep's winners into configs/<arch>/ JSON")
+    p = sub.add_parser("export", help="merge a sweep's winners into a tuned-config JSON")
     p.add_argument("csv", help="rows saved by `sparse-mla sweep` (--kernel-choice: by bench)")
     p.add_argument("--arch", required=True, help="config file's arch id: sm90, gfx942, ...")
-    p.add_argument("--root", default=None, help="config root (default: the package's configs/)")
+    p.add_argument(
+        "--root",
+        default=None,
+        help="config root (default: $SPARSE_MLA_CONFIG_DIR, else ~/.config/sparse-mla; the "
+        "shipped files: sparse_mla/tuned)",
+    )
     p.add_argument("--source", default=None, help="provenance: where the sweep came from")
     p.add_argument("--notes", default=None, help="provenance: free text")
     p.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
@@ -600,7 +610,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("capture", help="record calls made on a named workload into captures")
     p.add_argument("--workload", required=True, help="sparse_mla.workloads standard name")
-    p.add_argument("--out", required=True, help="FILE.safetensors or a folder")
+    p.add_argument(
+        "--out", default=str(RUNS / "captures"), help="FILE.safetensors or a folder (runs/captures)"
+    )
     p.add_argument("--tokens", type=int, default=None, help="override the workload's T")
     p.add_argument("--heads", type=int, default=None, help="override the workload's H")
     p.add_argument("--head-dim", type=int, default=None, help="override the workload's D")

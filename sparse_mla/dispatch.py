@@ -10,7 +10,7 @@ picks the kernel for a call; nothing inside a launcher decides which kernel runs
 1. ``config=`` given: the kernel it names (:class:`Choice`) or whose config type it is
    (a PrefillConfig or dict: ``triton``; a GluonConfig: ``gluon_mma``; a SmallWSConfig:
    ``gluon_ws_small``), with that launch; ValueError when that kernel cannot run the call.
-2. A kernel recorded in ``configs/<arch>/.../DEFAULT.json`` for the call's (H, D) and the
+2. A kernel recorded in the tuned configs (:mod:`sparse_mla.configs`) for the call's (H, D) and the
    token bucket holding its T (``sparse-mla export BENCH.csv --kernel-choice`` writes them
    from a bench run, the grid's included), when it can run the call.
 3. Else the documented rule, :func:`rule`: the kernels measured fastest for the shape's

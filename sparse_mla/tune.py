@@ -1,4 +1,4 @@
-"""Sweeps of the prefill launch and export of the winners into configs/.
+"""Sweeps of the prefill launch and export of the winners into tuned-config files.
 
 A sweep runs a grid (or a random subset of it) of launch parameters x shapes x targets and
 returns tidy rows, one per (target, shape, config):

@@ -3,8 +3,8 @@
 The sweep itself is :func:`sparse_mla.tune.sweep` (rows, one per target x shape x config), the
 winners :func:`sparse_mla.tune.best_per_shape`, the export :func:`sparse_mla.tune.export`.
 :func:`heatmaps` draws one metric per panel over two launch parameters; :func:`scratch_config_root`
-points the launcher's config lookup at a temporary copy of configs/ so a notebook (or a test)
-can export and reload without touching the repository's files.
+points the launcher's config lookup at a temporary copy of the shipped configs so a notebook
+(or a test) can export and reload without touching the repository's files.
 """
 
 from __future__ import annotations
@@ -122,8 +122,9 @@ def rows_html(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
 
 @contextlib.contextmanager
 def scratch_config_root(copy_existing: bool = True):
-    """A temporary config root (a copy of configs/ when ``copy_existing``) that the launcher's
-    lookup uses inside the block; the repository's configs/ is never written. Yields the root.
+    """A temporary config root (a copy of the shipped sparse_mla/tuned/ when ``copy_existing``)
+    that the launcher's lookup uses inside the block (this thread only, not the user root); no
+    file outside it is written. Yields the root.
 
     Uses :func:`sparse_mla.configs.use_root`, which the launcher's lookup and export honour."""
     from .. import configs
