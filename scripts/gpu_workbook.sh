@@ -6,20 +6,26 @@
 #      digest of their outputs under OUTDIR/full).
 # Usage: scripts/gpu_workbook.sh OUTDIR [tests|notebooks|all]   (needs ipywidgets, nbclient,
 # ipykernel importable; the repository root on PYTHONPATH or the package installed)
+# Python: $PYTHON if set, else the checkout's .venv/bin/python (what `make` builds), else python3.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_workbook.sh OUTDIR [tests|notebooks|all]}
 what=${2:-all}
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [[ -z ${PYTHON:-} ]]; then
+  if [[ -x $root/.venv/bin/python ]]; then PYTHON=$root/.venv/bin/python; else PYTHON=python3; fi
+fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-python3 -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' | tee "$out/env.txt"
+echo "python $PYTHON"
+"$PYTHON" -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' | tee "$out/env.txt"
 echo "commit ${SPARSE_MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" | tee -a "$out/env.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_lab.py tests/test_notebooks.py \
+  "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_lab.py tests/test_notebooks.py \
     2>&1 | tee "$out/lab_notebook_tests.log" || rc=1
 fi
 if [[ $what == notebooks || $what == all ]]; then
-  env -u SPARSE_MLA_SMALL python3 scripts/run_notebooks.py notebooks/0[2-5]_*.ipynb \
+  env -u SPARSE_MLA_SMALL "$PYTHON" scripts/run_notebooks.py notebooks/0[2-5]_*.ipynb \
     --out "$out/full" 2>&1 | tee "$out/run_notebooks.log" || rc=1
 fi
 exit $rc

@@ -1,7 +1,8 @@
+#!/usr/bin/env python3
 """Execute notebooks headless and keep what they printed.
 
-    python scripts/run_notebooks.py notebooks/03_sweep_and_export.ipynb --out runs/gpu
-    SPARSE_MLA_SMALL=1 python scripts/run_notebooks.py notebooks/*.ipynb --out /tmp/nb
+    scripts/run_notebooks.py notebooks/03_sweep_and_export.ipynb --out runs/gpu   # venv active
+    SPARSE_MLA_SMALL=1 .venv/bin/python scripts/run_notebooks.py notebooks/*.ipynb --out /tmp/nb
 
 For each notebook: the executed copy (``<name>.ipynb``, outputs and all, under ``--out``; the
 committed notebooks stay clean) and a Markdown digest (``digest.md``) with the machine, the
