@@ -4,6 +4,7 @@ venv's Python rather than a bare python3, and `make test` able to skip the chrom
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -57,3 +58,30 @@ def test_license_is_an_spdx_string():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "MIT"
+
+
+DOCS = ["README.md", "data/README.md", "docs/PERF_NOTES.md", "experiments/README.md"]
+_PATH = re.compile(r"`((?:scripts|experiments|data|docs|notebooks|sparse_mla|tests)/[^`\s]*)`")
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_paths_the_docs_name_exist(doc):
+    """A moved file leaves no stale path behind (placeholders and globs aside)."""
+    named = {m for m in _PATH.findall((ROOT / doc).read_text()) if not re.search(r"[*{<]", m)}
+    assert named
+    missing = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists())
+    assert not missing, f"{doc} names paths that do not exist: {missing}"
+
+
+def test_experiments_have_one_home():
+    # Probes and kernel variants live in experiments/, each described in its README.
+    scripts = {p.name for p in (ROOT / "scripts").iterdir()}
+    assert not {n for n in scripts if "probe" in n or "variants" in n or n.startswith("ws_lat")}
+    data = ROOT / "data"
+    assert not [p for p in data.rglob("*") if p.suffix in (".patch", ".diff")]
+    readme = (ROOT / "experiments" / "README.md").read_text()
+    for path in (ROOT / "experiments").iterdir():
+        if path.is_file() and path.name != "README.md":
+            assert f"`{path.name}`" in readme, (
+                f"experiments/README.md does not say what {path.name} is"
+            )

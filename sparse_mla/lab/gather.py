@@ -7,7 +7,7 @@ Two committed sources, both read without a GPU:
   Triton and Gluon kernels, FlashMLA with q padded to 64 heads, aiter) and the run's row-gather
   ceilings per pool size (random 1 KiB rows summed, L2-resident 4-16 MiB pools to HBM);
 - the variant probe (``data/bench/ws_small_variants_h200.csv``, from
-  ``scripts/ws_small_variants_probe.py``): the H <= 16 kernel before and after a change, and two
+  ``experiments/ws_small_variants_probe.py``): the H <= 16 kernel before and after a change, and two
   ablations that bound it, the producer alone (``gather_only``) and the consumer alone
   (``math_only``).
 

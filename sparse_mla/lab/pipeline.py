@@ -1009,7 +1009,7 @@ _ROUND = re.compile(r"^\w+ (H\d+ topk\d+) (\S+) round(\d+): ([\d.]+) ms\b")
 def read_variant_runs(
     path: Path | str, kernel: str = "gluon_ws", peer: str = "flashmla"
 ) -> list[StepRun]:
-    """The runs of ``scripts/ws_variants_probe.py``'s log (``## run N: what`` headers, then
+    """The runs of ``experiments/ws_variants_probe.py``'s log (``## run N: what`` headers, then
     ``<kind> <workload> <variant> round<k>: X ms`` lines): one :class:`StepRun` per variant of
     each run (``variant`` its name, ``step`` the run's number), holding the median over the
     rounds of the variant (as ``kernel``) and of ``peer`` in the same run, so that

@@ -1,6 +1,6 @@
 """Variants and ablations of the H <= 16 sm90 kernel (``sparse_mla/gluon/hopper_ws_small.py``)
 for docs/PERF_NOTES.md; not part of the package. Each has the package kernel's signature and is
-launched through it by ``scripts/ws_small_variants_probe.py``:
+launched through it by ``experiments/ws_small_variants_probe.py``:
 
 - ``k_gather_only``: the producer as is, a consumer that releases each tile as soon as it lands
   (no math): the gather's own bound;

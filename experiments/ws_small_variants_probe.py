@@ -1,10 +1,10 @@
-"""GPU probe of the H <= 16 kernel's variants (scripts/ws_small_variants.py) against the package
+"""GPU probe of the H <= 16 kernel's variants (experiments/ws_small_variants.py) against the package
 kernel ("base") and FlashMLA padded to 64 heads: edge checks (not for the ablations), then
 T = 16384 timing. One variant per process (an illegal address ends the process):
 
     for v in base pipe gather_only math_only; do
-        PYTHONPATH=.:.peers python3 scripts/ws_small_variants_probe.py $v; done
-    PYTHONPATH=.:.peers python3 scripts/ws_small_variants_probe.py base,flashmla
+        PYTHONPATH=.:.peers python3 experiments/ws_small_variants_probe.py $v; done
+    PYTHONPATH=.:.peers python3 experiments/ws_small_variants_probe.py base,flashmla
 
 Every variant runs through ``mla_gluon`` with the H <= 16 config, the package's kernel object
 swapped for the variant's. The log goes to $OUT/var_probe.log (default /tmp).

@@ -54,6 +54,7 @@ def csa_inputs(T, H, topk, window=128, ratio=4, D=512, seed=0, dtype=torch.bfloa
 
 
 def _append_csv(path, row):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     new = not os.path.exists(path)
     with open(path, "a", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(row))
@@ -93,7 +94,7 @@ def glm_inputs(T, H, topk=2048, D=512, seed=0, dtype=torch.bfloat16):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="perf_probe.csv")
+    ap.add_argument("--out", default="runs/perf_probe.csv")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """GPU probe for the sm90 prefill kernels: correctness edge cases, then same-run timing.
 
 Run on an H200 from the repository root (FlashMLA's stand-in on PYTHONPATH when present):
-    PYTHONPATH=.:.peers python3 scripts/ws_probe.py --out $OUT/probe.csv
+    PYTHONPATH=.:.peers python3 experiments/ws_probe.py --out $OUT/probe.csv
 Checks every Gluon prefill kernel against the fp32 reference on small edge-case inputs
 (ragged lists, absent slots of every kind, duplicates, empty tokens, NaN-poisoned unused rows,
 int32/int64 ids, sink on/off, H 64 and 128), then times them, the Triton kernel and FlashMLA

@@ -3,7 +3,7 @@ at HEAD_GROUPS = 1 and 2 on DSv4 CSA (and GLM full top-k) at T = 16384, launched
 launcher does, each call checked against the fp32 reference on a sample of tokens first.
 
 Run on an H200 from the repository root:
-    PYTHONPATH=. python3 scripts/ws_small_groups_probe.py --out $OUT/ws_small_groups.log
+    PYTHONPATH=. python3 experiments/ws_small_groups_probe.py --out $OUT/ws_small_groups.log
 
 HEAD_GROUPS=1 at 32 heads is the way this kernel served 17-32 heads before issue 22 (two items
 per token, each gathering the token's rows); HEAD_GROUPS=2 gathers them once for 32 heads.

@@ -3,9 +3,12 @@
 Each variant is a copy of ``sparse_mla/gluon/hopper_ws.py`` in a file of its own (the kernel
 ``_prefill_ws_kernel``), run through ``mla_gluon`` with the package's kernel object swapped:
 
-    PYTHONPATH=.:.peers python3 scripts/ws_variants_probe.py pkg base=scripts/_ws_base.py ...
-    PYTHONPATH=.:.peers python3 scripts/ws_variants_probe.py --points 64:64,64:128,256:64 \
-        --rounds 9 pkg a=scripts/a.py
+    PYTHONPATH=.:.peers python3 experiments/ws_variants_probe.py pkg base=/tmp/ws_base.py ...
+    PYTHONPATH=.:.peers python3 experiments/ws_variants_probe.py --points 64:64,64:128,256:64 \
+        --rounds 9 pkg a=/tmp/a.py
+
+where each NAME=FILE is a variant file, e.g. one rebuilt from its diff in
+``experiments/patches/ws_variants/`` (``patch -o /tmp/rdv.py FILE_IT_GREW_FROM < rdv.patch``).
 
 ``pkg`` is the package's kernel as it stands; names starting ``abl_`` are ablations whose
 output is not the operator's (not checked). Edge checks first (every variant, H 64 and 128;
