@@ -315,9 +315,9 @@ def _config_origin(arch: str, num_heads: int, head_dim: int) -> str:
     default."""
     from . import configs
 
-    path = configs.config_path(arch)
     entry = configs.lookup_entry(arch, num_heads, head_dim)
     if entry is None:
+        path = " or ".join(str(configs.config_path(arch, r)) for r in configs.roots())
         return (
             f"base config: the default for H={num_heads} D={head_dim} "
             f"(prefill.default_config; no tuned entry {configs.shape_key(num_heads, head_dim)} "
@@ -335,7 +335,7 @@ def _config_origin(arch: str, num_heads: int, head_dim: int) -> str:
         )
         if v
     )
-    return f"base config: tuned entry {entry.key} in {path} ({when})"
+    return f"base config: tuned entry {entry.key} in {entry.source} ({when})"
 
 
 def _cmd_isa(args: argparse.Namespace) -> int:

@@ -325,3 +325,16 @@ def test_the_process_wide_root_reaches_worker_threads_use_root_does_not(tmp_path
         assert configs.lookup("sm90", 24, 64).BLOCK_K == 128  # this thread
         assert in_a_thread() == 16  # a worker thread: the process-wide root
     assert configs.lookup("sm90", 24, 64).BLOCK_K == 16
+
+
+def test_isa_names_the_file_the_entry_came_from(tmp_path, monkeypatch):
+    from sparse_mla import cli
+
+    shipped = configs.config_path("gfx942", configs.CONFIG_ROOT)
+    assert f"tuned entry H16_D512 in {shipped} " in cli._config_origin("gfx942", 16, 512)
+    user = tmp_path / "user"
+    path = _write(user, "gfx942", {"H16_D512": {"launch": LAUNCH, "provenance": PROV}})
+    monkeypatch.setenv(configs.CONFIG_DIR_ENV, str(user))
+    assert f"tuned entry H16_D512 in {path} " in cli._config_origin("gfx942", 16, 512)
+    miss = cli._config_origin("gfx942", 48, 512)
+    assert str(configs.config_path("gfx942", user)) in miss and str(shipped) in miss
