@@ -28,6 +28,8 @@ both kernels behind a constexpr load strategy is a later, mechanical step.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
@@ -36,9 +38,10 @@ from . import dispatch, runtime
 from .configs import PrefillConfig
 from .fp8 import D_NOPE, HEAD_DIM, KV_FORMAT, NUM_TILES, ROW_BYTES, TILE, FP8Cache
 from .prefill import _LOG2E, _mma, _round_to, resolve_config
+from .prefill import default_config as prefill_default_config
 from .validation import _shares_memory, validate_inputs
 
-__all__ = ["NAME", "compile_args", "sparse_mla_prefill_fp8"]
+__all__ = ["NAME", "compile_args", "default_config", "sparse_mla_prefill_fp8"]
 
 NAME = "triton_fp8"
 _CHUNKS = HEAD_DIM // TILE  # 8: seven NoPE tiles and the RoPE part
@@ -269,9 +272,22 @@ def _run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, ou
     return out
 
 
+def default_config(num_heads: int) -> PrefillConfig:
+    """The launch without ``config=``: the bf16 kernel's default with BLOCK_K = 16.
+
+    The dequantized [BLOCK_K, 8, 64] fp32 tile and its byte decode cost registers the bf16
+    kernel does not spend. Cross-compiled at H=16 (compile only, nothing timed): BLOCK_K 32
+    spills on sm90 (384 stack bytes at 255 registers) and needs 256 VGPRs + 183 AGPRs on
+    gfx942; BLOCK_K 16 compiles without scratch on gfx942 (256 + 65) and with 16 stack bytes on
+    sm90. configs/ entries are the bf16 kernel's and are not read.
+    """
+    return replace(prefill_default_config(num_heads, HEAD_DIM), BLOCK_K=16)
+
+
 def _resolve(launch, call: dispatch.Call) -> PrefillConfig:
-    """The launch (None: the bf16 Triton kernel's default for the heads; configs/ entries are
-    the bf16 kernel's and are not used), checked against the call's heads."""
+    """The launch (None: :func:`default_config`), checked against the call's heads."""
+    if launch is None:
+        launch = default_config(call.num_heads)
     cfg = resolve_config(call.num_heads, HEAD_DIM, launch, None)
     if cfg.EVEN_HD and call.num_heads % cfg.BLOCK_H:
         raise ValueError(
