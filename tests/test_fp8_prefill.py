@@ -3,6 +3,7 @@ dequantized rows (CPU interpreter), its dispatch, its errors and its cross-compi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -176,6 +177,15 @@ def test_dispatch_chooses_the_fp8_kernel_and_the_others_refuse():
     lines = dispatch.describe(None, 16, 512, kv_format=F.KV_FORMAT, verbose=True).splitlines()
     assert lines[0] == "CPU (interpreter) H=16 D=512: triton_fp8 (no tuned entry)"
     assert len(lines) == 1 + len(dispatch.KERNELS)
+
+
+def test_raw_fp8_tensor_and_other_device_are_named():
+    case = make_fp8_case(2, 16, num_blocks=2, block_size=4, seed=6)
+    raw = case.cache.data[0, :, 0]  # [block_size, 584] float8_e4m3fn: not a dense pool
+    with pytest.raises(TypeError, match=re.escape("as sparse_mla.FP8Cache(data, block_size)")):
+        sparse_mla_prefill(case.q, raw, *case.args()[2:])
+    with pytest.raises(ValueError, match="kv is on cpu but q is on meta"):
+        sparse_mla_prefill(case.q.to("meta"), *case.args()[1:])
 
 
 def _overlapping_out(case):
