@@ -18,7 +18,12 @@ sign, exponent and mantissa go into fp32 bits ((e + 120) << 23 | m << 20) for no
 m x 2^-9 for subnormals, NaN for 0x7F/0xFF; the ue8m0 scale byte E becomes fp32 bits E << 23.
 It costs a few integer ALU ops per byte and no conversion instruction; it never produces an
 fp32 denormal (products of normals >= 2^-22), so a flush-to-zero mode cannot change it, and it
-runs unchanged in Triton's CPU interpreter (which has no fp8 arithmetic of its own).
+runs unchanged in Triton's CPU interpreter. The alternative, bitcasting the bytes to
+``tl.float8e4nv`` and casting, would use the native converts on sm90 and gfx950 (two values per
+instruction) and, on gfx942, the software emulation Triton 3.6's AMD backend supplies for OCP
+fp8 before CDNA4 (``HIPOptions.supported_fp8_dtypes``); it is not chosen here because the one
+integer path is the same code on every target and in the interpreter, and spells out the NaN
+bytes. Whether the native convert is faster on a GPU is not measured yet.
 
 Why a module of its own: the kernel differs from the bf16 one only in ``_load_fp8_tile``, but
 :mod:`sparse_mla.prefill` is shared by other work in progress; this keeps the FP8 path's
