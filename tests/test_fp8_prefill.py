@@ -262,3 +262,52 @@ def test_cross_compiles_with_isa_and_registers(target):
         assert rows["registers"] > 0 and "HMMA" in res.isa
         assert "e4m3" not in res.asm["ptx"]
     assert res.mix["global_load"] > 0
+
+
+def _on(case: FP8Case, device, lead_bytes: int = 0) -> FP8Case:
+    """The case on ``device``, its cache (poison included) copied to a byte offset past
+    ``lead_bytes`` of a larger 0xFF buffer, the padded block stride kept."""
+    bs, nb = case.cache.block_size, case.cache.num_blocks
+    bb = F.block_bytes(bs)
+    lead = -(-lead_bytes // bb) + 1
+    buf = torch.full(((lead + nb + 1) * bb,), 0xFF, dtype=torch.uint8, device=device)
+    blocks = buf.view(lead + nb + 1, bb)[lead : lead + nb, : bs * 584]
+    blocks.copy_(case.cache.as_bytes())
+    cache = FP8Cache(blocks.view(torch.float8_e4m3fn).view(nb, bs, 1, 584), bs)
+    assert cache.data.data_ptr() - buf.data_ptr() >= lead_bytes and cache.block_stride == bb
+    sink = None if case.attn_sink is None else case.attn_sink.to(device)
+    return FP8Case(case.q.to(device), cache, case.kv_indices.to(device),
+                   case.kv_indptr.to(device), case.softmax_scale, sink)  # fmt: skip
+
+
+def test_cache_moved_inside_a_larger_buffer():
+    case = make_fp8_case(3, 16, num_blocks=3, block_size=4, seed=8)
+    moved = _on(case, "cpu", lead_bytes=10_000)
+    a = _check(case)
+    b = _check(moved, out=torch.full_like(case.q, float("nan")))
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [1, 8, 16, 32, 64, 128])
+@pytest.mark.parametrize("block_size", [2, 64, 256])
+def test_gpu_matches_reference(H, block_size):
+    for index_dtype, sink in ((torch.int32, True), (torch.int64, False)):
+        case = make_fp8_case(40, H, num_blocks=max(3, 1200 // block_size), block_size=block_size,
+                             max_slots=300, index_dtype=index_dtype, sink=sink,
+                             seed=7 * H + block_size)  # fmt: skip
+        case = _on(case, "cuda")
+        first = _check(case, out=torch.full_like(case.q, float("nan")))
+        again = sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink)
+        assert torch.equal(first.view(torch.int16), again.view(torch.int16)), "bitwise repeats"
+
+
+@pytest.mark.gpu
+def test_gpu_long_lists_and_a_cache_past_2gib():
+    # T of 1-3 with long lists (decode-like calls), the cache starting past byte 2**31.
+    for T in (1, 2, 3):
+        case = make_fp8_case(T, 16, num_blocks=80, block_size=64, max_slots=4000,
+                             index_dtype=torch.int64, seed=T)  # fmt: skip
+        _check(_on(case, "cuda"), out=None)
+    case = make_fp8_case(6, 64, num_blocks=8, block_size=64, max_slots=400, seed=9)
+    _check(_on(case, "cuda", lead_bytes=2**31 + 4096), out=None)
