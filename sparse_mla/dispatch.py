@@ -54,7 +54,7 @@ class Call:
     num_heads: int
     head_dim: int
     dtype: Any = None  # q's torch dtype (None: not known, e.g. a shape-only question)
-    kv: Any = None  # the [N, D] pool (None: not known)
+    kv: Any = None  # the [N, D] pool, or an FP8Cache when kv_format says so (None: not known)
     num_tokens: int | None = None  # T (None: not known; the largest recorded bucket serves)
     nnz: int | None = None  # kv_indices.numel(): the slot lists' total length (None: unknown)
     kv_format: str = "dense"  # the pool's format: a key of FORMATS (kv is then an FP8Cache)
