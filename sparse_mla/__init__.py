@@ -10,6 +10,7 @@ import importlib
 
 # Public name -> the module that defines it.
 _PUBLIC = {
+    "FP8Cache": "fp8",
     "PrefillConfig": "prefill",
     "sparse_mla_prefill": "prefill",
     "check_against_reference": "reference",

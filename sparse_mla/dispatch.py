@@ -15,7 +15,10 @@ picks the kernel for a call; nothing inside a launcher decides which kernel runs
    from a bench run, the grid's included), when it can run the call.
 3. Else the documented rule, :func:`rule`: the kernels measured fastest for the shape's
    (arch, H) region, first that can run it (see :data:`RULE`).
-4. Else ``triton`` with its tuned (or default) launch.
+4. Else the kernel that serves the call's pool format everywhere (:data:`FALLBACKS`):
+   ``triton`` with its tuned (or default) launch for a dense pool, ``triton_fp8`` for an FP8
+   cache (:class:`sparse_mla.fp8.FP8Cache`, ``Call.kv_format == "fp8_model1"``). A kernel
+   refuses a call whose pool format is not the one it reads (:meth:`Kernel.why_not`).
 
 :func:`describe` says, for any shape, which kernel runs and why, and why each other kernel
 would or would not. Kernels join the registry with :func:`register` (the package's own are
@@ -38,8 +41,8 @@ from typing import Any
 from . import configs
 
 __all__ = [
-    "KERNELS", "RULE", "Call", "Choice", "Kernel", "choose", "describe", "kernel", "register",
-    "rule",
+    "FALLBACKS", "FORMATS", "KERNELS", "RULE", "Call", "Choice", "Kernel", "choose", "describe",
+    "fallback", "kernel", "register", "rule",
 ]  # fmt: skip
 
 
@@ -51,9 +54,10 @@ class Call:
     num_heads: int
     head_dim: int
     dtype: Any = None  # q's torch dtype (None: not known, e.g. a shape-only question)
-    kv: Any = None  # the [N, D] pool (None: not known)
+    kv: Any = None  # the [N, D] pool, or an FP8Cache when kv_format says so (None: not known)
     num_tokens: int | None = None  # T (None: not known; the largest recorded bucket serves)
     nnz: int | None = None  # kv_indices.numel(): the slot lists' total length (None: unknown)
+    kv_format: str = "dense"  # the pool's format: a key of FORMATS (kv is then an FP8Cache)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,14 @@ class Kernel:
     knobs: Mapping[str, tuple] = field(default_factory=dict)  # launch field -> allowed values
     # compile_args(target, **shape) -> (kernel, signature, constexprs, options), for inspect
     compile_args: Callable[..., Any] | None = None
+    kv_format: str = "dense"  # the pool format it reads (FORMATS)
+
+    def why_not(self, call: Call) -> str | None:
+        """Why it cannot run ``call`` (None: it can): a pool of another format, else
+        ``unavailable``."""
+        if call.kv_format != self.kv_format:
+            return f"reads {FORMATS[self.kv_format]}, not {FORMATS[call.kv_format]}"
+        return self.unavailable(call)
 
 
 class _Registry(dict):
@@ -97,6 +109,7 @@ class _Registry(dict):
             import importlib
 
             importlib.import_module(f"{__package__}.prefill")
+            importlib.import_module(f"{__package__}.fp8_prefill")
 
     def __getitem__(self, key):
         self._load()
@@ -133,6 +146,18 @@ class _Registry(dict):
 
 KERNELS: dict[str, Kernel] = _Registry()
 FALLBACK = "triton"
+# Pool formats a call may bring (Call.kv_format), and the kernel that serves each when nothing
+# else is chosen. "fp8_model1" is sparse_mla.fp8.FP8Cache (DESIGN.md section 9).
+FORMATS = {
+    "dense": "a dense [N, D] pool in q's dtype",
+    "fp8_model1": "an FP8 KV cache (MODEL1 layout)",
+}
+FALLBACKS = {"dense": FALLBACK, "fp8_model1": "triton_fp8"}
+
+
+def fallback(call: Call) -> str:
+    """The kernel a call falls back to: the one that serves its pool format everywhere."""
+    return FALLBACKS[call.kv_format]
 
 
 def register(k: Kernel) -> Kernel:
@@ -182,15 +207,17 @@ def _forced(config: Any, call: Call) -> Choice:
         k = kernel(config.kernel)
         launch = config.launch
     elif isinstance(config, Mapping):
-        k, launch = kernel(FALLBACK), config
+        k, launch = kernel(fallback(call)), config
     else:
         name = _type_name(config)
         found = [k for k in KERNELS.values() if k.config_type == name]
         if not found:
-            types = sorted(k.config_type for k in KERNELS.values() if k.config_type)
+            types = sorted({k.config_type for k in KERNELS.values() if k.config_type})
             raise TypeError(f"config must be None, a dict, a Choice or one of {types}, got {name}")
+        # A config type may serve kernels of several pool formats: take the call's.
+        found.sort(key=lambda k: k.kv_format != call.kv_format)
         k, launch = found[0], config
-    why = k.unavailable(call)
+    why = k.why_not(call)
     if why:
         raise ValueError(f"config: the {k.name} kernel cannot run this call: {why}")
     return Choice(k.name, k.resolve(launch, call), "config=")
@@ -267,7 +294,7 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
         if c.name not in KERNELS:
             raise _unregistered(c.name, entry)
         k = KERNELS[c.name]
-        why = k.unavailable(call)
+        why = k.why_not(call)
         if not why:
             launch = c.launch if c.name != FALLBACK else None
             return Choice(c.name, k.resolve(launch, call), "recorded " + _recorded(entry, c))
@@ -276,7 +303,7 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
         k = KERNELS.get(name)
         if k is None:
             continue
-        why = k.unavailable(call)
+        why = k.why_not(call)
         if not why:
             where = "no recorded choice" if c is None else passed[0]
             return Choice(name, k.resolve(None, call), f"rule for {call.arch} H={call.num_heads}"
@@ -289,17 +316,19 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
     else:
         why = ""
     why = "; ".join([w for w in (why, *passed) if w])
-    return Choice(FALLBACK, kernel(FALLBACK).resolve(None, call), why)
+    name = fallback(call)
+    return Choice(name, kernel(name).resolve(None, call), why)
 
 
 def describe(
     arch: str | None, num_heads: int, head_dim: int, root=None, *, num_tokens: int | None = None,
-    verbose: bool = False,
+    verbose: bool = False, kv_format: str = "dense",
 ) -> str:  # fmt: skip
     """The kernel ``config=None`` runs for (arch, H, D[, T]) and why (no tensors needed; a pool
     the kernel cannot address may still send a call elsewhere). ``verbose``: one more line per
-    registered kernel, saying whether it can run the call and why not."""
-    call = Call(arch, num_heads, head_dim, num_tokens=num_tokens)
+    registered kernel, saying whether it can run the call and why not. ``kv_format``: the
+    pool's format (:data:`FORMATS`; "fp8_model1" for an FP8Cache)."""
+    call = Call(arch, num_heads, head_dim, num_tokens=num_tokens, kv_format=kv_format)
     c = choose(call, root=root)
     where = arch or "CPU (interpreter)"
     t = "" if num_tokens is None else f" T={num_tokens}"
@@ -308,7 +337,7 @@ def describe(
         return line
     lines = [line]
     for name, k in KERNELS.items():
-        why = k.unavailable(call)
+        why = k.why_not(call)
         mark = "runs" if name == c.kernel else ("can run" if not why else "cannot")
         lines.append(f"  {name:<16} {mark}{': ' + why if why else ''}  [{k.summary}]")
     return "\n".join(lines)

@@ -1629,7 +1629,9 @@ def compile_kernel(
         return name, res
     if k.compile_args is None:
         raise ValueError(f"compile_kernel: kernel {name!r} cannot be cross-compiled")
-    why = k.unavailable(dispatch.Call(t.name, num_heads, head_dim, num_tokens=num_tokens))
+    call = dispatch.Call(t.name, num_heads, head_dim, num_tokens=num_tokens,
+                         kv_format=k.kv_format)  # fmt: skip
+    why = k.unavailable(call)
     if why:
         raise ValueError(f"compile_kernel: {name} cannot compile for {t.name}: {why}")
     if dtype not in _DTYPES or index_dtype not in _INDEX_DTYPES:

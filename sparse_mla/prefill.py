@@ -20,6 +20,7 @@ import triton.language as tl
 
 from . import configs, dispatch, runtime
 from .configs import PrefillConfig
+from .fp8 import FP8Cache
 from .validation import validate_inputs
 
 __all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
@@ -255,6 +256,9 @@ def sparse_mla_prefill(
         q: [T, H, D] fp16 or bf16 (any strides; a last dim with stride != 1 is copied).
         kv: [N, D] (or [N, 1, D]) latent KV pool in q's dtype, last dim contiguous; K and V are
             the same row. It may be a view into a larger buffer.
+            Or a :class:`sparse_mla.FP8Cache` (FlashMLA's MODEL1 FP8 layout, q then bf16 and
+            D = 512; slot s valid iff 0 <= s < num_blocks x block_size): the ``triton_fp8``
+            kernel reads it (:mod:`sparse_mla.fp8_prefill`).
         kv_indices: [nnz] int32 or int64 slot ids, used in the dtype given. A slot s is valid
             iff 0 <= s < N; any other value is absent and its row is never read.
         kv_indptr: [T+1] int32 or int64: token t uses kv_indices[kv_indptr[t]:kv_indptr[t+1]].
@@ -284,6 +288,13 @@ def sparse_mla_prefill(
     lo = clamp(kv_indptr[t], 0, nnz), hi = clamp(kv_indptr[t+1], lo, nnz), so such a token
     attends to the in-bounds part of its list, or gets zeros when that is empty.
     """
+    if isinstance(kv, FP8Cache):  # its own checks, then the dispatch's FP8 kernels
+        from .fp8_prefill import sparse_mla_prefill_fp8
+
+        return sparse_mla_prefill_fp8(
+            q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
+            config=config, validate=validate,
+        )  # fmt: skip
     x = validate_inputs(
         q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
         validate=validate,

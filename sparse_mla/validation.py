@@ -161,7 +161,12 @@ def validate_inputs(
     if kv.dim() != 2:
         raise ValueError(f"{nkv} must be [N, D] or [N, 1, D], got shape {tuple(kv.shape)}")
     if kv.dtype != q.dtype:
-        fp8 = "an fp8 KV cache is not supported, dequantise it first; " if _is_fp8(kv) else ""
+        fp8 = (
+            "pass an fp8 KV cache in FlashMLA's MODEL1 layout as sparse_mla.FP8Cache(data, "
+            "block_size); "
+            if _is_fp8(kv)
+            else ""
+        )
         raise TypeError(
             f"{nkv} dtype {kv.dtype} must match {nq} dtype {q.dtype} ({fp8}K and V are {nkv})"
         )

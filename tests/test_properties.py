@@ -411,7 +411,10 @@ def _gluon(call: Call, **kw):
 
 # Every registered kernel forced by name, the shared Gluon algorithm with KV splits, and
 # config=None (the kernel the dispatch picks for the shape).
-GPU_KERNELS = [*dispatch.KERNELS, "gluon_mma_splits", "default"]
+GPU_KERNELS = [
+    *(n for n, k in dispatch.KERNELS.items() if k.kv_format == "dense"), "gluon_mma_splits",
+    "default",
+]  # fmt: skip
 
 
 def _run_gpu(kernel: str, call: Call, spec: Spec, **kw):

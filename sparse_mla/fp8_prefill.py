@@ -1,0 +1,417 @@
+"""Triton sparse MLA prefill straight from the FP8 KV cache (MODEL1 layout): kernel -> launcher
+-> validated entry -> registry entry ``triton_fp8``.
+
+The kernel is :mod:`sparse_mla.prefill`'s Triton kernel (one program per token and head block,
+online softmax, sink, CSR) with one change: the KV load. Per slot it gathers the token's 576
+bytes of [NoPE | RoPE] and its 8 scale bytes (:mod:`sparse_mla.fp8` has the layout) and builds
+the 512-wide bf16 row in registers, as a [BLOCK_K, 8, 64] tile: chunks 0-6 are the NoPE tiles
+(e4m3fn bytes x their ue8m0 scale), chunk 7 is the RoPE part (bf16 as stored). The row is then
+exactly :func:`sparse_mla.fp8.dequantize`'s, so S = Q K^T and P V see the same bf16 operands as
+the bf16 kernel on the dequantized pool, and the same error rule holds.
+
+FP8 decode, and what gfx942 needs. The cache holds OCP e4m3fn bytes (bias 7, no infinities,
+0x7F/0xFF are NaN, largest 448). gfx950 and Hopper convert that format natively, but gfx942
+(MI300) has only the FNUZ variant e4m3fnuz (bias 8, 0x80 is the only NaN, no negative zero),
+whose instructions would decode every OCP byte wrong by a factor of two (and 0x80, OCP's -0,
+as NaN). So the kernel decodes the byte in integer arithmetic, the same code on every target:
+sign, exponent and mantissa go into fp32 bits ((e + 120) << 23 | m << 20) for normals,
+m x 2^-9 for subnormals, NaN for 0x7F/0xFF; the ue8m0 scale byte E becomes fp32 bits E << 23.
+It costs a few integer ALU ops per byte and no conversion instruction; it never produces an
+fp32 denormal (products of normals >= 2^-22), so a flush-to-zero mode cannot change it, and it
+runs unchanged in Triton's CPU interpreter. The alternative, bitcasting the bytes to
+``tl.float8e4nv`` and casting, would use the native converts on sm90 and gfx950 (two values per
+instruction) and, on gfx942, the software emulation Triton 3.6's AMD backend supplies for OCP
+fp8 before CDNA4 (``HIPOptions.supported_fp8_dtypes``); it is not chosen here because the one
+integer path is the same code on every target and in the interpreter, and spells out the NaN
+bytes. Whether the native convert is faster on a GPU is not measured yet.
+
+Why a module of its own: the kernel differs from the bf16 one only in ``_load_fp8_tile``, but
+:mod:`sparse_mla.prefill` is shared by other work in progress; this keeps the FP8 path's
+change to the public entry to one branch and to the dispatch to a pool-format field. Folding
+both kernels behind a constexpr load strategy is a later, mechanical step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import triton
+import triton.language as tl
+
+from . import dispatch, runtime
+from .configs import PrefillConfig
+from .fp8 import D_NOPE, HEAD_DIM, KV_FORMAT, NUM_TILES, ROW_BYTES, TILE, FP8Cache
+from .prefill import _LOG2E, _mma, _round_to, resolve_config
+from .prefill import default_config as prefill_default_config
+from .validation import _shares_memory, validate_inputs
+
+__all__ = ["NAME", "compile_args", "default_config", "sparse_mla_prefill_fp8"]
+
+NAME = "triton_fp8"
+_CHUNKS = HEAD_DIM // TILE  # 8: seven NoPE tiles and the RoPE part
+# The kernel spells the layout as literals: 576-byte rows (448 NoPE bytes, then 64 bf16), 8
+# scale bytes a token, 8 chunks of 64 values a row.
+assert NUM_TILES == _CHUNKS - 1 and D_NOPE == NUM_TILES * TILE and ROW_BYTES == 576
+
+
+@triton.jit
+def _decode_e4m3fn(b):
+    """OCP e4m3fn bytes (uint8) -> fp32, in integer arithmetic (portable; see module doc)."""
+    b = b.to(tl.uint32)
+    e = (b >> 3) & 0xF
+    m = b & 0x7
+    sign = (b >> 7) << 31
+    normal = (sign | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    sub = m.to(tl.float32) * 0.001953125  # m x 2^-9, then the sign bit (-0 stays -0)
+    sub = (sub.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    x = tl.where(e == 0, sub, normal)
+    return tl.where((b & 0x7F) == 0x7F, float("nan"), x)
+
+
+@triton.jit
+def _decode_ue8m0(e):
+    """ue8m0 scale bytes (uint8) -> fp32 2^(E - 127); 255 is NaN, 0 (never written) is 0."""
+    e = e.to(tl.uint32)
+    x = (e << 23).to(tl.float32, bitcast=True)
+    return tl.where(e == 255, float("nan"), x)
+
+
+@triton.jit
+def _load_fp8_tile(
+    cache_ptr, idx_ptr, offs_s, end, num_slots, block_size, stride_block, BLOCK_K: tl.constexpr
+):
+    """Slot ids at positions offs_s [BLOCK_K] and their dequantized rows [BLOCK_K, 512] (bf16);
+    invalid slots -> 0 and their bytes are never read."""
+    in_row = offs_s < end
+    slot = tl.load(idx_ptr + offs_s, mask=in_row, other=-1).to(tl.int64)
+    valid = in_row & (slot >= 0) & (slot < num_slots)  # [BLOCK_K]
+    slot = tl.where(valid, slot, 0)
+    blk = slot // block_size
+    tok = slot - blk * block_size
+    row = blk * stride_block + tok * 576  # [BLOCK_K] byte offset of [NoPE | RoPE]
+    scl = blk * stride_block + block_size * 576 + tok * 8  # [BLOCK_K] byte offset of scales
+    offs_c = tl.arange(0, 8)  # chunk: 0-6 NoPE tiles, 7 RoPE
+    offs_j = tl.arange(0, 64)
+    is_nope = offs_c < 7
+    nope_ptrs = cache_ptr + row[:, None, None] + offs_c[None, :, None] * 64 + offs_j[None, None, :]
+    nope = tl.load(nope_ptrs, mask=valid[:, None, None] & is_nope[None, :, None], other=0)
+    scale = tl.load(
+        cache_ptr + scl[:, None] + offs_c[None, :], mask=valid[:, None] & is_nope[None, :], other=0
+    )  # [BLOCK_K, 8] uint8
+    rope_ptrs = (cache_ptr + row + 448).to(tl.pointer_type(tl.bfloat16))  # [BLOCK_K]
+    rope = tl.load(rope_ptrs[:, None] + offs_j[None, :], mask=valid[:, None], other=0.0)
+    x = _decode_e4m3fn(nope) * _decode_ue8m0(scale)[:, :, None]  # [BLOCK_K, 8, 64]
+    x = tl.where(is_nope[None, :, None], x, rope.to(tl.float32)[:, None, :])
+    x = tl.where(valid[:, None, None], x, 0.0)
+    kv = tl.reshape(x, (BLOCK_K, 512)).to(tl.bfloat16)  # exact: 4 significant bits x 2^k
+    return kv, valid
+
+
+@triton.jit(do_not_specialize=["nnz"])
+def _sparse_mla_prefill_fp8_kernel(
+    q_ptr,  # [T, H, 512] bf16
+    cache_ptr,  # [num_blocks, block bytes] uint8, MODEL1 layout
+    idx_ptr,  # [nnz] int32 | int64
+    indptr_ptr,  # [T + 1]
+    sink_ptr,  # [H] fp32 (unused without HAS_SINK)
+    out_ptr,  # [T, H, 512] bf16
+    stride_qt,
+    stride_qh,
+    stride_block,  # bytes from one block to the next
+    stride_ot,
+    stride_oh,
+    num_heads,
+    block_size,
+    num_slots,  # num_blocks x block_size: slot s is valid iff 0 <= s < num_slots
+    nnz,
+    qk_scale,  # softmax_scale, times log2(e) under USE_EXP2
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    EVEN_HD: tl.constexpr,  # H % BLOCK_H == 0 (the head dim is always 512 = BLOCK_D)
+    USE_EXP2: tl.constexpr,
+    PREFETCH_KV: tl.constexpr,
+    INTERP_BF16: tl.constexpr,
+):
+    pid_t = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1)
+
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    offs_d = tl.arange(0, 512)  # [BLOCK_D]
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+
+    q_ptrs = q_ptr + pid_t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :]
+    if EVEN_HD:
+        q = tl.load(q_ptrs)  # [BLOCK_H, 512]
+    else:
+        mask_h = offs_h[:, None] < num_heads
+        q = tl.load(q_ptrs, mask=mask_h, other=0.0)
+
+    # Clamped as in the bf16 kernel: no kv_indptr, checked or not, reads outside kv_indices.
+    start = tl.load(indptr_ptr + pid_t).to(tl.int64)
+    end = tl.load(indptr_ptr + pid_t + 1).to(tl.int64)
+    start = tl.minimum(tl.maximum(start, 0), nnz)
+    end = tl.minimum(tl.maximum(end, start), nnz)
+    num_k = (end - start).to(tl.int32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+
+    if PREFETCH_KV:
+        kv_next, valid_next = _load_fp8_tile(
+            cache_ptr, idx_ptr, start + offs_k, end, num_slots, block_size, stride_block, BLOCK_K
+        )
+    for k0 in range(0, num_k, BLOCK_K):
+        if PREFETCH_KV:
+            kv, valid = kv_next, valid_next
+            kv_next, valid_next = _load_fp8_tile(
+                cache_ptr, idx_ptr, start + (k0 + BLOCK_K) + offs_k, end, num_slots, block_size,
+                stride_block, BLOCK_K,
+            )  # fmt: skip
+        else:
+            kv, valid = _load_fp8_tile(
+                cache_ptr, idx_ptr, start + k0 + offs_k, end, num_slots, block_size, stride_block,
+                BLOCK_K,
+            )  # fmt: skip
+
+        qk = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+        qk = _mma(q, tl.trans(kv), qk, INTERP_BF16) * qk_scale  # [BLOCK_H, BLOCK_K]
+        qk = tl.where(valid[None, :], qk, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_H]
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if USE_EXP2:
+            alpha = tl.math.exp2(m_i - m_shift)
+            p = tl.math.exp2(qk - m_shift[:, None])
+        else:
+            alpha = tl.exp(m_i - m_shift)
+            p = tl.exp(qk - m_shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = _mma(_round_to(p, tl.bfloat16, INTERP_BF16), kv, acc, INTERP_BF16)  # [BLOCK_H, 512]
+        m_i = m_new
+
+    if HAS_SINK:
+        # The sink is a virtual column with logit sink_h and a zero value vector.
+        if EVEN_HD:
+            sink = tl.load(sink_ptr + offs_h)
+        else:
+            sink = tl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=0.0)
+        if USE_EXP2:
+            sink = sink * 1.4426950408889634
+        has_slot = m_i > float("-inf")
+        m_fin = tl.where(has_slot, tl.maximum(m_i, sink), sink)
+        m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+        if USE_EXP2:
+            alpha = tl.math.exp2(m_i - m_fin)
+            l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
+        else:
+            alpha = tl.exp(m_i - m_fin)
+            l_i = l_i * alpha + tl.exp(sink - m_fin)
+        acc = acc * alpha[:, None]
+    # A token with no valid slot has acc == 0; keep it 0 (not 0/0) with or without a sink.
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = _round_to(acc / l_safe[:, None], tl.bfloat16, INTERP_BF16)
+
+    out_ptrs = out_ptr + pid_t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    if EVEN_HD:
+        tl.store(out_ptrs, o)
+    else:
+        tl.store(out_ptrs, o, mask=offs_h[:, None] < num_heads)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launcher and entry
+# ----------------------------------------------------------------------------------------------
+
+
+def _even_hd(cfg: PrefillConfig, num_heads: int) -> bool:
+    return num_heads % cfg.BLOCK_H == 0 if cfg.EVEN_HD is None else cfg.EVEN_HD
+
+
+def _constexprs(cfg: PrefillConfig, num_heads: int, *, has_sink: bool, interp_bf16: bool):
+    return {
+        "BLOCK_H": cfg.BLOCK_H,
+        "BLOCK_K": cfg.BLOCK_K,
+        "HAS_SINK": has_sink,
+        "EVEN_HD": _even_hd(cfg, num_heads),
+        "USE_EXP2": cfg.USE_EXP2,
+        "PREFETCH_KV": cfg.PREFETCH_KV,
+        "INTERP_BF16": interp_bf16,
+    }
+
+
+def _run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+    """Launch on validated inputs (T > 0, at least one block)."""
+    T, H, _ = q.shape
+    interpret = runtime.runs_interpreted(q)
+    sink = attn_sink if attn_sink is not None else q.new_empty(0, dtype=torch.float32)
+    qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
+    options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
+    consts = _constexprs(cfg, H, has_sink=attn_sink is not None, interp_bf16=interpret)
+    runtime.launch(
+        _sparse_mla_prefill_fp8_kernel,
+        (T, triton.cdiv(H, cfg.BLOCK_H)),
+        q,
+        cache.as_bytes(),
+        kv_indices,
+        kv_indptr,
+        sink,
+        out,
+        q.stride(0),
+        q.stride(1),
+        cache.block_stride,
+        out.stride(0),
+        out.stride(1),
+        H,
+        cache.block_size,
+        cache.num_slots,
+        kv_indices.numel(),
+        qk_scale,
+        interpret=interpret,
+        **consts,
+        **options,
+    )
+    return out
+
+
+def default_config(num_heads: int) -> PrefillConfig:
+    """The launch without ``config=``: the bf16 kernel's default with BLOCK_K = 16.
+
+    The dequantized [BLOCK_K, 8, 64] fp32 tile and its byte decode cost registers the bf16
+    kernel does not spend. Cross-compiled at H=16 (compile only, nothing timed): BLOCK_K 32
+    spills on sm90 (384 stack bytes at 255 registers) and needs 256 VGPRs + 183 AGPRs on
+    gfx942; BLOCK_K 16 compiles without scratch on gfx942 (256 + 65) and with 16 stack bytes on
+    sm90. configs/ entries are the bf16 kernel's and are not read.
+    """
+    return replace(prefill_default_config(num_heads, HEAD_DIM), BLOCK_K=16)
+
+
+def _resolve(launch, call: dispatch.Call) -> PrefillConfig:
+    """The launch (None: :func:`default_config`), checked against the call's heads."""
+    if launch is None:
+        launch = default_config(call.num_heads)
+    cfg = resolve_config(call.num_heads, HEAD_DIM, launch, None)
+    if cfg.EVEN_HD and call.num_heads % cfg.BLOCK_H:
+        raise ValueError(
+            f"config: EVEN_HD needs H % BLOCK_H == 0; got H={call.num_heads}, BLOCK_H={cfg.BLOCK_H}"
+        )
+    return cfg
+
+
+def _unavailable(call: dispatch.Call) -> str | None:
+    if call.kv_format != KV_FORMAT:
+        return "reads an FP8 KV cache (sparse_mla.FP8Cache, MODEL1 layout), not a dense pool"
+    if call.head_dim != HEAD_DIM:
+        return f"needs head_dim {HEAD_DIM} (448 NoPE + 64 RoPE), got {call.head_dim}"
+    if call.dtype is not None and call.dtype != torch.bfloat16:
+        return f"takes bf16 queries, got {call.dtype}"
+    return None
+
+
+def compile_args(target: str, *, num_heads: int = 16, config=None, index_dtype=torch.int32,
+                 has_sink: bool = True, **_ignored):  # fmt: skip
+    """(kernel, signature, constexprs, options) to cross-compile the kernel for ``target`` as a
+    launch at ``num_heads`` would (:func:`sparse_mla.inspect.compile_kernel`)."""
+    from .targets import get_target
+
+    t = get_target(target)
+    cfg = _resolve(config, dispatch.Call(t.name, num_heads, HEAD_DIM, kv_format=KV_FORMAT))
+    ix = "*i64" if index_dtype == torch.int64 else "*i32"
+    sig = {
+        "q_ptr": "*bf16",
+        "cache_ptr": "*u8",
+        "idx_ptr": ix,
+        "indptr_ptr": ix,
+        "sink_ptr": "*fp32",
+        "out_ptr": "*bf16",
+        "stride_qt": "i32",
+        "stride_qh": "i32",
+        "stride_block": "i64",
+        "stride_ot": "i32",
+        "stride_oh": "i32",
+        "num_heads": "i32",
+        "block_size": "i32",
+        "num_slots": "i64",
+        "nnz": "i32",
+        "qk_scale": "fp32",
+    }
+    consts = _constexprs(cfg, num_heads, has_sink=has_sink, interp_bf16=False)
+    return _sparse_mla_prefill_fp8_kernel, sig, consts, cfg.compile_options(t.backend)
+
+
+def sparse_mla_prefill_fp8(
+    q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None, out=None,
+    config=None, validate=None,
+):  # fmt: skip
+    """:func:`sparse_mla.sparse_mla_prefill` with ``kv`` an :class:`~sparse_mla.fp8.FP8Cache`.
+
+    Args:
+        q: [T, H, 512] bf16 (448 NoPE + 64 RoPE).
+        cache: the FP8 cache; slot s is valid iff 0 <= s < num_blocks x block_size.
+        the rest: as :func:`sparse_mla.sparse_mla_prefill` (same CSR, sink, ``out=``,
+            validation; ``config`` a PrefillConfig / dict / ``dispatch.Choice``).
+
+    Returns:
+        out [T, H, 512] bf16: attention over the dequantized rows (:func:`sparse_mla.fp8.
+        dequantize`); zeros for a token with no valid slot.
+    """
+    if isinstance(q, torch.Tensor) and q.dtype != torch.bfloat16:
+        raise TypeError(f"q must be bfloat16 with an FP8 KV cache (RoPE is bf16), got {q.dtype}")
+    if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[-1] != HEAD_DIM:
+        raise ValueError(
+            f"q head dim must be {HEAD_DIM} (448 NoPE + 64 RoPE) with an FP8 KV cache, got "
+            f"{q.shape[-1]}"
+        )
+    stub = torch.empty(0, HEAD_DIM, dtype=torch.bfloat16, device=cache.device)
+    if isinstance(q, torch.Tensor) and cache.device != q.device:
+        raise ValueError(f"kv is on {cache.device} but q is on {q.device}; devices must match")
+    x = validate_inputs(
+        q, stub, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
+        validate=validate,
+    )  # fmt: skip
+    if out is not None and out.numel() and _shares_memory(out, cache.data):
+        raise ValueError("out overlaps kv; the kernel would read what it writes")
+    q = x.q
+    T, H, D = q.shape
+    arch = None if runtime.runs_interpreted(q) else runtime.arch(q.device.index or 0)
+    call = dispatch.Call(arch, H, D, q.dtype, cache, T, x.kv_indices.numel(), kv_format=KV_FORMAT)
+    choice = dispatch.choose(call, config=config)
+    run = dispatch.kernel(choice.kernel).run
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out.numel() == 0:
+        return out
+    if cache.num_slots == 0:
+        out.zero_()
+        return out
+    run(q, cache, x.kv_indices, x.kv_indptr, x.softmax_scale, x.attn_sink, out, choice.launch)
+    return out
+
+
+dispatch.register(
+    dispatch.Kernel(
+        NAME,
+        run=_run,
+        resolve=_resolve,
+        unavailable=_unavailable,
+        config_type="sparse_mla.configs:PrefillConfig",
+        to_dict=PrefillConfig.to_dict,
+        summary="Triton sparse prefill from the FP8 cache (fp8_prefill.py): gathers 576 + 8 "
+        "bytes a slot, dequantizes in registers; every target and the CPU interpreter",
+        targets=("*",),
+        knobs={
+            "BLOCK_H": (16, 32, 64),
+            "BLOCK_K": (16, 32, 64),
+            "num_warps": (4, 8),
+            "num_stages": (1, 2, 3, 4),
+            "EVEN_HD": (None, True, False),
+            "USE_EXP2": (True, False),
+            "PREFETCH_KV": (False, True),
+        },
+        compile_args=compile_args,
+        kv_format=KV_FORMAT,
+    )
+)

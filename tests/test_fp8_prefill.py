@@ -1,0 +1,313 @@
+"""The Triton prefill from the FP8 cache (``triton_fp8``) against the fp32 reference over the
+dequantized rows (CPU interpreter), its dispatch, its errors and its cross-compiles."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from sparse_mla import FP8Cache, dispatch, runtime, sparse_mla_prefill
+from sparse_mla import fp8 as F
+from sparse_mla.fp8_prefill import _decode_e4m3fn, _decode_ue8m0
+from sparse_mla.reference import check_against_reference
+
+
+@dataclass
+class FP8Case:
+    q: torch.Tensor
+    cache: FP8Cache
+    kv_indices: torch.Tensor
+    kv_indptr: torch.Tensor
+    softmax_scale: float
+    attn_sink: torch.Tensor | None
+
+    def args(self):
+        return self.q, self.cache, self.kv_indices, self.kv_indptr, self.softmax_scale
+
+
+def make_fp8_case(T, H, *, num_blocks, block_size, max_slots=24, index_dtype=torch.int32,
+                  sink=True, seed=0) -> FP8Case:  # fmt: skip
+    """Ragged lists (some empty) with slots at block boundaries and invalid slots of every kind;
+    the cache lives between two poisoned blocks of a larger buffer, and every slot no valid id
+    references (and every pad byte) is 0xFF: NaN NoPE, NaN RoPE, NaN scale."""
+    g = torch.Generator().manual_seed(seed)
+    n = num_blocks * block_size
+    rows = (torch.randn(n, 512, generator=g) * torch.exp2(torch.randn(n, 8, 1, generator=g))
+            .repeat_interleave(64, dim=-1).flatten(1)[:, :512]).bfloat16()  # fmt: skip
+    lengths = torch.randint(0, max_slots + 1, (T,), generator=g)
+    if T > 1:
+        lengths[torch.randint(0, T, (max(1, T // 4),), generator=g)] = 0
+    indptr = torch.zeros(T + 1, dtype=torch.int64)
+    indptr[1:] = lengths.cumsum(0)
+    nnz = int(indptr[-1])
+    idx = torch.randint(0, n, (nnz,), generator=g)
+    edges = torch.tensor(
+        sorted({0, n - 1} | {b * block_size + d for b in range(1, num_blocks) for d in (-1, 0)})
+    )
+    take = torch.rand(nnz, generator=g) < 0.3
+    idx = torch.where(take, edges[torch.randint(0, len(edges), (nnz,), generator=g)], idx)
+    bad = [-1, n, 2**31 - 1, -(2**31)]
+    if index_dtype == torch.int64:
+        bad += [2**31, 2**33 + 5, 2**62]
+    where = torch.rand(nnz, generator=g) < 0.2
+    idx = torch.where(
+        where, torch.tensor(bad)[torch.randint(0, len(bad), (nnz,), generator=g)], idx
+    ).to(index_dtype)
+
+    data = F.quantize(rows, block_size).data
+    bb = F.block_bytes(block_size)
+    buf = torch.full(((num_blocks + 2) * bb,), 0xFF, dtype=torch.uint8)
+    blocks = buf.view(num_blocks + 2, bb)[1 : 1 + num_blocks]
+    blocks[:, : block_size * 584] = F.FP8Cache(data, block_size).as_bytes()
+    blocks[:, block_size * 584 :] = 0xFF  # block padding
+    # Views, not copies: the blocks' stride is the padded size.
+    body = blocks[:, : block_size * 576].view(num_blocks, block_size, 576)
+    scales = blocks[:, block_size * 576 : block_size * 584].view(num_blocks, block_size, 8)
+    scales[..., 7] = 0xFF
+    used = torch.zeros(n, dtype=torch.bool)
+    v = idx.long()
+    used[v[(v >= 0) & (v < n)]] = True
+    unused = ~used.view(num_blocks, block_size)
+    body[unused] = 0xFF
+    scales[unused] = 0xFF
+    view = blocks[:, : block_size * 584].view(torch.float8_e4m3fn)
+    cache = FP8Cache(view.view(num_blocks, block_size, 1, 584), block_size)
+    q = torch.randn(T, H, 512, generator=g).bfloat16()
+    attn_sink = torch.randn(H, generator=g) * 2 if sink else None
+    return FP8Case(q, cache, idx, indptr.to(index_dtype), 512**-0.5, attn_sink)
+
+
+def _check(case: FP8Case, out=None, **kw) -> torch.Tensor:
+    got = sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink, out=out, **kw)
+    if out is not None:
+        assert got is out
+    assert not torch.isnan(got).any(), "unwritten elements or a poisoned byte was read"
+    rows = F.dequantize(case.cache)
+    n = case.cache.num_slots
+    v = case.kv_indices.long()
+    unused = torch.ones(n, dtype=torch.bool)
+    unused[v[(v >= 0) & (v < n)]] = False
+    assert torch.isnan(rows[unused]).all(), "the unreferenced slots are poisoned"
+    rep = check_against_reference(
+        got, case.q, rows, case.kv_indices, case.kv_indptr, case.softmax_scale,
+        attn_sink=case.attn_sink,
+    )  # fmt: skip
+    assert rep.ok, str(rep)
+    empty = (case.kv_indptr[1:] == case.kv_indptr[:-1]).nonzero().flatten()
+    assert torch.all(got[empty] == 0), "a token with no slot gets zeros"
+    return got
+
+
+@pytest.mark.parametrize(
+    ("block_size", "num_blocks", "H", "sink", "index_dtype"),
+    [
+        (64, 3, 16, True, torch.int32),  # FlashMLA's block size
+        (3, 9, 8, False, torch.int64),  # not a power of two
+        (2, 11, 20, True, torch.int32),  # H % BLOCK_H != 0: masked heads
+        (5, 6, 1, True, torch.int64),
+    ],
+)
+def test_matches_reference(block_size, num_blocks, H, sink, index_dtype):
+    case = make_fp8_case(5, H, num_blocks=num_blocks, block_size=block_size, sink=sink,
+                         index_dtype=index_dtype, seed=block_size * 31 + H)  # fmt: skip
+    _check(case, out=torch.full_like(case.q, float("nan")))
+
+
+@pytest.mark.parametrize("cfg", [{"USE_EXP2": False}, {"PREFETCH_KV": True, "BLOCK_K": 16}])
+def test_launch_variants(cfg):
+    case = make_fp8_case(4, 16, num_blocks=4, block_size=4, seed=7)
+    _check(case, out=torch.full_like(case.q, float("nan")), config=cfg)
+
+
+def test_allocating_call_equals_out_call_and_views_agree():
+    case = make_fp8_case(4, 16, num_blocks=4, block_size=8, seed=3)
+    first = _check(case)
+    u8 = case.cache.data.view(torch.uint8)
+    flat = case.cache.as_bytes()  # [num_blocks, bytes], the padded stride
+    for data in (u8, flat, flat.view(torch.float8_e4m3fn)):
+        c = FP8Case(case.q, FP8Cache(data, 8), *case.args()[2:], case.attn_sink)
+        again = sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink,
+                                   out=torch.full_like(case.q, float("nan")))  # fmt: skip
+        assert torch.equal(again.view(torch.int16), first.view(torch.int16))
+
+
+def test_empty_calls():
+    case = make_fp8_case(3, 16, num_blocks=2, block_size=4, seed=5)
+    # T = 0
+    q0 = case.q[:0]
+    ptr0 = torch.zeros(1, dtype=case.kv_indptr.dtype)
+    assert sparse_mla_prefill(q0, case.cache, case.kv_indices, ptr0, 0.1).shape == (0, 16, 512)
+    # No blocks: every slot is invalid, every token zeros (with a sink too).
+    none = FP8Cache(case.cache.data[:0], 4)
+    out = torch.full_like(case.q, float("nan"))
+    sparse_mla_prefill(case.q, none, *case.args()[2:], attn_sink=case.attn_sink, out=out)
+    assert torch.all(out == 0)
+    # Every token empty.
+    ptr = torch.zeros_like(case.kv_indptr)
+    out = torch.full_like(case.q, float("nan"))
+    sparse_mla_prefill(case.q, case.cache, case.kv_indices, ptr, 0.1, attn_sink=case.attn_sink,
+                       out=out)  # fmt: skip
+    assert torch.all(out == 0)
+
+
+def test_dispatch_chooses_the_fp8_kernel_and_the_others_refuse():
+    case = make_fp8_case(2, 16, num_blocks=2, block_size=4, seed=1)
+    call = dispatch.Call(None, 16, 512, torch.bfloat16, case.cache, kv_format=F.KV_FORMAT)
+    assert dispatch.choose(call).kernel == "triton_fp8"
+    assert dispatch.choose(call, config={"BLOCK_K": 16}).kernel == "triton_fp8"
+    assert dispatch.choose(call, config=dispatch.Choice("triton_fp8")).kernel == "triton_fp8"
+    for name, k in dispatch.KERNELS.items():
+        if name != "triton_fp8":
+            assert "not an FP8 KV cache" in k.why_not(call)
+    with pytest.raises(ValueError, match="triton kernel cannot run this call: reads a dense"):
+        sparse_mla_prefill(*case.args(), config=dispatch.Choice("triton"))
+    dense = torch.randn(8, 512).bfloat16()
+    bf16_call = dispatch.Call(None, 16, 512, torch.bfloat16, dense)
+    assert dispatch.choose(bf16_call).kernel == "triton"
+    assert "FP8" in dispatch.kernel("triton_fp8").why_not(bf16_call)
+    assert "FP8" in dispatch.kernel("triton_fp8").unavailable(bf16_call)
+    with pytest.raises(ValueError, match="triton_fp8 kernel cannot run this call"):
+        sparse_mla_prefill(case.q, dense, case.kv_indices.clamp(0, 7), case.kv_indptr, 0.1,
+                           config=dispatch.Choice("triton_fp8"))  # fmt: skip
+    lines = dispatch.describe(None, 16, 512, kv_format=F.KV_FORMAT, verbose=True).splitlines()
+    assert lines[0] == "CPU (interpreter) H=16 D=512: triton_fp8 (no tuned entry)"
+    assert len(lines) == 1 + len(dispatch.KERNELS)
+
+
+def test_raw_fp8_tensor_and_other_device_are_named():
+    case = make_fp8_case(2, 16, num_blocks=2, block_size=4, seed=6)
+    raw = case.cache.data[0, :, 0]  # [block_size, 584] float8_e4m3fn: not a dense pool
+    with pytest.raises(TypeError, match=re.escape("as sparse_mla.FP8Cache(data, block_size)")):
+        sparse_mla_prefill(case.q, raw, *case.args()[2:])
+    with pytest.raises(ValueError, match="kv is on cpu but q is on meta"):
+        sparse_mla_prefill(case.q.to("meta"), *case.args()[1:])
+
+
+def _overlapping_out(case):
+    first_block = case.cache.as_bytes()[0, : 2 * 16 * 512 * 2]  # contiguous bytes
+    return first_block.view(torch.bfloat16).view(2, 16, 512)
+
+
+@pytest.mark.parametrize(
+    ("change", "exc", "needle"),
+    [
+        (lambda c: {"q": c.q.half()}, TypeError, "q must be bfloat16"),
+        (lambda c: {"q": c.q.float()}, TypeError, "q must be bfloat16"),
+        (lambda c: {"q": torch.zeros(2, 16, 576, dtype=torch.bfloat16)}, ValueError, "512"),
+        (lambda c: {"kv_indices": c.kv_indices.float()}, TypeError, "kv_indices"),
+        (lambda c: {"kv_indptr": c.kv_indptr[:-1]}, ValueError, "kv_indptr must have T\\+1"),
+        (lambda c: {"kv_indptr": c.kv_indptr.flip(0)}, ValueError, "non-decreasing"),
+        (lambda c: {"attn_sink": torch.zeros(3)}, ValueError, "attn_sink"),
+        (lambda c: {"softmax_scale": float("nan")}, ValueError, "softmax_scale"),
+        (lambda c: {"out": torch.zeros(2, 16, 512)}, TypeError, "out dtype"),
+        (lambda c: {"out": _overlapping_out(c)}, ValueError, "out overlaps kv"),
+        (lambda c: {"config": {"EVEN_HD": True, "BLOCK_H": 32}}, ValueError, "EVEN_HD"),
+    ],
+)
+def test_bad_input_is_named_and_out_untouched(change, exc, needle):
+    case = make_fp8_case(2, 16, num_blocks=2, block_size=64, seed=2)
+    kw = dict(q=case.q, kv=case.cache, kv_indices=case.kv_indices, kv_indptr=case.kv_indptr,
+              softmax_scale=case.softmax_scale, attn_sink=case.attn_sink,
+              out=torch.full_like(case.q, float("nan")))  # fmt: skip
+    kw.update(change(case))
+    before = kw["out"].clone()
+    snapshot = case.cache.as_bytes().clone()
+    with pytest.raises(exc, match=needle):
+        sparse_mla_prefill(**kw)
+    assert torch.equal(kw["out"].view(torch.int16), before.view(torch.int16))
+    assert torch.equal(case.cache.as_bytes(), snapshot)
+
+
+@triton.jit
+def _decode_all(b_ptr, out_ptr, scale_out_ptr):
+    offs = tl.arange(0, 256)
+    b = tl.load(b_ptr + offs)
+    tl.store(out_ptr + offs, _decode_e4m3fn(b))
+    tl.store(scale_out_ptr + offs, _decode_ue8m0(b))
+
+
+def test_kernel_decode_of_every_byte():
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    got = torch.empty(256)
+    scales = torch.empty(256)
+    runtime.launch(_decode_all, (1,), codes, got, scales, interpret=True)
+    want = codes.view(torch.float8_e4m3fn).float()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    assert torch.equal(got[ok], want[ok])
+    assert torch.equal(torch.signbit(got[ok]), torch.signbit(want[ok]))  # -0 stays -0
+    e = torch.arange(1, 255)
+    assert torch.equal(scales[1:255], torch.exp2(e.double() - 127).float())
+    assert torch.isnan(scales[255])
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950", "sm90"])
+def test_cross_compiles_with_isa_and_registers(target):
+    from sparse_mla import inspect as si
+
+    name, res = si.compile_kernel("triton_fp8", target, num_heads=16)
+    assert name == "triton_fp8" and res.kernel_name.startswith("_sparse_mla_prefill_fp8")
+    rows = dict(res.resources.as_rows())
+    if target.startswith("gfx"):
+        assert rows["arch VGPRs"] > 0 and "mfma" in res.isa
+        assert rows["scratch bytes"] == 0, "the default launch spills (fp8_prefill.default_config)"
+        # The byte decode is integer arithmetic: no fp8 conversion (gfx942's would be FNUZ).
+        assert "cvt_f32_fp8" not in res.isa and "cvt_pk_f32_fp8" not in res.isa
+    else:
+        assert rows["registers"] > 0 and "HMMA" in res.isa
+        assert "e4m3" not in res.asm["ptx"]
+    assert res.mix["global_load"] > 0
+
+
+def _on(case: FP8Case, device, lead_bytes: int = 0) -> FP8Case:
+    """The case on ``device``, its cache (poison included) copied to a byte offset past
+    ``lead_bytes`` of a larger 0xFF buffer, the padded block stride kept."""
+    bs, nb = case.cache.block_size, case.cache.num_blocks
+    bb = F.block_bytes(bs)
+    lead = -(-lead_bytes // bb) + 1
+    buf = torch.full(((lead + nb + 1) * bb,), 0xFF, dtype=torch.uint8, device=device)
+    blocks = buf.view(lead + nb + 1, bb)[lead : lead + nb, : bs * 584]
+    blocks.copy_(case.cache.as_bytes())
+    cache = FP8Cache(blocks.view(torch.float8_e4m3fn).view(nb, bs, 1, 584), bs)
+    assert cache.data.data_ptr() - buf.data_ptr() >= lead_bytes and cache.block_stride == bb
+    sink = None if case.attn_sink is None else case.attn_sink.to(device)
+    return FP8Case(case.q.to(device), cache, case.kv_indices.to(device),
+                   case.kv_indptr.to(device), case.softmax_scale, sink)  # fmt: skip
+
+
+def test_cache_moved_inside_a_larger_buffer():
+    case = make_fp8_case(3, 16, num_blocks=3, block_size=4, seed=8)
+    moved = _on(case, "cpu", lead_bytes=10_000)
+    a = _check(case)
+    b = _check(moved, out=torch.full_like(case.q, float("nan")))
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [1, 8, 16, 32, 64, 128])
+@pytest.mark.parametrize("block_size", [2, 64, 256])
+def test_gpu_matches_reference(H, block_size):
+    for index_dtype, sink in ((torch.int32, True), (torch.int64, False)):
+        case = make_fp8_case(40, H, num_blocks=max(3, 1200 // block_size), block_size=block_size,
+                             max_slots=300, index_dtype=index_dtype, sink=sink,
+                             seed=7 * H + block_size)  # fmt: skip
+        case = _on(case, "cuda")
+        first = _check(case, out=torch.full_like(case.q, float("nan")))
+        again = sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink)
+        assert torch.equal(first.view(torch.int16), again.view(torch.int16)), "bitwise repeats"
+
+
+@pytest.mark.gpu
+def test_gpu_long_lists_and_a_cache_past_2gib():
+    # T of 1-3 with long lists (decode-like calls), the cache starting past byte 2**31.
+    for T in (1, 2, 3):
+        case = make_fp8_case(T, 16, num_blocks=80, block_size=64, max_slots=4000,
+                             index_dtype=torch.int64, seed=T)  # fmt: skip
+        _check(_on(case, "cuda"), out=None)
+    case = make_fp8_case(6, 64, num_blocks=8, block_size=64, max_slots=400, seed=9)
+    _check(_on(case, "cuda", lead_bytes=2**31 + 4096), out=None)
