@@ -418,3 +418,16 @@ def test_recorded_kernel_that_cannot_run_falls_to_the_rule(tmp_path, monkeypatch
     c = dispatch.choose(dispatch.Call("sm90", 64, 512, num_tokens=4096), root=tmp_path)
     assert c.kernel == "gluon_wgmma", c
     assert "gluon_ws recorded, but off" in c.reason and c.reason.startswith("rule for sm90 H=64")
+
+
+def test_ws_small_call_decision():
+    """``gluon_ws`` takes the small-call order when each program's share of kv_indices is at
+    most SMALL_IDS ids, never for an empty call."""
+    from sparse_mla.gluon import hopper_ws
+
+    n = hopper_ws.SMALL_IDS
+    assert hopper_ws.small_call(n * 132, 132)
+    assert not hopper_ws.small_call(n * 132 + 1, 132)
+    assert hopper_ws.small_call(1, 1) and not hopper_ws.small_call(0, 132)
+    # DSv4 CSA at H64 on 132 SMs: T=256 (about 200 slots a token) is small, T=16384 is not.
+    assert hopper_ws.small_call(256 * 200, 132) and not hopper_ws.small_call(16384 * 600, 132)

@@ -124,3 +124,21 @@ def test_gpu_pool_past_2_31_and_out_views(name, H, big_pool):
         out = ob[..., lead : lead + 512]
         _check(name, case, out)
         assert torch.isnan(ob[..., :lead]).all() and torch.isnan(ob[..., lead + 512 :]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [64, 100, 128])
+def test_gpu_ws_small_call_order_is_the_same_math(H, monkeypatch):
+    """``gluon_ws`` issues a small call's loads in another order (``hopper_ws.small_call``):
+    both orders, forced on the same call, match the reference and each other bit for bit (the
+    consumers are the same code; only when the producer's copies go out differs)."""
+    from sparse_mla.gluon import hopper_ws
+
+    case = make_case(300, H, 512, N=3000, max_slots=700, device="cuda", seed=H,
+                     index_dtype=torch.int32, sink=True)  # fmt: skip
+    _runnable("gluon_ws", H, case.kv)
+    outs = []
+    for small in (True, False):
+        monkeypatch.setattr(hopper_ws, "small_call", lambda nnz, programs, s=small: s)
+        outs.append(_check("gluon_ws", case))
+    assert torch.equal(outs[0], outs[1]), "small-call and large-call orders differ"

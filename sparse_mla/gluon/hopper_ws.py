@@ -28,6 +28,16 @@ is the parity of the pair's count over all of the program's items (a producer's 
 a ``free`` barrier passes at once). The consumers meet each other on named barriers (``NB_*``).
 Q is loaded once per item, after both consumers released the previous item's (``Q_FREE``),
 while they finish its last PVs and store its output.
+
+Small calls (``SMALL``, :func:`small_call`: a program's share of kv_indices is at most 2048
+ids; at the H200's 132 SMs up to ~256 tokens at 64 heads) are one or two items a program, and
+an item is a chain of dependent memory round trips: kv_indptr, then the slot ids, then the KV
+rows, with Q beside it. There the producer asks L2 for its share of kv_indices at start
+(``_prefetch_ids``), and a program's first item sends Q before its kv_indptr loads. Larger
+calls keep the steady-state order (each item's range loads first, in flight while the
+consumers finish the previous item): the small-call order measured 1-2% slower at T = 16384,
+H128. The consumers are the same in both (they take ``SMALL`` only because the partitions
+share one argument list).
 The kernel is FlashMLA's sm90 sparse-prefill schedule (DeepSeek, csrc/sm90/prefill/sparse)
 re-derived in Gluon (read, not copied), with a different exchange of the running max and a
 different epilogue; docs/PERF_NOTES.md says what each step bought.
@@ -104,6 +114,18 @@ OUT_BY_TMA = True  # for the launcher: pass a TMA descriptor of out, not a point
 Q_BLOCK = gl.constexpr(512)
 Q_SMEM = OUT_SMEM
 Q_BY_TMA = True  # for the launcher: pass a TMA descriptor of q in place of its pointer
+# _prefetch_ids (SMALL calls): 256 prefetches of PF_IDS ids a program (32 bytes of int32 ids
+# each), 2 a lane of the producer's 128. A call is SMALL when each program's share of
+# kv_indices is at most SMALL_IDS ids (:func:`small_call`).
+PF = gl.constexpr(gl.BlockedLayout([2], [32], [4], [0]))
+PF_IDS = gl.constexpr(8)
+SMALL_IDS = PF_IDS.value * 256
+
+
+def small_call(nnz: int, programs: int) -> bool:
+    """Whether a call of ``nnz`` slot ids over ``programs`` persistent programs runs the
+    small-call order (host side; ``nnz`` is kv_indices.numel(), no device read)."""
+    return 0 < nnz <= SMALL_IDS * programs
 
 
 @gluon.jit
@@ -166,28 +188,60 @@ def _copy_q(dst, q_ptr, pid_r, offs_h, offs_c, stride_qr, stride_qh, num_heads):
 
 
 @gluon.jit
+def _prefetch_ids(idx_ptr, nnz):
+    """Ask L2 for this program's share of kv_indices (a small call: a few hundred lines a
+    program at most): an item's slot ids can load only once its CSR range (kv_indptr) is back,
+    and this makes their round trip an L2 hit."""
+    nprog = gl.num_programs(0)
+    span = (nnz + nprog - 1) // nprog  # ids in each program's share
+    offs = gl.program_id(0) * span + gl.arange(0, 256, layout=PF) * PF_IDS
+    offs = gl.minimum(offs, nnz - 1).to(gl.int64)  # every address in bounds
+    addr = (idx_ptr + offs).to(gl.int64, bitcast=True)
+    gl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n mov.b32 $0, 0;", "=r,l", [addr], dtype=gl.int32,
+        is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h):
+    """Q [64, 512] of head block ``pid_h`` of token ``pid_r`` (rows past num_heads zero-filled
+    by the descriptor), once both consumers are past their last QK^T of the previous item: by
+    TMA (eight bulk copies) rather than 32 16-byte cp.async per lane, which cost 1.5-2.6 us of
+    an item's latency at T = 64 (data/bench/ws_lat_h200.log, ablation abl_noq)."""
+    mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
+    mbarrier.expect(bars.index(Q_READY), BLOCK_H * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8)
+    tma.async_copy_global_to_shared(
+        q_desc, [pid_r.to(gl.int32), pid_h * BLOCK_H, 0], bars.index(Q_READY),
+        q_smem.index(0).reshape([1, BLOCK_H, HEAD_DIM]),
+    )  # fmt: skip
+
+
+@gluon.jit
 def _producer(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
+    SMALL: gl.constexpr,
 ):  # fmt: skip
+    if SMALL:
+        _prefetch_ids(idx_ptr, nnz)
+    num_hb = (num_heads + BLOCK_H - 1) // BLOCK_H
     g0 = 0  # pairs of tiles gathered so far, over all items: the barriers' phase
     it = 0  # items so far
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
-
-        # Q [64, 512] of this head block (rows past num_heads zero-filled), once both consumers
-        # are past their last QK^T of the previous item: by TMA (eight bulk copies) rather than
-        # 32 16-byte cp.async per lane, which cost 1.5-2.6 us of an item's latency at T = 64
-        # (data/bench/ws_lat_h200.log, ablation abl_noq).
-        mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
-        mbarrier.expect(
-            bars.index(Q_READY), BLOCK_H * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8
-        )
-        tma.async_copy_global_to_shared(
-            q_desc, [pid_r.to(gl.int32), pid_h * BLOCK_H, 0], bars.index(Q_READY),
-            q_smem.index(0).reshape([1, BLOCK_H, HEAD_DIM]),
-        )  # fmt: skip
+        if SMALL:
+            # A small call: the first item's Q goes out before the range's loads (nothing to
+            # wait for), the others' after them, as in a large call.
+            if it == 0:
+                _load_q(q_desc, q_smem, bars, it, (item // num_hb).to(gl.int64), item % num_hb)
+            pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
+            if it > 0:
+                _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
+        else:
+            # The range's loads first: in flight while the consumers finish the previous item.
+            pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
+            _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
 
         num_pairs = (num_tiles + 1) // 2
         for j in range(num_pairs):
@@ -299,11 +353,7 @@ def _epilogue(
     l_mine.store(l_i)
     _bar_sync(NB_L)
     l_tot = l_i + l_other.load(ROW_S)
-    den = l_tot
-    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_S)
-    # The sink: a virtual column with logit sink_h and a zero value vector (-inf: no sink).
-    sink = gl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=float("-inf")) * LOG2E
-    den = den + gl.exp2(sink - m_i)
+    den = l_tot + gl.exp2(_load_sink(sink_ptr, pid_h, num_heads) - m_i)
     # A head with no valid slot gets zeros, whatever its sink.
     inv = gl.where(l_tot > 0.0, 1.0 / den, 0.0)
     o = (acc * gl.convert_layout(inv, ROW_O)[:, None]).to(stage.dtype)
@@ -338,6 +388,14 @@ def _tma_block(c, stage, out_desc, row, h0, col):
 
 
 @gluon.jit
+def _load_sink(sink_ptr, pid_h, num_heads):
+    """The sink logits of head block ``pid_h`` in log2 units: a virtual column with logit
+    sink_h and a zero value vector (-inf: no sink)."""
+    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_S)
+    return gl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=float("-inf")) * LOG2E
+
+
+@gluon.jit
 def _consumer_item(item, indptr_ptr, nnz, num_heads):
     """A consumer's start of a work item: its range, pairs of tiles and fresh softmax state."""
     pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
@@ -352,6 +410,7 @@ def _consumer0(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
+    SMALL: gl.constexpr,
 ):  # fmt: skip
     """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair."""
     dtype: gl.constexpr = q_desc.dtype
@@ -425,6 +484,7 @@ def _consumer1(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
+    SMALL: gl.constexpr,
 ):  # fmt: skip
     """Odd tiles' S, O[:, 256:512]."""
     dtype: gl.constexpr = q_desc.dtype
@@ -494,6 +554,7 @@ def _prefill_ws_kernel(
     nnz,  # kv_indices.numel(): each item's CSR range is clamped to [0, nnz]
     qk_scale,  # sm_scale * log2(e)
     num_items,  # R * cdiv(H, 64) work items (token, head block)
+    SMALL: gl.constexpr = False,  # small_call(nnz, programs): the small-call order
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions."""
@@ -520,7 +581,7 @@ def _prefill_ws_kernel(
     args = (
         q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
         stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
-        num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
+        num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, SMALL,
     )  # fmt: skip
     gl.warp_specialize(
         [(_consumer0, args), (_consumer1, args), (_producer, args)],

@@ -441,7 +441,8 @@ def compile_args(
             algorithm that serves both modes on both targets).
         **shape: num_heads (default 64), dtype (torch.bfloat16), index_dtype (torch.int32),
             has_sink (prefill: True), num_splits (1), return_lse (decode: True), use_buffer
-            (True: pool below 2 GiB), config (the kernel's launch; default its own default).
+            (True: pool below 2 GiB), config (the kernel's launch; default its own default),
+            small (``gluon_ws``: the small-call order, ``hopper_ws.small_call``; False).
 
     Returns:
         (kernel, signature, constexprs, options): signature maps every parameter to its
@@ -453,7 +454,7 @@ def compile_args(
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
     target = get_target(target_name)
     known = {"num_heads", "dtype", "index_dtype", "has_sink", "num_splits", "return_lse",
-             "use_buffer", "config"}  # fmt: skip
+             "use_buffer", "config", "small"}  # fmt: skip
     unknown = sorted(set(shape) - known)
     if unknown:
         raise ValueError(f"compile_args: unknown shape key(s) {unknown}; expected {sorted(known)}")
@@ -496,6 +497,10 @@ def compile_args(
             "num_items": "i32",
         }  # fmt: skip
         constexprs = _ws_constexprs(cfg)
+        if hasattr(module, "small_call"):
+            # The small-call order (hopper_ws.small_call): shape key ``small`` (default: the
+            # large-call kernel, the one every long prefill runs).
+            constexprs["SMALL"] = bool(shape.get("small", False))
         signature.update({k: "constexpr" for k in constexprs})
         return ws_kernel, signature, constexprs, {"num_warps": 4, "num_stages": 1}
     if name == "gluon_wgmma":
@@ -772,7 +777,8 @@ def run_validated(
                            kv_indptr, attn_sink, out, sm_scale, dev,
                            out_tma=getattr(module, "OUT_BY_TMA", False),
                            q_tma=getattr(module, "Q_BY_TMA", False),
-                           constexprs=_ws_constexprs(cfg))  # fmt: skip
+                           constexprs=_ws_constexprs(cfg),
+                           small_call=getattr(module, "small_call", None))  # fmt: skip
         return out
     block_h = cfg.BLOCK_H
     splits = num_kv_splits or choose_num_splits(
@@ -813,7 +819,7 @@ def run_validated(
 
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
-    *, out_tma=False, q_tma=False, constexprs=None,
+    *, out_tma=False, q_tma=False, constexprs=None, small_call=None,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -823,7 +829,8 @@ def _launch_persistent(
     TMA cannot address (base or a stride not a multiple of 16 bytes, last dim not contiguous)
     is written through a contiguous buffer and copied. ``q_tma``: the kernel reads Q by TMA
     (``hopper_ws``) and takes a descriptor of ``q`` (boxes [1, heads_per_item, Q_BLOCK]) in
-    place of its pointer (q rows 16-byte aligned, as for the cp.async copies)."""
+    place of its pointer (q rows 16-byte aligned, as for the cp.async copies). ``small_call(nnz,
+    programs)``: the kernel has a ``SMALL`` constexpr, set from it (``hopper_ws.small_call``)."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
@@ -834,6 +841,8 @@ def _launch_persistent(
         sink = attn_sink.contiguous()
     items = R * triton.cdiv(H, heads_per_item)
     grid = (min(items, _num_compute_units(dev)),)
+    if small_call is not None:
+        constexprs = {**(constexprs or {}), "SMALL": small_call(kv_indices.numel(), grid[0])}
     q_arg = q
     if q_tma:
         q_arg = TensorDescriptor(

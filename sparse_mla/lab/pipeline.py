@@ -683,7 +683,7 @@ def source_events(function: str) -> list[tuple[str, str]]:
     arrivals (``_arrive``, ``cp.mbarrier_arrive``, ``mbarrier.expect``), the waits inside
     ``_qk`` / ``_qk_half`` (READY of the half or halves they read), the named barriers
     (``_bar_sync(NB_X)``: arrive at X, then wait on it; ``_bar_arrive(NB_X)``: arrive only)
-    and, for a call of ``_epilogue``, the events of ``_epilogue``'s own source."""
+    and, for a call of ``_epilogue`` or ``_load_q``, the events of that function's own source."""
     by_slot = {b.slot: b.name for b in MBARRIERS}
     by_id = {b.id: b.name for b in NAMED_BARRIERS}
     out: list[tuple[str, str]] = []
@@ -706,8 +706,8 @@ def source_events(function: str) -> list[tuple[str, str]]:
             out += [("arrive", bar), ("wait", bar)]
         elif name == "_bar_arrive":  # (bar_id): bar.arrive, no wait
             out.append(("arrive", by_id[_value(c.args[0])]))
-        elif name == "_epilogue":
-            out += source_events("_epilogue")
+        elif name in ("_epilogue", "_load_q"):
+            out += source_events(name)
     return out
 
 
