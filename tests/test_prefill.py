@@ -179,6 +179,9 @@ def _bad_cases():
         ("out", dict(out_stride=True), ValueError),
         ("softmax_scale", dict(softmax_scale=float("nan")), ValueError),
         ("softmax_scale", dict(softmax_scale="0.1"), TypeError),
+        ("softmax_scale must be finite", dict(softmax_scale=10**400), ValueError),
+        ("softmax_scale must be finite", dict(softmax_scale=-(10**5000)), ValueError),
+        ("softmax_scale .* overflows fp32", dict(softmax_scale=10**39), ValueError),
     ]
     if hasattr(torch, "float8_e4m3fn"):
         cases.append(("fp8", dict(kv=kv.to(torch.float8_e4m3fn)), TypeError))
@@ -209,6 +212,12 @@ def test_device_mismatch_named():
     args = _good()
     args["kv"] = args["kv"].cuda()
     with pytest.raises(ValueError, match="kv is on"):
+        sparse_mla_prefill(**args)
+
+
+def test_meta_tensors_are_refused_by_name():
+    args = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in _good().items()}
+    with pytest.raises(ValueError, match=r"q is on meta \(meta tensors hold no data\)"):
         sparse_mla_prefill(**args)
 
 
