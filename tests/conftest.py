@@ -12,13 +12,30 @@ import torch
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "sm90: needs an sm90 (Hopper) GPU: the Gluon kernels; skipped on any other"
+    )
+
+
+def _is_sm90() -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
+    """GPU tests (``gpu``) skip without a GPU; sm90-only tests (``sm90``: the Gluon kernels,
+    written for Hopper) skip on any other GPU (an A100, an MI300) instead of failing."""
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a GPU (run with -m gpu on a GPU machine)")
+        for item in items:
+            if "gpu" in item.keywords or "sm90" in item.keywords:
+                item.add_marker(skip)
         return
-    skip = pytest.mark.skip(reason="needs a GPU (run with -m gpu on a GPU machine)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if not _is_sm90():
+        skip = pytest.mark.skip(reason="needs an sm90 (Hopper) GPU")
+        for item in items:
+            if "sm90" in item.keywords:
+                item.add_marker(skip)
 
 
 @dataclass

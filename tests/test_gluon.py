@@ -432,11 +432,8 @@ def _gpu_case(R, H, N, *, has_pe, index_dtype, seed, max_len=300):
     )
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-
-
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [16, 64, 128])
 @pytest.mark.parametrize("splits", [1, 4, None])
 @pytest.mark.parametrize("with_sink", [False, True])
@@ -497,7 +494,7 @@ def _check_ws_case(kernel, H, with_sink, index_dtype, seed):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [64, 96, 128])  # 96: the last head block is half outside H
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -506,7 +503,7 @@ def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 def test_gpu_ws_prefill_fp16():
     """The H >= 64 kernel in fp16 (its TMA output descriptor and P buffers take the dtype)."""
     c = _gpu_case(200, 64, 3000, has_pe=False, index_dtype=torch.int32, seed=11, max_len=700)
@@ -524,7 +521,7 @@ def test_gpu_ws_prefill_fp16():
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [1, 8, 16])
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -534,7 +531,7 @@ def test_gpu_ws_small_prefill_matches_reference(H, with_sink, index_dtype):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [1, 8, 16, 20, 32])
 @pytest.mark.parametrize("max_len", [700, 2100])  # CSA top-k 512 + window; GLM top-k 2048
 @pytest.mark.parametrize("with_sink", [False, True])
@@ -558,7 +555,7 @@ def test_gpu_default_prefill_few_heads(H, max_len, with_sink, index_dtype):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [16, 64, 128])
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -575,7 +572,7 @@ def test_gpu_prefill_matches_reference(H, with_sink, index_dtype, splits, kernel
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize(
     "kernel, config",
     [
@@ -594,7 +591,7 @@ def test_gpu_prefill_variants_match_reference(kernel, config):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 def test_gpu_empty_pool_and_no_rows():
     c = _gpu_case(3, 16, 50, has_pe=True, index_dtype=torch.int32, seed=5)
     c["kv_c"], c["k_pe"] = c["kv_c"][:0], c["k_pe"][:0]
