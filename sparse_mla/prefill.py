@@ -11,7 +11,7 @@ the end as a virtual column whose value vector is zero; a token with no valid sl
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -196,7 +196,7 @@ def _sparse_mla_prefill_kernel(
 MAX_TILE_ELEMENTS = 1 << 20
 
 
-def default_config(num_heads: int, head_dim: int, arch: str | None = None) -> PrefillConfig:
+def default_config(num_heads: int, head_dim: int) -> PrefillConfig:
     """The launch used when configs/ has no entry for (arch, H, D) and none is given.
 
     BLOCK_H covers all heads up to 64 (each KV row is then gathered once per token), at least 16
@@ -218,7 +218,7 @@ def resolve_config(
     """The launch for a call: ``config`` if given, else the tuned entry, else the default."""
     if config is None:
         found = configs.lookup(arch, num_heads, head_dim) if arch else None
-        cfg = found if found is not None else default_config(num_heads, head_dim, arch)
+        cfg = found if found is not None else default_config(num_heads, head_dim)
     elif isinstance(config, PrefillConfig):
         cfg = config
     elif isinstance(config, dict):
@@ -493,7 +493,3 @@ def launch_constexprs(
         "PREFETCH_KV": cfg.PREFETCH_KV,
         "INTERP_BF16": False,
     }
-
-
-def with_overrides(cfg: PrefillConfig, **kw) -> PrefillConfig:
-    return replace(cfg, **kw)
