@@ -115,7 +115,8 @@ def test_wgmma_rule():
 
 
 def test_sm90_ws_prefill_compile_partitions_and_budget():
-    """The H >= 64 warp-specialised kernel (gluon_ws): 64x64 wgmma for S, 64x256 for O, 16-byte
+    """The 64-heads-on-M warp-specialised kernel (gluon_ws; config=None runs it above 32 heads,
+    above 64 below 128 tokens: dispatch.RULE): 64x64 wgmma for S, 64x256 for O, 16-byte
     cp.async gathers that arrive on mbarriers, three partitions whose registers fit the SM's
     file, and Q + the two KV tiles + P within the 227 KiB limit."""
     from sparse_mla import inspect
@@ -151,7 +152,8 @@ SMALL = SmallWSConfig(HEAD_GROUPS=1)
 
 
 def test_sm90_ws_small_compile_partitions_and_budget():
-    """The H <= 16 kernel (gluon_ws_small, one head group): heads on wgmma's N (m64n16k16 for
+    """The heads-on-N kernel (gluon_ws_small) with one head group (H <= 16; two serve up to 32
+    heads): heads on wgmma's N (m64n16k16 for
     S^T and O^T), 16-byte cp.async gathers on mbarriers, a consumer and a producer within the
     register file, a 3-tile ring within 227 KiB, no spills."""
     from sparse_mla import inspect
@@ -505,7 +507,7 @@ def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
 @pytest.mark.gpu
 @pytest.mark.sm90
 def test_gpu_ws_prefill_fp16():
-    """The H >= 64 kernel in fp16 (its TMA output descriptor and P buffers take the dtype)."""
+    """gluon_ws in fp16 (its TMA output descriptor and P buffers take the dtype)."""
     c = _gpu_case(200, 64, 3000, has_pe=False, index_dtype=torch.int32, seed=11, max_len=700)
     c = {k: (v.to(torch.float16) if v is not None and v.is_floating_point() else v)
          for k, v in c.items()}  # fmt: skip
@@ -526,7 +528,7 @@ def test_gpu_ws_prefill_fp16():
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_ws_small_prefill_matches_reference(H, with_sink, index_dtype):
-    """The H <= 16 kernel (heads on wgmma's N), same cases."""
+    """gluon_ws_small (heads on wgmma's N) with one head group, same cases."""
     _check_ws_case("gluon_ws_small", H, with_sink, index_dtype, seed=5 * H + with_sink)
 
 
@@ -538,7 +540,7 @@ def test_gpu_ws_small_prefill_matches_reference(H, with_sink, index_dtype):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_default_prefill_few_heads(H, max_len, with_sink, index_dtype):
     """``sparse_mla_prefill`` with ``config=None`` at few heads, whichever kernel the dispatch
-    picks (on the H200: the H <= 16 kernel up to 16 heads): the cases of _check_ws_case with
+    picks (on sm90: gluon_ws_small up to 32 heads, dispatch.RULE): the cases of _check_ws_case with
     lists up to 2100 slots."""
     from sparse_mla import sparse_mla_prefill
 
