@@ -1350,6 +1350,8 @@ def _compile_in_worker(jit, sig, consts, attrs, target, opts):
     with _worker_lock, tempfile.NamedTemporaryFile(mode="rb", suffix=".log") as log:
         req["log"] = log.name
         try:
+            if _worker is not None and _worker.proc.poll() is not None:
+                _worker = None  # it exited since the last compile (killed): start another
             if _worker is None:
                 _worker = _Worker()
             reply = _worker.call(req)

@@ -511,6 +511,31 @@ def test_a_thread_printing_while_compiling_loses_nothing(tmp_path):
     assert "error:" not in run.stderr and "LLVM ERROR" not in run.stderr
 
 
+def test_a_compile_worker_that_died_is_replaced_and_a_crash_is_one_compile_failure():
+    si.clear_cache()
+    cfg = PrefillConfig(BLOCK_H=16, BLOCK_K=16, num_warps=4, num_stages=2)
+    first = si.compile_prefill("gfx942", cfg, num_heads=8, head_dim=64)
+    si._worker.proc.kill()  # between compiles: the next one starts a new worker
+    si._worker.proc.wait()
+    si.clear_cache()
+    again = si.compile_prefill("gfx942", cfg, num_heads=8, head_dim=64)
+    assert again.isa == first.isa and not again.from_cache
+    # The compiler dying during a compile (a crash) is a CompileFailed, not a dead notebook.
+    worker = si._worker
+    real_call = worker.call
+
+    def die(req):
+        worker.proc.kill()
+        return real_call(req)
+
+    worker.call = die
+    si.clear_cache()
+    with pytest.raises(si.CompileFailed, match="compiler process died"):
+        si.compile_prefill("gfx942", cfg, num_heads=8, head_dim=64)
+    si.clear_cache()
+    assert si.compile_prefill("gfx942", cfg, num_heads=8, head_dim=64).isa == first.isa
+
+
 def test_failed_compile_names_the_pass_in_one_line_and_keeps_the_reproducer(
     tmp_path, monkeypatch, capfd
 ):
