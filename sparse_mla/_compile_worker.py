@@ -3,10 +3,11 @@
 Triton's compiler prints from C++ straight to file descriptor 2 (MLIR's diagnostics, the
 failing module, ``LLVM ERROR`` lines). A process has one fd 2 shared by all its threads, so the
 only way to keep that text out of the caller's output *without also taking other threads'
-output* is to compile in another process. This one is started once per parent
-(:class:`Worker`), reads pickled requests on stdin and answers on a private copy of its original
-stdout; while it compiles, its own fds 1 and 2 point at a log file the parent named, so the
-parent gets everything the compiler printed (even when the compiler crashes the child).
+output* is to compile in another process. This one is started once per parent process
+(``sparse_mla.inspect._Worker``), reads pickled requests on stdin and answers on a private copy
+of its original stdout; while it compiles, its own fds 1 and 2 point at a log file the parent
+named, so the parent gets everything the compiler printed (even when the compiler crashes the
+child).
 
 A request names the kernel by module and qualified name; the child imports it and checks that
 its ``cache_key`` (its source) is the parent's, else answers ``"stale"`` and the parent compiles
