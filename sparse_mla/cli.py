@@ -268,13 +268,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     """Replay capture files through a kernel (unreferenced pool rows NaN) against fp32."""
     import json
 
-    from . import capture
+    from . import capture, runtime, workloads
 
+    device = args.device or ("cuda" if runtime.has_gpu() else "cpu")
     status = 0
     for path in args.files:
         cap = capture.load_capture(path)
         if args.info:
             print(json.dumps(cap.metadata, indent=2, sort_keys=True))
+        pool = cap.num_kv * cap.q.shape[-1] * cap.q.element_size()
+        big = args.big_buffer if args.big_buffer is not None else device != "cpu"
+        _check_fits(pool + (workloads.BIG_BUFFER_BYTES if big else 0), device,
+                    f"{path} (a pool of num_kv={cap.num_kv} rows)")  # fmt: skip
         if args.kernel == "reference":
             from .reference import sparse_mla_prefill_ref as fn
         else:

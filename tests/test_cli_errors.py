@@ -104,8 +104,8 @@ def test_numeric_bounds_in_process(argv, capsys):
     assert len(err) == 1 and "must be >= 1" in err[0]
 
 
-def _huge_pool_capture(tmp: Path) -> Path:
-    """The shipped capture with metadata claiming num_kv = 10**15 and a valid content hash."""
+def _huge_pool_capture(tmp: Path, num_kv: int = 10**15) -> Path:
+    """The shipped capture with metadata claiming ``num_kv`` pool rows and a valid hash."""
     import json
     import struct
 
@@ -116,12 +116,12 @@ def _huge_pool_capture(tmp: Path) -> Path:
     raw = CAPTURE.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     meta = json.loads(json.loads(raw[8 : 8 + n])["__metadata__"][cap._META_KEY])
-    call = {**meta["call"], "num_kv": 10**15}
-    call["kv_shape"] = [10**15, *call["kv_shape"][1:]]
+    call = {**meta["call"], "num_kv": num_kv}
+    call["kv_shape"] = [num_kv, *call["kv_shape"][1:]]
     meta = {**meta, "call": call}
     tensors = load(raw)
     meta[cap._HASH_KEY] = cap._content_hash(tensors, meta)
-    path = tmp / "huge_pool.safetensors"
+    path = tmp / f"pool_{num_kv}.safetensors"
     path.write_bytes(save(tensors, metadata={cap._META_KEY: json.dumps(meta)}))
     return path
 
@@ -195,3 +195,19 @@ def test_engine_grade_mistakes_are_one_line_exit_2(name, tmp_path, capsys):
     assert lines[0].startswith(f"sparse-mla {argv[0]}: error: ") and word in lines[0], lines[0]
     assert "Traceback" not in printed.out + printed.err
     assert files() == before, "a refused command wrote files"
+
+
+def test_replay_of_a_pool_larger_than_memory_is_one_line(tmp_path, capsys):
+    """A capture whose pool is possible (under the 1 TiB format limit) but larger than this
+    machine's memory: refused before the rebuild allocates it."""
+    from sparse_mla import capture as cap
+    from sparse_mla import cli
+
+    have = cli._memory_bytes("cpu")
+    num_kv = have // (512 * 2) + 1 if have else None
+    if num_kv is None or num_kv * 512 * 2 > cap.MAX_POOL_BYTES:
+        pytest.skip("this machine's memory is not known or holds any pool a capture may claim")
+    path = _huge_pool_capture(tmp_path, num_kv)
+    assert cli.main(["replay", str(path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"num_kv={num_kv}" in err[0] and "memory" in err[0], err
