@@ -935,9 +935,23 @@ def main(argv: list[str] | None = None) -> int:
     except RecursionError:  # reading a file nested past Python's recursion limit (JSON)
         if debug:
             raise
-        print(f"sparse-mla {args.command}: error: an input file is nested too deeply to read",
-              file=sys.stderr)  # fmt: skip
+        print(f"sparse-mla {args.command}: error: {_nested_file(args)} is nested too deeply to "
+              "read", file=sys.stderr)  # fmt: skip
         return 2
+
+
+def _nested_file(args: argparse.Namespace) -> str:
+    """The file a RecursionError came from: the config file ``export`` merges into (the only
+    nested JSON a command reads), else "an input file"."""
+    if args.command == "export":
+        from . import configs
+        from .targets import get_target
+
+        try:
+            return str(configs.config_path(get_target(args.arch).name, args.root))
+        except Exception:
+            pass
+    return "an input file"
 
 
 if __name__ == "__main__":
