@@ -50,7 +50,7 @@ def _memory_bytes(device: str) -> int | None:
 
             return torch.cuda.get_device_properties(torch.device(device)).total_memory
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError, RuntimeError):
+    except (AssertionError, AttributeError, ValueError, OSError, RuntimeError):  # no such GPU
         return None
 
 
