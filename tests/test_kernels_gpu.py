@@ -145,3 +145,27 @@ def test_gpu_nan_sink_leaves_empty_tokens_zero(name, H):
     args = (case.kv, case.kv_indices, case.kv_indptr, case.softmax_scale)
     rep = check_against_reference(out[:, keep], case.q[:, keep], *args, attn_sink=sink[keep])
     assert rep.ok, f"{name}: {rep}"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("kernel", ["gluon_mma", "gluon_wgmma"])
+def test_gpu_nan_sink_with_kv_splits_leaves_empty_tokens_zero(kernel):
+    """The same through the split-KV path (partials, then the reduce kernel's sink)."""
+    from sparse_mla.gluon import mla_gluon
+
+    H = 64
+    case = make_case(120, H, 512, N=3000, max_slots=300, device="cuda", seed=5)
+    empty = (case.kv_indptr[1:] == case.kv_indptr[:-1]).nonzero().flatten()
+    assert empty.numel() > 0
+    sink = case.attn_sink.clone()
+    nan_heads = [0, 31, 63]
+    sink[nan_heads] = float("nan")
+    out = poisoned_like(case.q)
+    mla_gluon(case.q, None, case.kv, None, case.kv_indices, case.kv_indptr, case.softmax_scale,
+              has_pe=False, attn_sink=sink, out=out, num_kv_splits=3, kernel=kernel)  # fmt: skip
+    assert torch.all(out[empty] == 0), f"{kernel}: an empty token with a NaN sink is not zeros"
+    keep = [h for h in range(H) if h not in nan_heads]
+    args = (case.kv, case.kv_indices, case.kv_indptr, case.softmax_scale)
+    rep = check_against_reference(out[:, keep], case.q[:, keep], *args, attn_sink=sink[keep])
+    assert rep.ok, f"{kernel}: {rep}"
