@@ -11,7 +11,7 @@ the end as a virtual column whose value vector is zero; a token with no valid sl
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -174,7 +174,8 @@ def _sparse_mla_prefill_kernel(
         else:
             alpha = tl.exp(m_i - m_fin)
             l_i = l_i * alpha + tl.exp(sink - m_fin)
-        acc = acc * alpha[:, None]
+        # An empty token's acc is 0 and stays 0 whatever the sink (a NaN sink makes alpha NaN).
+        acc = acc * tl.where(has_slot, alpha, 0.0)[:, None]
     # A token with no valid slot has acc == 0; keep it 0 (not 0/0) with or without a sink.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -196,7 +197,7 @@ def _sparse_mla_prefill_kernel(
 MAX_TILE_ELEMENTS = 1 << 20
 
 
-def default_config(num_heads: int, head_dim: int, arch: str | None = None) -> PrefillConfig:
+def default_config(num_heads: int, head_dim: int) -> PrefillConfig:
     """The launch used when configs/ has no entry for (arch, H, D) and none is given.
 
     BLOCK_H covers all heads up to 64 (each KV row is then gathered once per token), at least 16
@@ -218,7 +219,7 @@ def resolve_config(
     """The launch for a call: ``config`` if given, else the tuned entry, else the default."""
     if config is None:
         found = configs.lookup(arch, num_heads, head_dim) if arch else None
-        cfg = found if found is not None else default_config(num_heads, head_dim, arch)
+        cfg = found if found is not None else default_config(num_heads, head_dim)
     elif isinstance(config, PrefillConfig):
         cfg = config
     elif isinstance(config, dict):
@@ -503,7 +504,3 @@ def launch_constexprs(
         "PREFETCH_KV": cfg.PREFETCH_KV,
         "INTERP_BF16": False,
     }
-
-
-def with_overrides(cfg: PrefillConfig, **kw) -> PrefillConfig:
-    return replace(cfg, **kw)

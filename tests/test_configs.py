@@ -68,7 +68,7 @@ def test_lookup_miss_is_silent(tmp_path, caplog, capsys):
         assert configs.lookup("gfx950", 16, 512, root=tmp_path) is None  # no file
         assert configs.lookup(None, 16, 512, root=tmp_path) is None  # no GPU
         cfg = prefill.resolve_config(32, 512, None, "sm90")
-    assert cfg == prefill.default_config(32, 512, "sm90")
+    assert cfg == prefill.default_config(32, 512)
     assert caught == []
     assert caplog.records == []
     out = capsys.readouterr()

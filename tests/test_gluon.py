@@ -115,7 +115,8 @@ def test_wgmma_rule():
 
 
 def test_sm90_ws_prefill_compile_partitions_and_budget():
-    """The H >= 64 warp-specialised kernel (gluon_ws): 64x64 wgmma for S, 64x256 for O, 16-byte
+    """The 64-heads-on-M warp-specialised kernel (gluon_ws; config=None runs it above 32 heads,
+    above 64 below 128 tokens: dispatch.RULE): 64x64 wgmma for S, 64x256 for O, 16-byte
     cp.async gathers that arrive on mbarriers, three partitions whose registers fit the SM's
     file, and Q + the two KV tiles + P within the 227 KiB limit."""
     from sparse_mla import inspect
@@ -151,7 +152,8 @@ SMALL = SmallWSConfig(HEAD_GROUPS=1)
 
 
 def test_sm90_ws_small_compile_partitions_and_budget():
-    """The H <= 16 kernel (gluon_ws_small, one head group): heads on wgmma's N (m64n16k16 for
+    """The heads-on-N kernel (gluon_ws_small) with one head group (H <= 16; two serve up to 32
+    heads): heads on wgmma's N (m64n16k16 for
     S^T and O^T), 16-byte cp.async gathers on mbarriers, a consumer and a producer within the
     register file, a 3-tile ring within 227 KiB, no spills."""
     from sparse_mla import inspect
@@ -432,11 +434,8 @@ def _gpu_case(R, H, N, *, has_pe, index_dtype, seed, max_len=300):
     )
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-
-
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [16, 64, 128])
 @pytest.mark.parametrize("splits", [1, 4, None])
 @pytest.mark.parametrize("with_sink", [False, True])
@@ -497,7 +496,7 @@ def _check_ws_case(kernel, H, with_sink, index_dtype, seed):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [64, 96, 128])  # 96: the last head block is half outside H
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -506,9 +505,9 @@ def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 def test_gpu_ws_prefill_fp16():
-    """The H >= 64 kernel in fp16 (its TMA output descriptor and P buffers take the dtype)."""
+    """gluon_ws in fp16 (its TMA output descriptor and P buffers take the dtype)."""
     c = _gpu_case(200, 64, 3000, has_pe=False, index_dtype=torch.int32, seed=11, max_len=700)
     c = {k: (v.to(torch.float16) if v is not None and v.is_floating_point() else v)
          for k, v in c.items()}  # fmt: skip
@@ -524,24 +523,24 @@ def test_gpu_ws_prefill_fp16():
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [1, 8, 16])
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_ws_small_prefill_matches_reference(H, with_sink, index_dtype):
-    """The H <= 16 kernel (heads on wgmma's N), same cases."""
+    """gluon_ws_small (heads on wgmma's N) with one head group, same cases."""
     _check_ws_case("gluon_ws_small", H, with_sink, index_dtype, seed=5 * H + with_sink)
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [1, 8, 16, 20, 32])
 @pytest.mark.parametrize("max_len", [700, 2100])  # CSA top-k 512 + window; GLM top-k 2048
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_default_prefill_few_heads(H, max_len, with_sink, index_dtype):
     """``sparse_mla_prefill`` with ``config=None`` at few heads, whichever kernel the dispatch
-    picks (on the H200: the H <= 16 kernel up to 16 heads): the cases of _check_ws_case with
+    picks (on sm90: gluon_ws_small up to 32 heads, dispatch.RULE): the cases of _check_ws_case with
     lists up to 2100 slots."""
     from sparse_mla import sparse_mla_prefill
 
@@ -558,7 +557,7 @@ def test_gpu_default_prefill_few_heads(H, max_len, with_sink, index_dtype):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [16, 64, 128])
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -575,7 +574,7 @@ def test_gpu_prefill_matches_reference(H, with_sink, index_dtype, splits, kernel
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize(
     "kernel, config",
     [
@@ -594,7 +593,7 @@ def test_gpu_prefill_variants_match_reference(kernel, config):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 def test_gpu_empty_pool_and_no_rows():
     c = _gpu_case(3, 16, 50, has_pe=True, index_dtype=torch.int32, seed=5)
     c["kv_c"], c["k_pe"] = c["kv_c"][:0], c["k_pe"][:0]
@@ -618,6 +617,22 @@ def test_inspect_compiles_both_modes(mode, target):
     assert res.mix[key] > 0, res.mix
     rows = dict(res.resources.as_rows())
     assert rows, "no resource rows"
+
+
+@pytest.mark.parametrize("target", ["gfx950", "sm90"])
+def test_split_reduce_kernel_cross_compiles(target):
+    """The reduce step of KV splits (sink, empty rows zero) compiles for both targets, with and
+    without a sink; its numerics run on the GPU (test_gpu_prefill_matches_reference, splits 3)."""
+    from sparse_mla import inspect
+    from sparse_mla.gluon.algorithm import _mla_reduce_kernel
+    from sparse_mla.gluon.launch import _reduce_constexprs
+
+    sig = {"opart_ptr": "*fp32", "lsepart_ptr": "*fp32", "sink_ptr": "*fp32",
+           "out_ptr": "*bf16", "lse_ptr": "*fp32"}  # fmt: skip
+    for has_sink in (False, True):
+        cx = _reduce_constexprs(64, 4, has_sink, False, get_target(target))
+        res = inspect.compile(_mla_reduce_kernel, target, cx, {"num_warps": 4}, sig)
+        assert res.resources.spill_bytes == 0 and res.resources.occupancy >= 1
 
 
 def test_persistent_launch_arguments(monkeypatch):

@@ -127,6 +127,7 @@ def test_gpu_pool_past_2_31_and_out_views(name, H, big_pool):
 
 
 @pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [64, 100, 128])
 def test_gpu_ws_small_call_order_is_the_same_math(H, monkeypatch):
     """``gluon_ws`` issues a small call's loads in another order (``hopper_ws.small_call``):
@@ -142,3 +143,49 @@ def test_gpu_ws_small_call_order_is_the_same_math(H, monkeypatch):
         monkeypatch.setattr(hopper_ws, "small_call", lambda nnz, programs, s=small: s)
         outs.append(_check("gluon_ws", case))
     assert torch.equal(outs[0], outs[1]), "small-call and large-call orders differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [8, 20, 64, 100])
+@pytest.mark.parametrize("name", NAMES)
+def test_gpu_nan_sink_leaves_empty_tokens_zero(name, H):
+    """A sink that is NaN on some heads: every empty token is zeros on every head (DESIGN.md
+    section 2), and the heads with a finite sink match the reference."""
+    case = make_case(120, H, 512, N=3000, max_slots=300, device="cuda", seed=7 * H)
+    _runnable(name, H, case.kv)
+    empty = (case.kv_indptr[1:] == case.kv_indptr[:-1]).nonzero().flatten()
+    assert empty.numel() > 0
+    sink = case.attn_sink.clone()
+    nan_heads = [0, H // 2, H - 1]
+    sink[nan_heads] = float("nan")
+    out = poisoned_like(case.q)
+    sparse_mla_prefill(*case.args(), attn_sink=sink, out=out, config=dispatch.Choice(name))
+    assert torch.all(out[empty] == 0), f"{name}: an empty token with a NaN sink is not zeros"
+    keep = [h for h in range(H) if h not in nan_heads]
+    args = (case.kv, case.kv_indices, case.kv_indptr, case.softmax_scale)
+    rep = check_against_reference(out[:, keep], case.q[:, keep], *args, attn_sink=sink[keep])
+    assert rep.ok, f"{name}: {rep}"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("kernel", ["gluon_mma", "gluon_wgmma"])
+def test_gpu_nan_sink_with_kv_splits_leaves_empty_tokens_zero(kernel):
+    """The same through the split-KV path (partials, then the reduce kernel's sink)."""
+    from sparse_mla.gluon import mla_gluon
+
+    H = 64
+    case = make_case(120, H, 512, N=3000, max_slots=300, device="cuda", seed=5)
+    empty = (case.kv_indptr[1:] == case.kv_indptr[:-1]).nonzero().flatten()
+    assert empty.numel() > 0
+    sink = case.attn_sink.clone()
+    nan_heads = [0, 31, 63]
+    sink[nan_heads] = float("nan")
+    out = poisoned_like(case.q)
+    mla_gluon(case.q, None, case.kv, None, case.kv_indices, case.kv_indptr, case.softmax_scale,
+              has_pe=False, attn_sink=sink, out=out, num_kv_splits=3, kernel=kernel)  # fmt: skip
+    assert torch.all(out[empty] == 0), f"{kernel}: an empty token with a NaN sink is not zeros"
+    keep = [h for h in range(H) if h not in nan_heads]
+    args = (case.kv, case.kv_indices, case.kv_indptr, case.softmax_scale)
+    rep = check_against_reference(out[:, keep], case.q[:, keep], *args, attn_sink=sink[keep])
+    assert rep.ok, f"{kernel}: {rep}"

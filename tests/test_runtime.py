@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -222,3 +223,42 @@ def test_interpret_and_compile_on_two_threads(tmp_path, monkeypatch):
         worker.join(120)
     assert not failures, failures
     assert interpreted_during >= 1
+
+
+class _Item:
+    def __init__(self, *markers):
+        self.markers = set(markers)
+        self.keywords = {"sm90"}  # as a test parametrized over targets has: not a marker
+        self.skips = []
+
+    def get_closest_marker(self, name):
+        return name if name in self.markers else None
+
+    def add_marker(self, mark):
+        self.skips.append(mark.kwargs["reason"])
+
+
+@pytest.mark.parametrize(
+    ("gpu", "capability", "skipped"),
+    [
+        (False, None, {"cpu": False, "gpu": True, "sm90": True}),
+        (True, (8, 0), {"cpu": False, "gpu": False, "sm90": True}),  # an A100
+        (True, (9, 0), {"cpu": False, "gpu": False, "sm90": False}),  # an H100/H200
+    ],
+)
+def test_gpu_tests_are_gated_by_arch_once_in_conftest(monkeypatch, gpu, capability, skipped):
+    import conftest
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    items = {"cpu": _Item(), "gpu": _Item("gpu"), "sm90": _Item("gpu", "sm90")}
+    conftest.pytest_collection_modifyitems(None, list(items.values()))
+    assert {k: bool(v.skips) for k, v in items.items()} == skipped
+    # ROCm reports its GPUs through torch.cuda too: an MI300 is not sm90.
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    mi300 = _Item("gpu", "sm90")
+    if gpu:
+        conftest.pytest_collection_modifyitems(None, [mi300])
+        assert mi300.skips == ["needs an sm90 (Hopper) GPU"]

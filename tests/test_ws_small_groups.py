@@ -101,8 +101,6 @@ def test_kernel_signature_contract():
 # GPU: numerics against the fp32 reference
 # ----------------------------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-
 
 def _case(R, H, N, *, index_dtype, seed, max_len, dtype=torch.bfloat16):
     """Engine-style inputs: the pool a row-strided view inside a NaN-filled buffer, every pool
@@ -176,7 +174,7 @@ def _check(H, groups, with_sink, index_dtype, *, seed, max_len=700, R=300, dtype
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [1, 8, 16, 17, 20, 24, 31, 32])
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -187,7 +185,7 @@ def test_gpu_ws_small_groups_matches_reference(H, with_sink, index_dtype):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("H", [16, 17, 32])
 def test_gpu_ws_small_groups_long_lists(H):
     """Lists up to 2100 slots (GLM top-k 2048): 33 tiles an item through the ring."""
@@ -195,7 +193,7 @@ def test_gpu_ws_small_groups_long_lists(H):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 def test_gpu_ws_small_groups_fp16_and_idle_group():
     """fp16 at H = 24; and HEAD_GROUPS = 2 at H = 8 (24 of the block's 32 heads past H:
     wasted work, still right)."""

@@ -144,6 +144,8 @@ def _epilogue(
             m_fin = gl.where(m_fin == float("-inf"), 0.0, m_fin)
             alpha = gl.exp2(m_i - m_fin)
             l_i = l_i * alpha + gl.exp2(sink - m_fin)
+            # An empty row's acc is 0 and stays 0 whatever the sink (a NaN sink: alpha NaN).
+            alpha = gl.where(m_i > float("-inf"), alpha, 0.0)
             acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         # A row with no valid slot has acc == 0: keep it 0 (not 0/0), with or without a sink.
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
@@ -336,6 +338,7 @@ def _mla_reduce_kernel(
             other=float("-inf"),
         )
         m = gl.maximum(m, lse_s)
+    has_slot = m > float("-inf")  # some split saw a valid slot
     if HAS_SINK:
         sink = gl.load(sink_ptr + offs_h, mask=h_ok, other=0.0) * LOG2E
         m = gl.maximum(m, sink)
@@ -354,7 +357,8 @@ def _mla_reduce_kernel(
     if HAS_SINK:
         den += gl.exp2(sink - m_safe)
     den_safe = gl.where(den > 0.0, den, 1.0)
-    o = acc / den_safe[:, None]
+    # A row with no valid slot gets zeros whatever the sink (a NaN sink: m, w and acc NaN).
+    o = gl.where(has_slot[:, None], acc / den_safe[:, None], 0.0)
     o_ptrs = out_ptr + pid_r * stride_or + offs_h[:, None] * stride_oh + offs_d[None, :]
     gl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
     if WRITE_LSE:

@@ -1,9 +1,10 @@
 """Hopper (sm90) pieces of the Gluon MLA kernel: mma.sync (MMA v2) layouts, cp.async gathers.
 
-The shared algorithm (``algorithm.py``) calls these through ``ARCH == "hopper"``. It serves
-decode, sm80-sm89 and the sm90 prefill as the ``gluon_mma`` kernel; the other sm90 prefill
-kernels (``gluon_wgmma``: ``hopper_prefill.py``; ``gluon_ws`` / ``gluon_ws_small``) are their own
-registry entries (``launch.KERNELS``).
+The shared algorithm (``algorithm.py``) calls these through ``ARCH == "hopper"``: the
+``gluon_mma`` kernel, which serves decode and sm80-sm89. For the sm90 prefill ``config=None``
+runs ``gluon_ws_small`` (``hopper_ws_small.py``) or ``gluon_ws`` (``hopper_ws.py``), with
+``gluon_wgmma`` (``hopper_prefill.py``) and ``gluon_mma`` as fallbacks only
+(``sparse_mla.dispatch.RULE``); each is its own registry entry (``launch.KERNELS``).
 - MMA: ``mma.sync.m16n8k16`` bf16/fp16 with fp32 accumulation (``NVMMADistributedLayout``
   version [2, 0]); operands come from shared memory through ``ldmatrix`` (``k_width=2``).
 - Gather: ``cp.async`` 16-byte copies per lane into shared memory, 64-bit addressing; a masked

@@ -60,7 +60,6 @@ BLOCK_H = gl.constexpr(64)  # heads per program: the M of every wgmma
 BLOCK_K = gl.constexpr(64)  # slots per tile
 HEAD_DIM = gl.constexpr(512)
 HALF = gl.constexpr(HEAD_DIM // 2)
-NUM_WARPS = 4  # the default partition (consumer 0); the kernel runs 12 warps in all
 PRODUCER_REGS = gl.constexpr(48)
 CONSUMER_REGS = gl.constexpr(224)
 M_INIT = gl.constexpr(

@@ -1,6 +1,8 @@
 """Host side of the Gluon MLA kernel: targets, launch config, split rule, validation, entry.
 
-``mla_gluon`` runs the kernel on a GPU (Gluon kernels do not run in Triton's interpreter);
+``mla_gluon`` runs one of the Gluon kernels (:data:`KERNELS`; default ``gluon_mma``, the shared
+algorithm) on a GPU (Gluon kernels do not run in Triton's interpreter); which one
+``sparse_mla_prefill`` runs per shape is :mod:`sparse_mla.dispatch`'s choice;
 ``compile_args`` gives what ``triton.compile(GluonASTSource(...))`` needs to cross-compile either
 mode for "gfx950" or "sm90" on a machine without the GPU.
 """
@@ -893,7 +895,8 @@ def _launch_shared(
     cfg, tgt, q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
     sm_scale, *, has_pe, has_sink, splits, write_lse, use_buffer,
 ):  # fmt: skip
-    """Launch the shared algorithm's ``_mla_fwd_kernel`` (decode, gfx950, sm80, H <= 32)."""
+    """Launch the shared algorithm's ``_mla_fwd_kernel`` (``gluon_mma``: decode and prefill,
+    every target, any H)."""
     R, H, _ = q_nope.shape
     cx = kernel_constexprs(
         cfg, tgt, has_pe=has_pe, has_sink=has_sink, num_splits=splits, write_lse=write_lse,
