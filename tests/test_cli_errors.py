@@ -151,7 +151,7 @@ MISTAKES = {
     "replay num_kv 1e15": (["replay", "{huge}"], "num_kv", False),
     "export nested DEFAULT.json": (["export", str(SWEEP_CSV), "--arch", "sm90", "--root",
                                     "{nested}", "--dry-run", "--allow-compile-only"],
-                                   "DEFAULT.json is nested too deeply",
+                                   "DEFAULT.json: not a readable JSON file (nested too deeply)",
                                    False),
     "replay /dev/zero": (["replay", "/dev/zero"], "/dev/zero", False),
     "isa gfx942 --asm ptx": (["isa", "--target", "gfx942", "--asm", "ptx"], "no ptx stage", False),
