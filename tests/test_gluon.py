@@ -18,7 +18,15 @@ import pytest
 import torch
 import triton
 
-from sparse_mla.gluon import GluonConfig, choose_num_splits, compile_args, compile_for, mla_gluon
+from sparse_mla import inspect
+from sparse_mla.gluon import (
+    GluonConfig,
+    choose_num_splits,
+    compile_args,
+    compile_for,
+    hopper_ws,
+    mla_gluon,
+)
 from sparse_mla.gluon.launch import (
     KERNELS,
     SmallWSConfig,
@@ -671,7 +679,10 @@ def test_persistent_launch_arguments(monkeypatch):
                               q_tma=True)  # fmt: skip
     (grid, args, kw), = calls  # fmt: skip
     assert grid == (132,) and kw == {"num_warps": 4, "num_stages": 1}
-    names = [n for n in _prefill_ws_kernel.arg_names]
+    # The positional arguments (the constexprs with defaults, SMALL and the register split,
+    # go by keyword when a launch sets them).
+    k = _prefill_ws_kernel
+    names = [n for i, n in enumerate(k.arg_names) if i not in k.constexprs]
     assert len(args) == len(names), (len(args), names)
     got = dict(zip(names, args, strict=True))
     qd = got["q_desc"]  # Q by TMA: a descriptor of a contiguous copy of q (rows not aligned)
@@ -706,9 +717,63 @@ def test_persistent_launch_arguments(monkeypatch):
     launch._launch_persistent(FakeKernel(), 16, qb[:2, :, :512], kv, idx, ptr[:3], sink, out[:2],
                               0.25, 0)  # fmt: skip
     (grid, args, _), = calls  # fmt: skip
-    names = [n for n in _prefill_ws_small_kernel.arg_names if n != "HEAD_GROUPS"]  # constexpr
+    k = _prefill_ws_small_kernel
+    names = [n for i, n in enumerate(k.arg_names) if i not in k.constexprs]
     got = dict(zip(names, args, strict=True))
     assert grid == (2 * 8,) and got["q_ptr"].data_ptr() == qb.data_ptr()
     assert got["out_ptr"] is not None and got["out_ptr"].data_ptr() == out.data_ptr()
     assert (got["stride_or"], got["stride_oh"]) == (H * 512, 512)
     assert torch.equal(got["sink_ptr"], sink) and got["stride_qh"] == 520
+
+
+# ------------------------------------------------------------------------------------------------
+# The warp-specialised kernels' knobs: the register split and the ring depth
+# ------------------------------------------------------------------------------------------------
+
+
+def test_ws_knobs_are_validated_before_compiling():
+    sm90 = get_target("sm90")
+    assert set(KERNELS["gluon_ws"].knobs) == {"CONSUMER_REGS", "PRODUCER_REGS"}
+    assert set(KERNELS["gluon_ws_small"].knobs) == {"HEAD_GROUPS", "STAGES", "PRODUCER_REGS"}
+    # gluon_ws: consumer 0 takes 504 - CONSUMER_REGS - PRODUCER_REGS, never less than consumer 1.
+    assert hopper_ws.register_split(224, 48) == (232, 224, 48)
+    assert hopper_ws.register_split(216, 56) == (232, 216, 56)
+    ok = resolve_launch("gluon_ws", {"CONSUMER_REGS": 216, "PRODUCER_REGS": 56}, 64, sm90)
+    assert ok == WSConfig(216, 56)
+    for bad, word in (({"CONSUMER_REGS": 240}, "consumer 0 would get 504 - 240 - 48 = 216"),
+                      ({"PRODUCER_REGS": 20}, "multiple of 8"),
+                      ({"CONSUMER_REGS": 225}, "multiple of 8"),
+                      ({"CONSUMER_REGS": True}, "multiple of 8")):  # fmt: skip
+        with pytest.raises(ValueError, match=word):
+            resolve_launch("gluon_ws", bad, 64, sm90)
+    # gluon_ws_small: the ring's depth against shared memory, the producer's registers.
+    assert SmallWSConfig(1).stages() == 3 and SmallWSConfig(2).stages() == 2
+    assert SmallWSConfig(1, STAGES=2).stages() == 2
+    with pytest.raises(ValueError, match="233536 bytes of shared memory"):
+        resolve_launch("gluon_ws_small", {"HEAD_GROUPS": 2, "STAGES": 3}, 32, sm90)
+    for bad in ({"STAGES": 4}, {"STAGES": 1}, {"PRODUCER_REGS": 300}):
+        with pytest.raises(ValueError, match=r"STAGES|PRODUCER_REGS"):
+            resolve_launch("gluon_ws_small", bad, 16, sm90)
+    # Every value a knob lists is valid alone, on top of the default launch.
+    for name, heads in (("gluon_ws", 64), ("gluon_ws_small", 16)):
+        for knob, values in KERNELS[name].knobs.items():
+            for v in values:
+                cfg = resolve_launch(name, {knob: v}, heads, sm90)
+                assert getattr(cfg, knob) == v
+
+
+def test_ws_knobs_reach_the_compiled_kernel():
+    """A launch's register split is the compiled kernel's setmaxnreg values, its ring depth
+    the shared memory it takes; the default launch compiles to the kernel as written."""
+    sm90 = "sm90"
+    res = inspect.compile_gluon(
+        "prefill", sm90, "gluon_ws", num_heads=64, config=WSConfig(216, 56)
+    ).resources
+    assert res.partitions == [("default", 4, 232), ("worker 0", 4, 216), ("worker 1", 4, 56)]
+    assert res.local_bytes == 0 and res.stack_bytes == 0, res
+    small = inspect.compile_gluon(
+        "prefill", sm90, "gluon_ws_small", num_heads=16, config=SmallWSConfig(1, STAGES=2)
+    ).resources
+    three = inspect.compile_gluon("prefill", sm90, "gluon_ws_small", num_heads=16).resources
+    assert three.shared_bytes - small.shared_bytes == 64 * 512 * 2  # one 64 KiB tile fewer
+    assert small.partitions[1] == ("worker 0", 4, 64)

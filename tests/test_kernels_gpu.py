@@ -146,6 +146,37 @@ def test_gpu_ws_small_call_order_is_the_same_math(H, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize(
+    "name,H,launch",
+    [
+        ("gluon_ws", 64, {"CONSUMER_REGS": 216, "PRODUCER_REGS": 56}),
+        ("gluon_ws", 100, {"CONSUMER_REGS": 200, "PRODUCER_REGS": 24}),
+        ("gluon_ws_small", 16, {"STAGES": 2, "PRODUCER_REGS": 32}),
+        ("gluon_ws_small", 32, {"HEAD_GROUPS": 2, "PRODUCER_REGS": 24}),
+    ],
+)
+def test_gpu_ws_knobs(name, H, launch):
+    """The warp-specialised kernels at launches other than their defaults (the knobs a sweep
+    varies): the same reference check and bitwise repeats."""
+    from sparse_mla.gluon import mla_gluon
+
+    case = make_case(300, H, 512, N=3000, max_slots=700, device="cuda", seed=H + 11,
+                     index_dtype=torch.int64, sink=True)  # fmt: skip
+    _runnable(name, H, case.kv)
+    outs = []
+    for _ in range(2):
+        out = poisoned_like(case.q)
+        mla_gluon(case.q, None, case.kv, None, case.kv_indices, case.kv_indptr,
+                  case.softmax_scale, has_pe=False, attn_sink=case.attn_sink, out=out,
+                  kernel=name, config=launch)  # fmt: skip
+        rep = check_against_reference(out, *case.args(), attn_sink=case.attn_sink)
+        assert rep.ok, f"{name} {launch}: {rep}"
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("H", [8, 20, 64, 100])
 @pytest.mark.parametrize("name", NAMES)
 def test_gpu_nan_sink_leaves_empty_tokens_zero(name, H):

@@ -84,17 +84,19 @@ def test_sm90_head_groups_refused():
 
 
 def test_kernel_signature_contract():
-    """HEAD_GROUPS is the kernel's last parameter, a constexpr defaulting to 1 (a launch
-    without it is today's kernel)."""
+    """HEAD_GROUPS, STAGES and PRODUCER_REGS are the kernel's last parameters, constexprs
+    defaulting to 1 and None / None (a launch without them is the kernel as it was: 3 KV tiles
+    at one head group, 2 at two, the module's PRODUCER_REGS)."""
     import inspect as pyinspect
 
     from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel, ring_stages
 
     names = _prefill_ws_small_kernel.arg_names
-    assert names[-2:] == ["num_items", "HEAD_GROUPS"]
-    param = pyinspect.signature(_prefill_ws_small_kernel.fn).parameters["HEAD_GROUPS"]
-    assert param.default == 1
+    assert names[-4:] == ["num_items", "HEAD_GROUPS", "STAGES", "PRODUCER_REGS"]
+    params = pyinspect.signature(_prefill_ws_small_kernel.fn).parameters
+    assert [params[n].default for n in names[-3:]] == [1, None, None]
     assert (ring_stages(1), ring_stages(2)) == (3, 2)
+    assert (ring_stages(1, 2), ring_stages(2, 2)) == (2, 2)
 
 
 # ----------------------------------------------------------------------------------------------

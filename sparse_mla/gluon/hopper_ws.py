@@ -46,6 +46,7 @@ different epilogue; docs/PERF_NOTES.md says what each step bought.
 from __future__ import annotations
 
 from triton.experimental import gluon
+from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -60,8 +61,44 @@ BLOCK_H = gl.constexpr(64)  # heads per program: the M of every wgmma
 BLOCK_K = gl.constexpr(64)  # slots per tile
 HEAD_DIM = gl.constexpr(512)
 HALF = gl.constexpr(HEAD_DIM // 2)
+# Registers per thread (setmaxnreg) of the producer and of consumer 1 (the worker partitions):
+# three warpgroups share the 65,536 registers, 168 a thread each at launch (65,536 / 384,
+# rounded down to 8); the workers give theirs up to these and consumer 0 (the default
+# partition) takes the rest, REG_POOL - CONSUMER_REGS - PRODUCER_REGS, at most 256:
+# 504 - 224 - 48 = 232 (register_split checks a launch's).
 PRODUCER_REGS = gl.constexpr(48)
 CONSUMER_REGS = gl.constexpr(224)
+REG_POOL = 3 * (65536 // (3 * 128) // 8 * 8)  # 504
+
+
+@constexpr_function
+def register_split(consumer_regs: int, producer_regs: int) -> tuple[int, int, int]:
+    """(consumer 0, consumer 1, producer) registers a thread for a launch's CONSUMER_REGS and
+    PRODUCER_REGS; ValueError saying why a split cannot be (not a multiple of 8 in [24, 256],
+    or consumer 0 left with fewer registers than consumer 1: both hold a [64, 256] fp32 O half,
+    128 registers, and the same S tile)."""
+    for name, v in (("CONSUMER_REGS", consumer_regs), ("PRODUCER_REGS", producer_regs)):
+        if not (isinstance(v, int) and not isinstance(v, bool) and 24 <= v <= 256 and v % 8 == 0):
+            raise ValueError(f"{name} must be a multiple of 8 in [24, 256], got {v!r}")
+    default = min(256, REG_POOL - consumer_regs - producer_regs)
+    if default < consumer_regs:
+        raise ValueError(
+            f"register split: consumer 0 would get {REG_POOL} - {consumer_regs} - "
+            f"{producer_regs} = {default} registers, fewer than consumer 1's {consumer_regs} "
+            f"(the pool is {REG_POOL} a thread over the three warpgroups)"
+        )
+    return default, consumer_regs, producer_regs
+
+
+@constexpr_function
+def _worker_regs(consumer_regs, producer_regs):
+    """[CONSUMER_REGS, PRODUCER_REGS] of a launch, checked (None: the module's default)."""
+    c = CONSUMER_REGS.value if consumer_regs is None else consumer_regs
+    p = PRODUCER_REGS.value if producer_regs is None else producer_regs
+    register_split(c, p)
+    return [c, p]
+
+
 M_INIT = gl.constexpr(
     -1.0e30
 )  # running max before any valid slot: finite, so 2^(m_old - m_new) is never NaN
@@ -554,6 +591,8 @@ def _prefill_ws_kernel(
     qk_scale,  # sm_scale * log2(e)
     num_items,  # R * cdiv(H, 64) work items (token, head block)
     SMALL: gl.constexpr = False,  # small_call(nnz, programs): the small-call order
+    CONSUMER_REGS: gl.constexpr = None,  # consumer 1's registers (None: CONSUMER_REGS)
+    PRODUCER_REGS: gl.constexpr = None,  # the producer's registers (None: PRODUCER_REGS)
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions."""
@@ -585,5 +624,5 @@ def _prefill_ws_kernel(
     gl.warp_specialize(
         [(_consumer0, args), (_consumer1, args), (_producer, args)],
         [4, 4],
-        [CONSUMER_REGS, PRODUCER_REGS],
+        _worker_regs(CONSUMER_REGS, PRODUCER_REGS),
     )

@@ -76,7 +76,10 @@ from .hopper_ws import (
 BLOCK_H = gl.constexpr(16)  # heads per item at HEAD_GROUPS = 1 (16 x HEAD_GROUPS): wgmma's N
 BLOCK_K = gl.constexpr(64)  # slots per tile: wgmma's M
 STAGES = gl.constexpr(3)  # KV tiles in flight at HEAD_GROUPS = 1 (3 x 64 KiB); see ring_stages
-PRODUCER_REGS = gl.constexpr(64)  # the consumer gets the rest (256)
+# Registers per thread of the producer (setmaxnreg). Two warpgroups share the 65,536 registers:
+# 256 a thread each at launch; the producer gives back down to PRODUCER_REGS and the consumer
+# takes min(256, 512 - PRODUCER_REGS): 256 for any PRODUCER_REGS <= 256.
+PRODUCER_REGS = gl.constexpr(64)
 
 
 @constexpr_function
@@ -90,10 +93,25 @@ def _head_groups(head_groups):
 
 
 @constexpr_function
-def ring_stages(head_groups):
-    """KV tiles in the ring: 3 at 16 heads; 2 at 32 (Q and P^T grow by 18 KiB and a third
-    64 KiB tile no longer fits in 227 KiB; the module docstring has the bytes)."""
-    return 3 if head_groups == 1 else 2
+def _producer_regs(regs):
+    """The launch's PRODUCER_REGS, checked (None: unbound in a cross-compile's signature, the
+    module's default)."""
+    regs = PRODUCER_REGS.value if regs is None else regs
+    if not (isinstance(regs, int) and 24 <= regs <= 256 and regs % 8 == 0):
+        raise ValueError(f"PRODUCER_REGS must be a multiple of 8 in [24, 256], got {regs!r}")
+    return regs
+
+
+@constexpr_function
+def ring_stages(head_groups, stages=None):
+    """KV tiles in the ring: ``stages`` when given (the launch's STAGES: 2 or 3), else 3 at 16
+    heads and 2 at 32 (Q and P^T grow by 18 KiB and a third 64 KiB tile no longer fits in
+    227 KiB; the module docstring has the bytes). The barriers have slots for 3."""
+    if stages is None:
+        return 3 if head_groups == 1 else 2
+    if stages not in (2, 3):
+        raise ValueError(f"STAGES must be 2 or 3, got {stages!r}")
+    return stages
 
 
 @constexpr_function
@@ -143,9 +161,10 @@ def _producer(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p_smem, bars, HEAD_GROUPS: gl.constexpr = 1,
+    STAGES: gl.constexpr = None,
 ):  # fmt: skip
     heads: gl.constexpr = BLOCK_H * HEAD_GROUPS  # per item
-    stages: gl.constexpr = ring_stages(HEAD_GROUPS)
+    stages: gl.constexpr = ring_stages(HEAD_GROUPS, STAGES)
     offs_hq = gl.arange(0, heads, layout=gl.SliceLayout(1, GATHER))
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
     g = 0  # tiles gathered so far over all items: ring slot and phase
@@ -177,10 +196,11 @@ def _consumer(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
     num_items, q_smem, kv_smem, p_smem, bars, HEAD_GROUPS: gl.constexpr = 1,
+    STAGES: gl.constexpr = None,
 ):  # fmt: skip
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     heads: gl.constexpr = BLOCK_H * HEAD_GROUPS  # per item: wgmma's N
-    stages: gl.constexpr = ring_stages(HEAD_GROUPS)
+    stages: gl.constexpr = ring_stages(HEAD_GROUPS, STAGES)
     mma: gl.constexpr = mma_st(heads)
     row: gl.constexpr = row_st(heads)
     col: gl.constexpr = col_st(heads)
@@ -246,15 +266,16 @@ def _consumer(
 
 
 @gluon.jit
-def _shared_state(dtype: gl.constexpr, HEAD_GROUPS: gl.constexpr = 1):
+def _shared_state(dtype: gl.constexpr, HEAD_GROUPS: gl.constexpr = 1, STAGES: gl.constexpr = None):
     """Q [16 HEAD_GROUPS, 512], the KV ring, P^T [64, 16 HEAD_GROUPS] and the barriers
     (initialised), as every partition sees them."""
     heads: gl.constexpr = BLOCK_H * HEAD_GROUPS
     q_smem = gl.allocate_shared_memory(dtype, [1, heads, HEAD_DIM], SMEM)
-    kv_smem = gl.allocate_shared_memory(dtype, [ring_stages(HEAD_GROUPS), BLOCK_K, HEAD_DIM], SMEM)
+    stages: gl.constexpr = ring_stages(HEAD_GROUPS, STAGES)
+    kv_smem = gl.allocate_shared_memory(dtype, [stages, BLOCK_K, HEAD_DIM], SMEM)
     p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_K, heads], smem_p(heads))
     bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(ring_stages(HEAD_GROUPS)):
+    for i in gl.static_range(stages):
         mbarrier.init(bars.index(READY + i), count=128)  # the producer's lanes, via cp.async
         mbarrier.init(bars.index(FREE + i), count=1)
     mbarrier.init(bars.index(Q_READY), count=128)
@@ -281,11 +302,13 @@ def _prefill_ws_small_kernel(
     qk_scale,  # sm_scale * log2(e)
     num_items,  # R * cdiv(H, 16 * HEAD_GROUPS)
     HEAD_GROUPS: gl.constexpr = 1,  # heads per item / 16 (wgmma's N / 16): 1 or 2
+    STAGES: gl.constexpr = None,  # KV tiles in the ring (None: ring_stages' default)
+    PRODUCER_REGS: gl.constexpr = None,  # the producer's registers (None: PRODUCER_REGS)
 ):
     """Persistent: grid (min(items, SMs),); launched with num_warps=4: 4 warps here (the
     consumer) + 4 (the producer)."""
     groups: gl.constexpr = _head_groups(HEAD_GROUPS)
-    q_smem, kv_smem, p_smem, bars = _shared_state(q_ptr.dtype.element_ty, groups)
+    q_smem, kv_smem, p_smem, bars = _shared_state(q_ptr.dtype.element_ty, groups, STAGES)
     # The partitions' arguments written out in the call: a tuple assigned to a name would turn
     # its constexpr (HEAD_GROUPS) into a tensor.
     gl.warp_specialize(
@@ -293,14 +316,14 @@ def _prefill_ws_small_kernel(
             (_consumer, (
                 q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
                 stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz,
-                qk_scale, num_items, q_smem, kv_smem, p_smem, bars, groups,
+                qk_scale, num_items, q_smem, kv_smem, p_smem, bars, groups, STAGES,
             )),
             (_producer, (
                 q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
                 stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz,
-                qk_scale, num_items, q_smem, kv_smem, p_smem, bars, groups,
+                qk_scale, num_items, q_smem, kv_smem, p_smem, bars, groups, STAGES,
             )),
         ],
         [4],
-        [PRODUCER_REGS],
+        [_producer_regs(PRODUCER_REGS)],
     )  # fmt: skip

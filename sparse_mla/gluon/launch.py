@@ -133,26 +133,63 @@ class GluonConfig:
             raise ValueError(f"config: num_stages must be in [2, 8], got {self.num_stages!r}")
 
 
+def _regs_field(name: str, v: Any) -> None:
+    if type(v) is not int or not 24 <= v <= 256 or v % 8:
+        raise ValueError(f"config: {name} must be a multiple of 8 in [24, 256], got {v!r}")
+
+
 @dataclass(frozen=True)
 class SmallWSConfig:
     """Launch of ``gluon_ws_small`` (``hopper_ws_small.py``, heads on wgmma's N): a work item
     is a token and 16 x HEAD_GROUPS heads, its consumer warpgroup's wgmma N (1: H <= 16;
-    2: 17 <= H <= 32, each KV row gathered once for up to 32 heads, a 2-tile ring)."""
+    2: 17 <= H <= 32, each KV row gathered once for up to 32 heads). ``STAGES``: KV tiles in
+    the ring (None: 3 at one head group, 2 at two, the most that fit); ``PRODUCER_REGS``: the
+    producer warpgroup's registers a thread (the consumer takes min(256, 512 - it))."""
 
     HEAD_GROUPS: int = 1
+    STAGES: int | None = None
+    PRODUCER_REGS: int = hopper_ws_small.PRODUCER_REGS.value
+
+    def stages(self) -> int:
+        return hopper_ws_small.ring_stages(self.HEAD_GROUPS, self.STAGES)
+
+    def smem_bytes(self) -> int:
+        """Q, the KV ring, P^T (2-byte elements) and the barriers, as the kernel allocates."""
+        heads = hopper_ws_small.BLOCK_H.value * self.HEAD_GROUPS
+        return (2 * (heads * HEAD_DIM + self.stages() * 64 * HEAD_DIM + 64 * heads)
+                + 8 * hopper_ws_small.NUM_BARS.value)  # fmt: skip
 
     def validate(self) -> None:
         if type(self.HEAD_GROUPS) is not int or self.HEAD_GROUPS not in (1, 2):
             raise ValueError(f"config: HEAD_GROUPS must be 1 or 2, got {self.HEAD_GROUPS!r}")
+        if self.STAGES is not None and (type(self.STAGES) is not int or self.STAGES not in (2, 3)):
+            raise ValueError(f"config: STAGES must be 2 or 3 (or None), got {self.STAGES!r}")
+        _regs_field("PRODUCER_REGS", self.PRODUCER_REGS)
+        if self.smem_bytes() > SMEM_LIMIT:
+            raise ValueError(
+                f"config: {self.stages()} KV tiles at HEAD_GROUPS={self.HEAD_GROUPS} take "
+                f"{self.smem_bytes()} bytes of shared memory, more than the {SMEM_LIMIT} a "
+                "block may have (fewer STAGES)"
+            )
 
 
 @dataclass(frozen=True)
 class WSConfig:
     """Launch of ``gluon_ws`` (``hopper_ws.py``: 64 heads on wgmma's M, a producer and two
-    consumers). Its tile, ring and register split are fixed in the kernel: no knobs yet."""
+    consumers; the 64-slot tile and the two-tile ring are the design, not knobs). The register
+    split: ``CONSUMER_REGS`` (consumer 1) and ``PRODUCER_REGS`` a thread; consumer 0 takes the
+    rest of the 504 a thread the three warpgroups share (:func:`hopper_ws.register_split`)."""
+
+    CONSUMER_REGS: int = hopper_ws.CONSUMER_REGS.value
+    PRODUCER_REGS: int = hopper_ws.PRODUCER_REGS.value
 
     def validate(self) -> None:
-        return None
+        _regs_field("CONSUMER_REGS", self.CONSUMER_REGS)
+        _regs_field("PRODUCER_REGS", self.PRODUCER_REGS)
+        try:
+            hopper_ws.register_split(self.CONSUMER_REGS, self.PRODUCER_REGS)
+        except ValueError as e:
+            raise ValueError(f"config: {e}") from None
 
 
 def _wgmma_smem_bytes(cfg: GluonConfig) -> int:
@@ -265,13 +302,14 @@ KERNELS: dict[str, GluonKernel] = {
             "sm90 warp-specialised sparse prefill (hopper_ws.py): 64 heads on wgmma's M (head "
             "blocks clipped at H), one producer and two consumers, persistent",
             ("prefill",), ("sm90",), WSConfig, lambda h, t: WSConfig(), _why_not_ws, False,
+            {"CONSUMER_REGS": (200, 208, 216, 224), "PRODUCER_REGS": (24, 32, 40, 48, 56)},
         ),
         GluonKernel(
             "gluon_ws_small",
             "sm90 warp-specialised sparse prefill for few heads (hopper_ws_small.py): one "
             "producer and one consumer, heads on wgmma's N = 16 x HEAD_GROUPS, persistent",
             ("prefill",), ("sm90",), SmallWSConfig, _default_ws_small, _why_not_ws_small, False,
-            {"HEAD_GROUPS": (1, 2)},
+            {"HEAD_GROUPS": (1, 2), "STAGES": (2, 3), "PRODUCER_REGS": (24, 32, 48, 64)},
         ),
     )
 }  # fmt: skip
@@ -550,9 +588,12 @@ _WS = {
 
 
 def _ws_constexprs(cfg) -> dict[str, Any]:
-    """The constexpr arguments of a warp-specialised kernel's launch."""
+    """The constexpr arguments of a warp-specialised kernel's launch (its config's fields)."""
     if isinstance(cfg, SmallWSConfig):
-        return {"HEAD_GROUPS": cfg.HEAD_GROUPS}
+        return {"HEAD_GROUPS": cfg.HEAD_GROUPS, "STAGES": cfg.STAGES,
+                "PRODUCER_REGS": cfg.PRODUCER_REGS}  # fmt: skip
+    if isinstance(cfg, WSConfig):
+        return {"CONSUMER_REGS": cfg.CONSUMER_REGS, "PRODUCER_REGS": cfg.PRODUCER_REGS}
     return {}
 
 
