@@ -56,8 +56,11 @@ def _is_fp8(t: torch.Tensor) -> bool:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """[first byte, last byte + 1) that a non-empty tensor's elements occupy."""
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+    last = 0
+    for n, s in zip(t.shape, t.stride(), strict=True):
+        last += (n - 1) * s
+    p = t.data_ptr()
+    return p, p + (last + 1) * t.element_size()
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -230,9 +233,15 @@ def _check_out_memory(out, q, inputs, nq) -> None:
         raise ValueError(
             f"out has overlapping elements (strides {out.stride()} for shape {tuple(out.shape)})"
         )
+    # The same test as _shares_memory (devices already match), with out's span computed once.
+    o0, o1 = _span(out)
     same_view = out.data_ptr() == q.data_ptr() and out.stride() == q.stride()
-    if not same_view and _shares_memory(out, q):
-        raise ValueError(f"out overlaps {nq} (only out={nq} itself, the same view, is allowed)")
+    if not same_view and q.numel():
+        q0, q1 = _span(q)
+        if o0 < q1 and q0 < o1:
+            raise ValueError(f"out overlaps {nq} (only out={nq} itself, the same view, is allowed)")
     for name, t in inputs:
-        if _shares_memory(out, t):
-            raise ValueError(f"out overlaps {name}; the kernel would read what it writes")
+        if t.numel():
+            t0, t1 = _span(t)
+            if o0 < t1 and t0 < o1:
+                raise ValueError(f"out overlaps {name}; the kernel would read what it writes")
