@@ -27,14 +27,16 @@ from dataclasses import replace
 
 import torch
 
+WINDOWS = 5
 
-def host_us(fn, sync, reps: int = 200, warmup: int = 20, windows: int = 5) -> float:
+
+def host_us(fn, sync, reps: int = 200, warmup: int = 20, windows: int | None = None) -> float:
     """As ``sparse_mla.bench.host_time_us``: the median of ``windows`` windows of ``reps``
     back-to-back calls (wall time / reps), each after a sync."""
     for _ in range(warmup):
         fn()
     times = []
-    for _ in range(windows):
+    for _ in range(windows or WINDOWS):
         sync()
         t0 = time.perf_counter()
         for _ in range(reps):
@@ -69,7 +71,10 @@ def main(argv=None) -> int:
         default="none",
         help="the entry's validate= (none: its default; on CPU that checks values)",
     )
+    ap.add_argument("--windows", type=int, default=5, help="windows of 200 calls (median)")
     args = ap.parse_args(argv)
+    global WINDOWS
+    WINDOWS = args.windows
     validate = {"none": None, "true": True, "false": False}[args.validate]
 
     from sparse_mla import dispatch, runtime

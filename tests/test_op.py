@@ -235,3 +235,31 @@ def test_gpu_two_layer_toy_model_compiles_end_to_end():
         got = torch.compile(model, fullgraph=True)(x, case.kv, case.kv_indices, case.kv_indptr)
     assert torch.isfinite(got).all()
     assert torch.equal(got, eager)
+
+
+def test_known_layout_still_checks_addresses_scale_and_values():
+    """validate_inputs runs the layout checks once per layout; a later call of the same layout
+    still has its scale, out's overlap with the inputs and (on CPU) kv_indptr checked."""
+    T, H, D, N = 3, 4, 32, 10
+    case = make_case(T, H, D, N=N, max_slots=6, seed=21)
+    kv = case.kv.contiguous()
+    out = poisoned_like(case.q)
+    args = (case.q, kv, case.kv_indices, case.kv_indptr)
+    sparse_mla_prefill(*args, case.softmax_scale, attn_sink=case.attn_sink, out=out)
+    assert check_against_reference(out, *args, case.softmax_scale, attn_sink=case.attn_sink).ok
+    # The same layout, with out sharing kv's memory.
+    big = torch.zeros(T * H * D, dtype=kv.dtype)
+    out2 = big.view(T, H, D)
+    kv2 = big[: N * D].view(N, D)
+    kv2.copy_(kv)
+    with pytest.raises(ValueError, match="out overlaps kv"):
+        sparse_mla_prefill(case.q, kv2, case.kv_indices, case.kv_indptr, case.softmax_scale,
+                           attn_sink=case.attn_sink, out=out2)  # fmt: skip
+    for bad in (float("inf"), float("nan"), 1e39):
+        with pytest.raises(ValueError, match="softmax_scale"):
+            sparse_mla_prefill(*args, bad, attn_sink=case.attn_sink, out=out)
+    ptr = case.kv_indptr.clone()
+    ptr[-1] = case.kv_indices.numel() + 1
+    with pytest.raises(ValueError, match="past the end"):
+        sparse_mla_prefill(case.q, kv, case.kv_indices, ptr, case.softmax_scale,
+                           attn_sink=case.attn_sink, out=out)  # fmt: skip
