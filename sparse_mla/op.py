@@ -47,14 +47,19 @@ LIB = torch.library.Library(NAMESPACE, "DEF")
 LIB.define(SCHEMA)
 
 
-def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None):
-    from .prefill import _prefill_impl
-
-    _prefill_impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+_registered = False
 
 
-LIB.impl("prefill", _impl, "CPU")
-LIB.impl("prefill", _impl, "CUDA")  # ROCm builds of torch dispatch HIP tensors here too
+def register_impl(fn) -> None:
+    """Make ``fn`` the op's CPU and CUDA kernel (ROCm builds of torch dispatch HIP tensors to
+    CUDA too). :mod:`sparse_mla.prefill` registers its ``_prefill_impl`` when imported, which
+    importing this module does (at its end); registered directly, a call pays no extra frame."""
+    global _registered
+    if _registered:
+        raise RuntimeError("torch.ops.sparse_mla.prefill has its kernels already")
+    LIB.impl("prefill", fn, "CPU")
+    LIB.impl("prefill", fn, "CUDA")
+    _registered = True
 
 
 @torch.library.register_fake(f"{NAMESPACE}::prefill", lib=LIB)
@@ -162,3 +167,6 @@ def config_object(spec: str) -> Any:
     obj = dispatch.Choice(d["kernel"], launch) if "kernel" in d else launch
     _OBJECTS[spec] = obj
     return obj
+
+
+from . import prefill as _prefill  # noqa: E402, F401  (registers the op's kernels)

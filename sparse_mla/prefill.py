@@ -315,7 +315,9 @@ def _op_args(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out) -> boo
     )  # fmt: skip
 
 
-def _prefill_impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate):
+def _prefill_impl(
+    q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None
+):  # fmt: skip
     """The real kernel of ``torch.ops.sparse_mla.prefill`` (:mod:`sparse_mla.op`): validate,
     choose the kernel (cached: :func:`sparse_mla.dispatch.choose_cached`), launch into ``out``.
 
@@ -345,6 +347,9 @@ def _prefill_impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, c
         out.zero_()  # every slot is invalid: every token is empty
         return
     run(q, kv2, x.kv_indices, x.kv_indptr, x.softmax_scale, x.attn_sink, out, choice.launch)
+
+
+op.register_impl(_prefill_impl)
 
 
 def _arch_of(q: torch.Tensor) -> str | None:
