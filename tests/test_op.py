@@ -263,3 +263,41 @@ def test_known_layout_still_checks_addresses_scale_and_values():
     with pytest.raises(ValueError, match="past the end"):
         sparse_mla_prefill(case.q, kv, case.kv_indices, ptr, case.softmax_scale,
                            attn_sink=case.attn_sink, out=out)  # fmt: skip
+
+
+def test_cached_choice_is_choose_at_every_token_count(tmp_path):
+    """choose_cached answers as choose() does on both sides of every token bound (recorded
+    buckets and RULE's), and sees a rewritten configs file at once."""
+    import json
+
+    from sparse_mla import configs
+
+    times = {"gluon_ws_small": 1.0, "gluon_ws": 1.0, "triton": 1.0}
+    prov = {"device": "test", "date": "2026-12-01", "source": "test", "times_ms": times}
+    launch = {"BLOCK_H": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2}
+    tprov = {"device": "test", "triton": "3.6.0", "date": "2026-12-01", "workload": "w",
+             "time_ms": 1.0, "sweep_size": 1}  # fmt: skip
+
+    def write(kernels):
+        path = configs.config_path("sm90", tmp_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"kernel": kernels, "launch": launch, "provenance": tprov}
+        path.write_text(json.dumps({"H64_D512": entry, "H16_D512": entry}))
+
+    write([{"name": "gluon_ws_small", "tokens": [0, 100], "provenance": prov},
+           {"name": "triton", "tokens": [100, 300], "provenance": prov},
+           {"name": "gluon_ws", "tokens": [300, None], "provenance": prov}])  # fmt: skip
+    kv = torch.zeros(64, 512, dtype=torch.bfloat16)  # a CPU pool: the Gluon kernels cannot run
+    with configs.use_root(tmp_path):
+        for H in (16, 64, 40):
+            for T in (1, 99, 100, 101, 127, 128, 299, 300, 5000):
+                got = dispatch.choose_cached("sm90", H, 512, torch.bfloat16, kv, T)
+                want = dispatch.choose(dispatch.Call("sm90", H, 512, torch.bfloat16, kv, T))
+                assert (got.kernel, got.launch, got.reason) == (want.kernel, want.launch,
+                                                                 want.reason), (H, T)  # fmt: skip
+                assert dispatch.choose_cached("sm90", H, 512, torch.bfloat16, kv, T) is got
+        assert dispatch.token_bounds("sm90", 64, 512) == (0, 100, 128, 300)
+        before = dispatch.choose_cached("sm90", 64, 512, torch.bfloat16, kv, 150).reason
+        write({"name": "gluon_ws", "provenance": prov})
+        after = dispatch.choose_cached("sm90", 64, 512, torch.bfloat16, kv, 150).reason
+        assert "gluon_ws recorded" in after and before != after
