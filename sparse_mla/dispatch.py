@@ -385,9 +385,13 @@ def choose_cached(
     what the choice depends on: the registry, (arch, H, D, dtype), the pool's device type,
     emptiness and 16-byte alignment, the config (``config_key``: hashable, equal for equal
     configs), the configs root and its file's stat stamp (an export is seen at once), and T's
-    bucket between :func:`token_bounds`. A call that raises is not cached."""
+    bucket between :func:`token_bounds`. A call that raises is not cached. CPU tensors (arch
+    None, the interpreter, whose launch takes far longer than a choice) are not cached."""
     root = configs._default_root()
-    stamp = _file_stamp(arch, root) if arch is not None else None
+    if arch is None:
+        call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
+        return choose(call, config=config, root=root)
+    stamp = _file_stamp(arch, root)
     n = kv.shape[0]
     misaligned = n > 0 and bool(kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16)
     key = (_generation, arch, num_heads, head_dim, dtype, kv.device.type, n > 0, misaligned,
