@@ -1435,6 +1435,7 @@ def run_grid(
     aiter_module: str | None = None,
     budget_ms: float | None = GRID_BUDGET_MS,
     time_limit_s: float | None = None,
+    host: bool = False,
     log: Callable[[str], Any] | None = _print_flush,
     **workload_kw,
 ) -> list[dict[str, Any]]:
@@ -1447,6 +1448,8 @@ def run_grid(
             do_bench's fixed windows, about 125 ms each).
         time_limit_s: start no point after this many seconds (the rows so far are kept; the
             points left are logged).
+        host: also measure each provider's host time per call (``host_us``,
+            :func:`host_time_us`; GPU only).
         log: progress: the run's header, one line per point with every provider's ms (and which
             kernel ``default`` ran), first-seen skip reasons and failures (None: silent).
         workload_kw: passed to each point's :meth:`GridPoint.build` (e.g. ``D`` for a CPU test).
@@ -1481,7 +1484,8 @@ def run_grid(
             break
         w = pt.build(device, seed=seed, sink=sink, big_buffer=gpu, **workload_kw)
         rows = _bench_workload(pt.workload, w, chosen, device, ceil, run.common, check_tokens,
-                               quick, peers, say, budget_ms=budget_ms, seen=seen)  # fmt: skip
+                               quick, peers, say, budget_ms=budget_ms, seen=seen,
+                               host=host)  # fmt: skip
         del w
         if gpu:
             torch.cuda.empty_cache()

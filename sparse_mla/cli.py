@@ -516,6 +516,7 @@ def _bench_grid(args, bench, runtime, device, providers, heads, tokens) -> int:
             out_path=out,
             aiter_module=args.aiter_module,
             budget_ms=args.budget_ms if args.budget_ms is not None else bench.GRID_BUDGET_MS,
+            host=args.host,
             time_limit_s=args.time_limit,
             log=_say,
         )
