@@ -155,8 +155,13 @@ GATHER_POOL_BYTES = (4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30)
 CSV_COLUMNS = (
     "timestamp", "device", "torch", "triton", "commit", "workload", "T", "H", "D", "topk", "nnz",
     "provider", "config", "ok", "rel_l2", "ms", "tflops", "gather_tbs", "floor_ms",
-    "frac_of_floor", "note", "pool_bytes",
+    "frac_of_floor", "note", "pool_bytes", "host_us",
 )  # fmt: skip
+# --host: back-to-back calls (out= given, no sync between) whose wall time / HOST_REPS is a
+# provider's host time per call (host_us), after HOST_WARMUP calls (host_time_us).
+HOST_REPS = 200
+HOST_WARMUP = 20
+HOST_WINDOWS = 5  # host_us is the median of this many windows of HOST_REPS calls
 
 # torch provider: gathered elements per token chunk (256 Mi elements = 512 MiB of bf16 rows).
 _TORCH_CHUNK_ELEMENTS = 256 * 1024 * 1024
@@ -1060,7 +1065,7 @@ def _add_columns(path: Path) -> None:
     atomic_write(path, buf.getvalue().encode())
 
 
-_FLOAT_CELLS = ("rel_l2", "ms", "tflops", "gather_tbs", "floor_ms", "frac_of_floor")
+_FLOAT_CELLS = ("rel_l2", "ms", "tflops", "gather_tbs", "floor_ms", "frac_of_floor", "host_us")
 _INT_CELLS = ("T", "H", "D", "topk", "nnz", "pool_bytes")
 
 
@@ -1168,6 +1173,8 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A short aligned table of benchmark rows (ceilings first, then workload x provider)."""
     cols = ["workload", "provider", "ok", "ms", "tflops", "gather_tbs", "floor_ms",
             "frac_of_floor"]  # fmt: skip
+    if any(r.get("host_us") not in (None, "") for r in rows):
+        cols.append("host_us")
 
     def fmt(v) -> str:
         if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
@@ -1268,6 +1275,7 @@ def run_bench(
     out_path: Path | str | None = None,
     aiter_module: str | None = None,
     budget_ms: float | None = None,
+    host: bool = False,
     log: Callable[[str], Any] | None = print,
 ) -> list[dict[str, Any]]:
     """Check then time every provider on every named workload; returns the CSV rows.
@@ -1289,6 +1297,8 @@ def run_bench(
             default: :data:`AITER_MODULES`).
         budget_ms: time each provider with :func:`time_budget` at this budget instead of
             do_bench (None).
+        host: also measure each provider's host time per call (``host_us``,
+            :func:`host_time_us`; GPU only).
         log: progress lines (None: silent).
     """
     from . import workloads as _workloads
@@ -1313,7 +1323,7 @@ def run_bench(
         w = _workloads.by_name(name, T=tokens, device=device, big_buffer=gpu, sink=sink,
                                seed=seed)  # fmt: skip
         run.keep(_bench_workload(name, w, chosen, device, ceil, run.common, check_tokens,
-                                 quick, peers, say, budget_ms=budget_ms))  # fmt: skip
+                                 quick, peers, say, budget_ms=budget_ms, host=host))  # fmt: skip
         del w
         if gpu:
             torch.cuda.empty_cache()
@@ -1425,6 +1435,7 @@ def run_grid(
     aiter_module: str | None = None,
     budget_ms: float | None = GRID_BUDGET_MS,
     time_limit_s: float | None = None,
+    host: bool = False,
     log: Callable[[str], Any] | None = _print_flush,
     **workload_kw,
 ) -> list[dict[str, Any]]:
@@ -1437,6 +1448,8 @@ def run_grid(
             do_bench's fixed windows, about 125 ms each).
         time_limit_s: start no point after this many seconds (the rows so far are kept; the
             points left are logged).
+        host: also measure each provider's host time per call (``host_us``,
+            :func:`host_time_us`; GPU only).
         log: progress: the run's header, one line per point with every provider's ms (and which
             kernel ``default`` ran), first-seen skip reasons and failures (None: silent).
         workload_kw: passed to each point's :meth:`GridPoint.build` (e.g. ``D`` for a CPU test).
@@ -1471,7 +1484,8 @@ def run_grid(
             break
         w = pt.build(device, seed=seed, sink=sink, big_buffer=gpu, **workload_kw)
         rows = _bench_workload(pt.workload, w, chosen, device, ceil, run.common, check_tokens,
-                               quick, peers, say, budget_ms=budget_ms, seen=seen)  # fmt: skip
+                               quick, peers, say, budget_ms=budget_ms, seen=seen,
+                               host=host)  # fmt: skip
         del w
         if gpu:
             torch.cuda.empty_cache()
@@ -1508,7 +1522,7 @@ def _point_summary(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str]) -> 
 
 
 def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, peers, say, *,
-                    budget_ms=None, seen=None):  # fmt: skip
+                    budget_ms=None, seen=None, host=False):  # fmt: skip
     """Rows of every provider on one built workload (check, then time when it passes).
 
     ``seen`` None: a line per provider (a named-workload run). A set: the grid's quiet mode,
@@ -1550,7 +1564,7 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
                 prepared = _provider(prov, w, device, peers)
                 row.update(provider=prepared.name, config=prepared.config)
                 row.update(_check_and_time(prepared, w, device, check_tokens, quick, refs=refs,
-                                           budget_ms=budget_ms))  # fmt: skip
+                                           budget_ms=budget_ms, host=host))  # fmt: skip
         except Unavailable as e:
             once(prov, f"skipped ({e})")
             continue
@@ -1567,6 +1581,8 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
         if verbose:
             status = "ok" if row["ok"] else "FAIL"
             timing = f"{row['ms']:.3f} ms" if row.get("ms") is not None else "not timed"
+            if row.get("host_us") is not None:
+                timing += f", host {row['host_us']:.1f} us/call"
             rel = row.get("rel_l2")
             rel = math.nan if rel is None else rel
             say(f"  {row['provider']}: {status}, rel_l2 {rel:.2e}, {timing}"
@@ -1579,16 +1595,41 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
 
 
 def _check_and_time(p: Prepared, w, device, check_tokens: int, quick: bool, *, refs=None,
-                    budget_ms=None) -> dict[str, Any]:  # fmt: skip
-    """ok / rel_l2 / note from the gate, and ms when it passed."""
+                    budget_ms=None, host=False) -> dict[str, Any]:  # fmt: skip
+    """ok / rel_l2 / note from the gate, and ms when it passed (and host_us with ``host``)."""
     ok, rel, note = _check(p.run, w, check_tokens, refs)
     res: dict[str, Any] = {"ok": ok, "rel_l2": rel, "note": note or None}
     if ok:
+        out = torch.empty_like(w.q)
         if p.timed is not None:
             res["ms"] = _time(lambda _out: p.timed(), None, device, quick, budget_ms)
         else:
-            res["ms"] = _time(p.run, torch.empty_like(w.q), device, quick, budget_ms)
+            res["ms"] = _time(p.run, out, device, quick, budget_ms)
+        if host and device.type == "cuda":
+            fn = p.timed if p.timed is not None else (lambda: p.run(out))
+            res["host_us"] = host_time_us(fn, device)
     return res
+
+
+def host_time_us(fn: Callable[[], Any], device: torch.device, reps: int = HOST_REPS,
+                 warmup: int = HOST_WARMUP, windows: int = HOST_WINDOWS) -> float:  # fmt: skip
+    """Host time per call of ``fn`` (us): ``reps`` calls back to back with no sync between,
+    wall time / reps, after ``warmup`` calls and a sync; the median of ``windows`` such
+    windows (a sync between them). The GPU runs the launches while the host issues more, so
+    this is what a call costs the CPU thread (validation, dispatch, launch), not the kernel's
+    time, as long as the launch queue does not fill (it holds about a thousand launches; a
+    call here makes one or two)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(windows):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t0) / reps * 1e6)
+    torch.cuda.synchronize(device)
+    return statistics.median(times)
 
 
 def _best_of(candidates: list[Prepared], w, device, check_tokens, quick, say, *, refs=None,

@@ -527,6 +527,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             out_path=out,
             aiter_module=args.aiter_module,
             budget_ms=args.budget_ms,
+            host=args.host,
             log=_say,
         )
     except ValueError as e:
@@ -578,6 +579,7 @@ def _bench_grid(args, bench, runtime, device, providers, heads, tokens) -> int:
             out_path=out,
             aiter_module=args.aiter_module,
             budget_ms=args.budget_ms if args.budget_ms is not None else bench.GRID_BUDGET_MS,
+            host=args.host,
             time_limit_s=args.time_limit,
             log=_say,
         )
@@ -827,6 +829,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         default=None,
         help="CSV appended to (default data/bench/<device>.csv; --grid: <device>_grid.csv)",
+    )
+    p.add_argument(
+        "--host",
+        action="store_true",
+        help="also measure each provider's host time per call (host_us: 200 calls with out= "
+        "given, no sync between, wall time / 200; GPU only)",
     )
     p.add_argument("--no-ceilings", action="store_true", help="skip the ceilings (no floor)")
     p.add_argument("--quick", action="store_true", help="short timing windows, 64 checked tokens")

@@ -34,6 +34,8 @@ to cross-compile it). It is then a provider of ``sparse-mla bench`` under its na
 
 from __future__ import annotations
 
+import os
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,8 +43,9 @@ from typing import Any
 from . import configs
 
 __all__ = [
-    "FALLBACKS", "FORMATS", "KERNELS", "RULE", "Call", "Choice", "Kernel", "choose", "describe",
-    "fallback", "kernel", "register", "rule",
+    "FALLBACKS", "FORMATS", "KERNELS", "RULE", "Call", "Choice", "Kernel", "choose",
+    "choose_cached", "clear_cache", "describe", "fallback", "kernel", "register", "rule",
+    "token_bounds",
 ]  # fmt: skip
 
 
@@ -142,6 +145,14 @@ class _Registry(dict):
     def items(self):
         self._load()
         return super().items()
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        clear_cache()  # a kernel added or replaced (a test's spy too) may change a choice
+
+    def __delitem__(self, key) -> None:
+        super().__delitem__(key)
+        clear_cache()
 
 
 KERNELS: dict[str, Kernel] = _Registry()
@@ -346,3 +357,89 @@ def describe(
         mark = "runs" if name == c.kernel else ("can run" if not why else "cannot")
         lines.append(f"  {name:<16} {mark}{': ' + why if why else ''}  [{k.summary}]")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# The entry's per-call choice, cached
+# ----------------------------------------------------------------------------------------------
+
+# (registry generation, arch, H, D, dtype, pool key, config key, configs root, file stamp)
+# -> (token bounds, {token bucket: Choice}). Everything choose() reads, but T, is in the key;
+# T only through its bucket (token_bounds), so an engine's varying token counts reuse entries.
+_CACHE: dict[tuple, tuple[tuple[int, ...], dict[int, Choice]]] = {}
+_CACHE_MAX = 4096
+_PATHS: dict[tuple, str] = {}
+_generation = 0
+
+
+def clear_cache() -> None:
+    """Forget the cached choices (:func:`choose_cached`). Registering a kernel does this; call
+    it after changing :data:`RULE` at run time."""
+    global _generation
+    _generation += 1
+    _CACHE.clear()
+
+
+def token_bounds(
+    arch: str | None, num_heads: int, head_dim: int, root=None
+) -> tuple[int, ...]:  # fmt: skip
+    """The token counts at which :func:`choose`'s answer for (arch, H, D) may change: the
+    recorded choices' bucket ends and :data:`RULE`'s token bounds (sorted). Two calls whose T
+    fall between the same two bounds get the same choice."""
+    bounds: set[int] = set()
+    entry = configs.lookup_entry(arch, num_heads, head_dim, root)
+    for c in entry.kernels if entry is not None else ():
+        if c.tokens is not None:
+            lo, hi = c.tokens
+            bounds.add(lo)
+            if hi is not None:
+                bounds.add(hi)
+    for _, max_tokens, _ in RULE.get(arch or "", ()):
+        if max_tokens is not None:
+            bounds.add(max_tokens + 1)
+    return tuple(sorted(bounds))
+
+
+def _file_stamp(arch: str, root) -> tuple[int, ...] | None:
+    path = _PATHS.get((arch, root))
+    if path is None:
+        path = _PATHS[(arch, root)] = str(configs.config_path(arch, root))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
+def choose_cached(
+    arch: str | None, num_heads: int, head_dim: int, dtype, kv, num_tokens: int,
+    nnz: int | None = None, *, config: Any = None, config_key: Any = None,
+) -> Choice:  # fmt: skip
+    """:func:`choose` for the entry's call (``Call(arch, H, D, dtype, kv, T, nnz)``), cached on
+    what the choice depends on: the registry, (arch, H, D, dtype), the pool's device type,
+    emptiness and 16-byte alignment, the config (``config_key``: hashable, equal for equal
+    configs), the configs root and its file's stat stamp (an export is seen at once), and T's
+    bucket between :func:`token_bounds`. A call that raises is not cached. CPU tensors (arch
+    None, the interpreter, whose launch takes far longer than a choice) are not cached."""
+    root = configs._default_root()
+    if arch is None:
+        call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
+        return choose(call, config=config, root=root)
+    stamp = _file_stamp(arch, root)
+    n = kv.shape[0]
+    misaligned = n > 0 and bool(kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16)
+    key = (_generation, arch, num_heads, head_dim, dtype, kv.device.type, n > 0, misaligned,
+           config_key, root, stamp)  # fmt: skip
+    plan = _CACHE.get(key)
+    if plan is None:
+        bounds = token_bounds(arch, num_heads, head_dim, root) if config is None else ()
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        plan = _CACHE[key] = (bounds, {})
+    bounds, by_bucket = plan
+    bucket = bisect_right(bounds, num_tokens) if bounds else 0
+    c = by_bucket.get(bucket)
+    if c is None:
+        call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
+        c = by_bucket[bucket] = choose(call, config=config, root=root)
+    return c

@@ -18,10 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configs, dispatch, runtime
+from . import configs, dispatch, op, runtime
 from .configs import PrefillConfig
 from .fp8 import FP8Cache
-from .validation import validate_inputs
+from .validation import _wants_value_check, validate_inputs
 
 __all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
 
@@ -276,14 +276,20 @@ def sparse_mla_prefill(
             ``dispatch.Choice`` naming any registered kernel.
         validate: check kv_indptr's values on the host. None (default): for CPU tensors, and
             for GPU tensors only when ``SPARSE_MLA_VALIDATE=1`` (checking them costs a sync).
+            Under ``torch.compile`` the check runs when the graph runs (inside the op), never
+            at trace time; inside a CUDA-graph capture it is skipped (:mod:`sparse_mla.op`).
 
     Returns:
         out: [T, H, D] in q's dtype. A token with no valid slot gets zeros, whatever the sink
         (-inf and +inf included).
 
-    On a GPU tensor the kernel is compiled; on CPU tensors Triton's kernel runs in its
-    interpreter. The inputs are validated once, here (:func:`sparse_mla.validation.
-    validate_inputs`, shared with ``mla_gluon``), whichever kernel then runs. Bad input raises
+    The call goes through the registered op ``torch.ops.sparse_mla.prefill`` (:mod:`sparse_mla.
+    op`), so ``torch.compile`` (``fullgraph=True``, ``mode="reduce-overhead"``) takes it as one
+    opaque node; the kernel choice and launch happen inside the op, cached per (device, dtype,
+    shape, token bucket, config, configs file). On a GPU tensor the kernel is compiled; on CPU
+    tensors Triton's kernel runs in its interpreter. The inputs are validated once, in the op
+    (:func:`sparse_mla.validation.validate_inputs`, shared with ``mla_gluon``), whichever
+    kernel then runs. Bad input raises
     TypeError/ValueError naming the argument, before ``out`` is touched. Unchecked, a bad
     kv_indptr still reads nothing outside kv_indices: every kernel clamps token t's range to
     lo = clamp(kv_indptr[t], 0, nnz), hi = clamp(kv_indptr[t+1], lo, nnz), so such a token
@@ -296,24 +302,77 @@ def sparse_mla_prefill(
             q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
             config=config, validate=validate,
         )  # fmt: skip
-    x = validate_inputs(
-        q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
-        validate=validate,
-    )  # fmt: skip
-    q, kv2 = x.q, x.kv
-    H, D = q.shape[1:]
-    call = dispatch.Call(_arch_of(q), H, D, q.dtype, kv2, q.shape[0], x.kv_indices.numel())
-    choice = dispatch.choose(call, config=config)
-    run = dispatch.kernel(choice.kernel).run
+    if not _op_args(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
+        # Not what the operator's schema takes: raise the named TypeError/ValueError.
+        validate_inputs(
+            q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
+            validate=False,
+        )  # fmt: skip
+    spec = None if config is None else op.spec_of(config)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    op.prefill_op(q, kv, kv_indices, kv_indptr, float(softmax_scale), attn_sink, out, spec,
+                  None if validate is None else bool(validate))  # fmt: skip
+    return out
+
+
+def _op_args(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out) -> bool:
+    """Whether the arguments have the types ``torch.ops.sparse_mla.prefill`` takes."""
+    T = torch.Tensor
+    return (
+        isinstance(q, T) and isinstance(kv, T) and isinstance(kv_indices, T)
+        and isinstance(kv_indptr, T) and (attn_sink is None or isinstance(attn_sink, T))
+        and (out is None or isinstance(out, T)) and isinstance(softmax_scale, (int, float))
+        and not isinstance(softmax_scale, bool) and _fits_float(softmax_scale)
+        and q.device.type in ("cpu", "cuda")  # meta and others: refused by name, not faked
+    )  # fmt: skip
+
+
+def _fits_float(x) -> bool:
+    """Whether ``float(x)`` is defined (an int past float's range is not: the validation's
+    ValueError names it)."""
+    try:
+        float(x)
+    except OverflowError:
+        return False
+    return True
+
+
+def _prefill_impl(
+    q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None
+):  # fmt: skip
+    """The real kernel of ``torch.ops.sparse_mla.prefill`` (:mod:`sparse_mla.op`): validate,
+    choose the kernel (cached: :func:`sparse_mla.dispatch.choose_cached`), launch into ``out``.
+
+    ``config``: None or a :func:`sparse_mla.op.config_spec` string. ``validate``: as the
+    entry's; inside a CUDA-graph capture the value check is skipped (a replay could not run
+    it), see :mod:`sparse_mla.op`."""
+    check = _wants_value_check(validate, q.device)
+    if check and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        check = False
+    x = validate_inputs(
+        q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
+        validate=check,
+    )  # fmt: skip
+    q, kv2 = x.q, x.kv
+    T, H, D = q.shape
+    if config is None:
+        conf = key = None
+    else:
+        conf = op.config_object(config)
+        key = (config, id(conf))
+    choice = dispatch.choose_cached(_arch_of(q), H, D, q.dtype, kv2, T, x.kv_indices.numel(),
+                                    config=conf, config_key=key)  # fmt: skip
+    run = dispatch.kernel(choice.kernel).run
     if out.numel() == 0:
-        return out
+        return
     if kv2.shape[0] == 0:
         out.zero_()  # every slot is invalid: every token is empty
-        return out
+        return
     run(q, kv2, x.kv_indices, x.kv_indptr, x.softmax_scale, x.attn_sink, out, choice.launch)
-    return out
+
+
+op.register_impl(_prefill_impl)
 
 
 def _arch_of(q: torch.Tensor) -> str | None:
@@ -324,17 +383,14 @@ def _arch_of(q: torch.Tensor) -> str | None:
 def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg: PrefillConfig):
     """Launch the Triton kernel on validated, non-empty inputs (``kv2`` is [N, D])."""
     T, H, D = q.shape
-    N = kv2.shape[0]
     interpret = runtime.runs_interpreted(q)
-    block_d = triton.next_power_of_2(D)
-    even_hd = _even_hd_ok(cfg, H, D, block_d) if cfg.EVEN_HD is None else cfg.EVEN_HD
+    has_sink = attn_sink is not None
+    kw = _triton_launch(cfg, H, D, has_sink, interpret and q.dtype == torch.bfloat16, interpret)
     qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
-    sink = attn_sink if attn_sink is not None else q.new_empty(0, dtype=torch.float32)
-    options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
-    grid = (T, triton.cdiv(H, cfg.BLOCK_H))
+    sink = attn_sink if has_sink else _no_sink(q.device)
     runtime.launch(
         _sparse_mla_prefill_kernel,
-        grid,
+        (T, triton.cdiv(H, cfg.BLOCK_H)),
         q,
         kv2,
         kv_indices,
@@ -348,21 +404,40 @@ def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cf
         out.stride(1),
         H,
         D,
-        N,
+        kv2.shape[0],
         kv_indices.numel(),
         qk_scale,
-        BLOCK_H=cfg.BLOCK_H,
-        BLOCK_K=cfg.BLOCK_K,
-        BLOCK_D=block_d,
-        HAS_SINK=attn_sink is not None,
-        EVEN_HD=even_hd,
-        USE_EXP2=cfg.USE_EXP2,
-        PREFETCH_KV=cfg.PREFETCH_KV,
-        INTERP_BF16=interpret and q.dtype == torch.bfloat16,
         interpret=interpret,
-        **options,
+        **kw,
     )
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _triton_launch(cfg: PrefillConfig, H: int, D: int, has_sink: bool, interp_bf16: bool,
+                   interpret: bool) -> dict[str, Any]:  # fmt: skip
+    """The constexprs and options of a Triton launch (cached: they depend on no tensor)."""
+    block_d = triton.next_power_of_2(D)
+    even_hd = _even_hd_ok(cfg, H, D, block_d) if cfg.EVEN_HD is None else cfg.EVEN_HD
+    options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
+    return {
+        "BLOCK_H": cfg.BLOCK_H, "BLOCK_K": cfg.BLOCK_K, "BLOCK_D": block_d,
+        "HAS_SINK": has_sink, "EVEN_HD": even_hd, "USE_EXP2": cfg.USE_EXP2,
+        "PREFETCH_KV": cfg.PREFETCH_KV, "INTERP_BF16": interp_bf16, **options,
+    }  # fmt: skip
+
+
+_NO_SINK: dict[torch.device, torch.Tensor] = {}
+
+
+def _no_sink(device: torch.device) -> torch.Tensor:
+    """An empty fp32 tensor for the sink pointer of a launch without a sink (one per device)."""
+    t = _NO_SINK.get(device)
+    if t is None:
+        t = torch.empty(0, dtype=torch.float32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _NO_SINK[device] = t
+    return t
 
 
 def _resolve_triton(launch, call: dispatch.Call) -> PrefillConfig:

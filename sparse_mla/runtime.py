@@ -91,13 +91,12 @@ _interpreted_cache: dict[object, InterpretedFunction] = {}
 _triton_lock = threading.RLock()
 
 
-@contextlib.contextmanager
-def compiling():
-    """Hold this around any Triton/Gluon compile (``triton.compile``, a JIT launch or warmup)
-    that may run while another thread interprets a kernel: it waits for the interpreted launch
-    to finish, and an interpreted launch waits for it. Re-entrant."""
-    with _triton_lock:
-        yield
+def compiling() -> threading.RLock:
+    """Hold this (``with compiling():``) around any Triton/Gluon compile (``triton.compile``, a
+    JIT launch or warmup) that may run while another thread interprets a kernel: it waits for
+    the interpreted launch to finish, and an interpreted launch waits for it. Re-entrant. It is
+    the lock itself (a C context manager: a launch pays well under a microsecond for it)."""
+    return _triton_lock
 
 
 def interpreted(kernel: JITFunction) -> InterpretedFunction:

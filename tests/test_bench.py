@@ -444,7 +444,7 @@ def test_gpu_fake_flash_mla_is_a_provider(fake_flash_mla):
 
 def test_csv_of_an_older_layout_gains_the_new_columns(tmp_path):
     path = tmp_path / "old.csv"
-    old_cols = bench.CSV_COLUMNS[:-1]
+    old_cols = bench.CSV_COLUMNS[: bench.CSV_COLUMNS.index("pool_bytes")]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(old_cols)
@@ -455,4 +455,5 @@ def test_csv_of_an_older_layout_gains_the_new_columns(tmp_path):
     assert tuple(rows[0]) == bench.CSV_COLUMNS
     assert [rows[0][c] for c in old_cols] == [f"v{i}" for i in range(len(old_cols))]
     assert rows[0]["pool_bytes"] == "" and rows[1]["pool_bytes"] == "1024"
+    assert rows[0]["host_us"] == "" and rows[1]["host_us"] == ""
     assert rows[1]["workload"] == "w2"

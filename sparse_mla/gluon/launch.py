@@ -774,6 +774,14 @@ def mla_gluon(
         )  # fmt: skip
 
 
+@functools.cache
+def _cached(constexprs_fn):
+    """``constexprs_fn`` memoised (its arguments are configs, targets, ints and flags): a
+    launch builds its layout objects once, and Triton's cache key then compares the same
+    objects. The dict returned is shared: callers spread it (``**cx``), never change it."""
+    return functools.lru_cache(maxsize=256)(constexprs_fn)
+
+
 def run_validated(
     q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sm_scale, *, has_pe, attn_sink=None,
     out=None, num_kv_splits=None, return_lse=False, target=None, config=None, kernel=None,
@@ -793,15 +801,9 @@ def run_validated(
     if target is not None and get_target(target).name != tgt.name:
         raise ValueError(f"target {target!r} does not match the local GPU ({local})")
     name = kernel or DEFAULT_KERNEL
-    spec = gluon_kernel(name)
     R, H, _ = q_nope.shape
-    cfg = resolve_launch(name, config, H, tgt)
+    cfg = _checked_launch(name, config, H, tgt, has_pe, return_lse, num_kv_splits)
     N = kv2.shape[0]
-    if num_kv_splits is not None and num_kv_splits > 1 and not spec.splits:
-        raise ValueError(f"{name} runs one KV split; num_kv_splits={num_kv_splits}")
-    why = why_not(name, cfg, tgt, has_pe=has_pe, num_splits=1, write_lse=return_lse)
-    if why:
-        raise ValueError(f"{name} cannot run this call: {why}")
     if out is None:
         out = torch.empty(R, H, HEAD_DIM, dtype=q_nope.dtype, device=q_nope.device)
     lse = torch.empty(R, H, dtype=torch.float32, device=q_nope.device) if return_lse else None
@@ -828,15 +830,15 @@ def run_validated(
         R, H, kv_indices.numel(), cfg, _num_compute_units(dev)
     )
     pools = (kv2, kpe2) if has_pe else (kv2,)
-    sink = attn_sink.contiguous() if attn_sink is not None else lse_dummy(q_nope)
-    lse_arg = lse if lse is not None else lse_dummy(q_nope)
+    sink = attn_sink.contiguous() if attn_sink is not None else _unused(q_nope.device)
+    lse_arg = lse if lse is not None else _unused(q_nope.device)
     if splits > 1:
         opart = torch.empty(R, splits, H, HEAD_DIM, dtype=torch.float32, device=q_nope.device)
         lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
     else:
-        opart = lsepart = lse_dummy(q_nope)
+        opart = lsepart = _unused(q_nope.device)
     if name == "gluon_wgmma":
-        wcx = wgmma_constexprs(
+        wcx = _cached(wgmma_constexprs)(
             cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse
         )
         _prefill_wgmma_kernel[(R * triton.cdiv(H, block_h), splits)](
@@ -852,12 +854,57 @@ def run_validated(
             write_lse=return_lse, use_buffer=_use_buffer(tgt, *pools),
         )  # fmt: skip
     if splits > 1:
-        rcx = _reduce_constexprs(H, splits, attn_sink is not None, return_lse, tgt)
+        rcx = _cached(_reduce_constexprs)(H, splits, attn_sink is not None, return_lse, tgt)
         _mla_reduce_kernel[(R, triton.cdiv(H, rcx["BLOCK_H"]))](
             opart, lsepart, sink, out, lse_arg, out.stride(0), out.stride(1), H,
             num_warps=4, **rcx,
         )  # fmt: skip
     return (out, lse) if return_lse else out
+
+
+# (kernel, config, heads, target, has_pe, return_lse, splits) -> the resolved, checked launch.
+_CHECKED: dict[tuple, Any] = {}
+
+
+def _checked_launch(name, config, num_heads, tgt, has_pe, return_lse, num_kv_splits):
+    """Kernel ``name``'s launch for a call, resolved and checked (:func:`resolve_launch`,
+    :func:`why_not`): ValueError saying why it cannot run. Cached for hashable configs (the
+    config objects; a dict is resolved per call)."""
+    try:
+        key = (name, config, num_heads, tgt, has_pe, return_lse, num_kv_splits)
+        cfg = _CHECKED.get(key)
+    except TypeError:  # a dict config
+        key = cfg = None
+    if cfg is not None:
+        return cfg
+    spec = gluon_kernel(name)
+    cfg = resolve_launch(name, config, num_heads, tgt)
+    if num_kv_splits is not None and num_kv_splits > 1 and not spec.splits:
+        raise ValueError(f"{name} runs one KV split; num_kv_splits={num_kv_splits}")
+    why = why_not(name, cfg, tgt, has_pe=has_pe, num_splits=1, write_lse=return_lse)
+    if why:
+        raise ValueError(f"{name} cannot run this call: {why}")
+    if key is not None:
+        if len(_CHECKED) >= 1024:
+            _CHECKED.clear()
+        _CHECKED[key] = cfg
+    return cfg
+
+
+_NO_SINK: dict[tuple, torch.Tensor] = {}
+
+
+def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
+    """[H] fp32 of -inf: the sink of a persistent launch without one (2^-inf adds 0 to the
+    denominator). One per (H, device), never written; not kept when made inside a CUDA-graph
+    capture (its memory would be the graph's)."""
+    key = (num_heads, device)
+    t = _NO_SINK.get(key)
+    if t is None:
+        t = torch.full((num_heads,), -math.inf, dtype=torch.float32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _NO_SINK[key] = t
+    return t
 
 
 def _launch_persistent(
@@ -878,10 +925,8 @@ def _launch_persistent(
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
         q = q.contiguous()
-    if attn_sink is None:  # no sink: logits of -inf add 2^-inf = 0 to the denominator
-        sink = torch.full((H,), -math.inf, dtype=torch.float32, device=q.device)
-    else:
-        sink = attn_sink.contiguous()
+    # No sink: logits of -inf add 2^-inf = 0 to the denominator.
+    sink = _no_sink(H, q.device) if attn_sink is None else attn_sink.contiguous()
     items = R * triton.cdiv(H, heads_per_item)
     grid = (min(items, _num_compute_units(dev)),)
     if small_call is not None:
@@ -939,7 +984,7 @@ def _launch_shared(
     """Launch the shared algorithm's ``_mla_fwd_kernel`` (``gluon_mma``: decode and prefill,
     every target, any H)."""
     R, H, _ = q_nope.shape
-    cx = kernel_constexprs(
+    cx = _cached(kernel_constexprs)(
         cfg, tgt, has_pe=has_pe, has_sink=has_sink, num_splits=splits, write_lse=write_lse,
         use_buffer=use_buffer,
     )  # fmt: skip
@@ -953,6 +998,19 @@ def _launch_shared(
         H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E,
         num_warps=cfg.num_warps, num_stages=1, **cx,
     )  # fmt: skip
+
+
+_UNUSED: dict[torch.device, torch.Tensor] = {}
+
+
+def _unused(device: torch.device) -> torch.Tensor:
+    """:func:`lse_dummy` made once per device (the launch neither reads nor writes it)."""
+    t = _UNUSED.get(device)
+    if t is None:
+        t = torch.empty(1, dtype=torch.float32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _UNUSED[device] = t
+    return t
 
 
 def lse_dummy(like: torch.Tensor) -> torch.Tensor:

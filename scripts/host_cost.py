@@ -1,0 +1,176 @@
+"""Host time per call of ``sparse_mla_prefill`` and where it goes (a benchmark, not a test).
+
+Per shape (H, T) and kernel (``default`` = config=None, then each registered kernel forced by
+``dispatch.Choice(name)``): 200 back-to-back calls with ``out=`` given and no sync between,
+after a warm-up; wall time / 200. With ``--parts`` also the pieces of one call, each timed the
+same way: the argument checks (validate_inputs), the cached dispatch, the op's real kernel
+without the op dispatcher, the registered kernel's launch alone (its Python and Triton's or
+Gluon's launcher), and a cProfile of the full call (--profile).
+
+On a CPU machine the kernels run in Triton's interpreter, so only the host work around the
+launch is measured: the kernel's run is replaced by a no-op (``--cpu``; arch faked as sm90 so
+the Gluon dispatch path is taken).
+
+    python scripts/host_cost.py [--parts] [--profile] [--cpu] [--shapes 16x4,64x4,64x16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+WINDOWS = 5
+
+
+def host_us(fn, sync, reps: int = 200, warmup: int = 20, windows: int | None = None) -> float:
+    """As ``sparse_mla.bench.host_time_us``: the median of ``windows`` windows of ``reps``
+    back-to-back calls (wall time / reps), each after a sync."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(windows or WINDOWS):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t0) / reps * 1e6)
+    sync()
+    return statistics.median(times)
+
+
+def workload(H: int, T: int, device: str, topk: int = 512, N: int = 65536, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).to(device)
+    kv = torch.randn(N, 512, generator=g).to(torch.bfloat16).to(device)
+    idx = torch.randint(0, N, (T * topk,), generator=g, dtype=torch.int32).to(device)
+    indptr = torch.arange(0, T * topk + 1, topk, dtype=torch.int32).to(device)
+    sink = torch.randn(H, generator=g).to(device)
+    return q, kv, idx, indptr, 512**-0.5, sink
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="16x4,64x4,64x16384,16x16384", help="HxT,...")
+    ap.add_argument("--parts", action="store_true", help="time the pieces of a call too")
+    ap.add_argument("--profile", action="store_true", help="cProfile of 200 full calls")
+    ap.add_argument(
+        "--cpu", action="store_true", help="CPU tensors, kernel runs replaced by a no-op"
+    )
+    ap.add_argument("--kernels", default=None, help="comma list (default: default + all)")
+    ap.add_argument(
+        "--validate",
+        choices=("none", "true", "false"),
+        default="none",
+        help="the entry's validate= (none: its default; on CPU that checks values)",
+    )
+    ap.add_argument("--windows", type=int, default=5, help="windows of 200 calls (median)")
+    args = ap.parse_args(argv)
+    global WINDOWS
+    WINDOWS = args.windows
+    validate = {"none": None, "true": True, "false": False}[args.validate]
+
+    from sparse_mla import dispatch, runtime
+    from sparse_mla.prefill import sparse_mla_prefill
+
+    device = "cpu" if args.cpu else "cuda"
+    if device == "cuda":
+        dev = torch.device("cuda")
+
+        def sync():
+            torch.cuda.synchronize(dev)
+
+        print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton "
+              f"{runtime.triton_version()} python {sys.version.split()[0]}")  # fmt: skip
+    else:
+        from sparse_mla import prefill
+
+        def sync():
+            return None
+
+        prefill._arch_of = lambda q: "sm90"  # the sm90 dispatch path, on CPU tensors
+        for name, k in list(dispatch.KERNELS.items()):
+            dispatch.KERNELS[name] = replace(k, run=lambda *a: None, unavailable=(
+                k.unavailable if name == "triton" else (lambda call: None)))  # fmt: skip
+        print(f"# CPU host work only (kernel runs are no-ops) torch {torch.__version__}")
+    names = ["default", *dispatch.KERNELS] if args.kernels is None else args.kernels.split(",")
+    print(f"{'shape':<12} {'kernel':<16} {'host_us':>8}  parts")
+    for shape in args.shapes.split(","):
+        H, T = (int(x) for x in shape.split("x"))
+        q, kv, idx, indptr, scale, sink = workload(H, T, device)
+        out = torch.empty_like(q)
+        for name in names:
+            cfg = None if name == "default" else dispatch.Choice(name)
+            if name != "default" and device == "cuda":
+                call = dispatch.Call(runtime.arch(), H, 512, q.dtype, kv, T)
+                if dispatch.kernel(name).unavailable(call):
+                    continue
+
+            def full(cfg=cfg, a=(q, kv, idx, indptr, scale), sink=sink, out=out):
+                sparse_mla_prefill(*a, attn_sink=sink, out=out, config=cfg, validate=validate)
+
+            us = host_us(full, sync)
+            parts = ""
+            if args.parts:
+                parts = _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync)
+            print(f"H{H} T{T:<7} {name:<16} {us:8.1f}  {parts}", flush=True)
+            if args.profile:
+                _profile(full, sync)
+    return 0
+
+
+def _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync) -> str:
+    from sparse_mla import dispatch, op, prefill
+    from sparse_mla.validation import validate_inputs
+
+    spec = None if cfg is None else op.config_spec(cfg)
+    got = {}
+    got["op"] = host_us(lambda: op.prefill_op(q, kv, idx, indptr, scale, sink, out, spec, validate),
+                        sync)  # fmt: skip
+    got["impl"] = host_us(
+        lambda: prefill._prefill_impl(q, kv, idx, indptr, scale, sink, out, spec, validate), sync
+    )
+    got["validate"] = host_us(
+        lambda: validate_inputs(
+            q, kv, idx, indptr, scale, attn_sink=sink, out=out, validate=validate
+        ),
+        sync,
+    )
+    conf = None if spec is None else op.config_object(spec)
+    key = None if spec is None else (spec, id(conf))
+    arch = prefill._arch_of(q)
+    T, H, D = q.shape
+    choice = dispatch.choose_cached(arch, H, D, q.dtype, kv, T, idx.numel(), config=conf,
+                                    config_key=key)  # fmt: skip
+    got["choose"] = host_us(
+        lambda: dispatch.choose_cached(arch, H, D, q.dtype, kv, T, idx.numel(), config=conf,
+                                       config_key=key), sync)  # fmt: skip
+    run = dispatch.kernel(choice.kernel).run
+    got["launch"] = host_us(lambda: run(q, kv, idx, indptr, scale, sink, out, choice.launch), sync)
+    return f"[{choice.kernel}] " + " ".join(f"{k} {v:.1f}" for k, v in got.items())
+
+
+def _profile(fn, sync) -> None:
+    for _ in range(20):
+        fn()
+    sync()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(200):
+        fn()
+    pr.disable()
+    sync()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
+    print("\n".join("    " + line for line in s.getvalue().splitlines()[6:]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
