@@ -34,8 +34,10 @@ import datetime
 import hashlib
 import importlib
 import json
+import math
 import os
 import platform
+import stat
 import struct
 import threading
 import warnings
@@ -47,6 +49,7 @@ from typing import Any
 import torch
 
 from ._files import atomic_write as _atomic_write
+from .validation import check_indptr
 
 __all__ = [
     "ENGINES",
@@ -385,16 +388,35 @@ class Capture:
         )
 
 
-def _parse_header(raw: bytes, where: str) -> dict[str, Any]:
-    if len(raw) < 8:
-        raise CaptureError(f"{where}: truncated: {len(raw)} bytes, not a safetensors file")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if n > len(raw) - 8:
+# safetensors' own bound on the JSON header; a capture's is a few KiB.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+# The largest pool a capture may describe (num_kv x D x element size): more than any device has,
+# so a replay never tries to allocate what a damaged or hostile file claims.
+MAX_POOL_BYTES = 1 << 40
+
+
+def _header_length(prefix: bytes, size: int, where: str) -> int:
+    """The JSON header's length from the 8-byte prefix of a file of ``size`` bytes."""
+    if size < 8 or len(prefix) < 8:
+        raise CaptureError(f"{where}: truncated: {size} bytes, not a safetensors file")
+    (n,) = struct.unpack("<Q", prefix[:8])
+    if n > size - 8:
+        raise CaptureError(f"{where}: truncated: header says {n} bytes but only {size - 8} follow")
+    if n > _MAX_HEADER_BYTES:
         raise CaptureError(
-            f"{where}: truncated: header says {n} bytes but only {len(raw) - 8} follow"
+            f"{where}: header says {n} bytes, over safetensors' {_MAX_HEADER_BYTES}; not a capture"
         )
+    return n
+
+
+def _parse_header(head: bytes, size: int, where: str) -> dict[str, Any]:
+    """The safetensors header of a file of ``size`` bytes, from its first 8 + n bytes ``head``;
+    checks that the tensors it lists fill the rest of the file exactly."""
+    n = _header_length(head, size, where)
+    if len(head) < 8 + n:
+        raise CaptureError(f"{where}: truncated: header says {n} bytes but fewer follow")
     try:
-        header = json.loads(raw[8 : 8 + n])
+        header = json.loads(head[8 : 8 + n])
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CaptureError(f"{where}: header is not valid JSON ({e}); file damaged") from e
     if not isinstance(header, dict):
@@ -417,15 +439,60 @@ def _parse_header(raw: bytes, where: str) -> dict[str, Any]:
         ):
             raise CaptureError(f"{where}: header entry {k!r} is malformed; file damaged")
         end = max(end, offsets[1])
-    if 8 + n + end != len(raw):
+    if 8 + n + end != size:
         raise CaptureError(
-            f"{where}: truncated or padded: tensors need {8 + n + end} bytes, file has {len(raw)}"
+            f"{where}: truncated or padded: tensors need {8 + n + end} bytes, file has {size}"
         )
     return header
 
 
 _FLOATS = (torch.float16, torch.bfloat16)
 _INTS = (torch.int32, torch.int64)
+
+
+_FP32_MAX = 3.4028234663852886e38
+
+
+def _check_call_metadata(meta: dict[str, Any], header: dict[str, Any]) -> None:
+    """Raise CaptureError unless ``meta["call"]`` describes a call that can be rebuilt and agrees
+    with the tensor shapes the header lists. Reads no tensor: a file claiming an impossible pool
+    (``num_kv`` of 10**15) is refused before anything large is allocated."""
+    call = meta.get("call")
+    if not isinstance(call, dict):
+        raise CaptureError("metadata has no 'call' object")
+    for key, lo in (("T", 0), ("H", 1), ("D", 1), ("num_kv", 0)):
+        v = call.get(key)
+        if type(v) is not int or v < lo:
+            raise CaptureError(f"metadata call.{key} must be an int >= {lo}, got {v!r}")
+    scale = call.get("softmax_scale")
+    try:
+        finite = type(scale) in (int, float) and math.isfinite(scale) and abs(scale) <= _FP32_MAX
+    except OverflowError:  # an int past float's range
+        finite = False
+    if not finite:
+        raise CaptureError(f"metadata call.softmax_scale must be a finite fp32 number, got {scale}")
+    T, H, D, N = call["T"], call["H"], call["D"], call["num_kv"]
+    pool = N * D * 2  # fp16/bf16 rows
+    if pool > MAX_POOL_BYTES:
+        raise CaptureError(
+            f"metadata call.num_kv = {N} with D = {D} makes a {pool:.3g}-byte pool, over the "
+            f"{MAX_POOL_BYTES}-byte limit of a replay"
+        )
+    kv_shape = call.get("kv_shape")
+    if kv_shape is not None and (
+        not isinstance(kv_shape, list) or not kv_shape or kv_shape[0] != N or kv_shape[-1] != D
+    ):
+        raise CaptureError(f"metadata call.kv_shape {kv_shape!r} disagrees with num_kv={N}, D={D}")
+    shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+    for name, want in (("q", [T, H, D]), ("kv_indptr", [T + 1]), ("attn_sink", [H])):
+        if name in shapes and shapes[name] != want:
+            raise CaptureError(
+                f"metadata call (T={T}, H={H}, D={D}) disagrees with tensor {name} of shape "
+                f"{shapes[name]}"
+            )
+    rows = shapes.get("kv_rows")
+    if rows is not None and (len(rows) != 2 or rows[1] != D or rows[0] > N):
+        raise CaptureError(f"kv_rows of shape {rows} cannot be rows of a [{N}, {D}] pool")
 
 
 def _check_structure(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
@@ -451,6 +518,10 @@ def _check_structure(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> 
         raise CaptureError("kv_indices and kv_indptr must be 1-D int32/int64 tensors")
     if ptr.numel() != T + 1:
         raise CaptureError(f"kv_indptr has {ptr.numel()} entries for T = {T} tokens")
+    try:
+        check_indptr(ptr, idx.numel())
+    except ValueError as e:
+        raise CaptureError(str(e)) from None
     if (sink is not None) != call["has_sink"]:
         raise CaptureError("metadata call.has_sink does not match the attn_sink tensor")
     if sink is not None and (sink.dtype != torch.float32 or tuple(sink.shape) != (H,)):
@@ -459,29 +530,46 @@ def _check_structure(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> 
 
 def load_capture(path: str | os.PathLike) -> Capture:
     """Read and verify a capture file. Raises :class:`CaptureError` for any file that is not an
-    intact capture (truncated, modified, malformed), ``FileNotFoundError`` if there is none."""
+    intact capture (truncated, modified, malformed, or describing an impossible call), or that
+    is not a regular file (a FIFO, a device such as /dev/zero, a directory);
+    ``FileNotFoundError`` if there is none.
+
+    The 8-byte length, the JSON header and the call in the metadata are checked against the
+    file's size before the tensors are read, so a huge or endless file is refused at once."""
     path = Path(path)
-    raw = path.read_bytes()
+    # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        return _decode(raw, path)
-    except CaptureError:
-        raise
-    except Exception as e:  # any other failure to decode is damage too
-        raise CaptureError(f"{path}: damaged ({type(e).__name__}: {e})") from e
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CaptureError(f"{path}: not a regular file; a capture is a .safetensors file")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1  # closed with f
+            try:
+                return _read(f, st.st_size, path)
+            except (CaptureError, OSError):
+                raise
+            except Exception as e:  # any other failure to decode is damage too
+                raise CaptureError(f"{path}: damaged ({type(e).__name__}: {e})") from e
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
-def _decode(raw: bytes, path: Path) -> Capture:
+def _read(f, size: int, path: Path) -> Capture:
     from safetensors import SafetensorError
     from safetensors.torch import load
 
-    header = _parse_header(raw, str(path))
+    where = str(path)
+    n = _header_length(f.read(8), size, where)
+    f.seek(0)
+    header = _parse_header(f.read(8 + n), size, where)
     meta_text = header.get("__metadata__", {}).get(_META_KEY)
     if meta_text is None:
         raise CaptureError(f"{path}: a safetensors file but not a sparse_mla capture")
     try:
         meta = json.loads(meta_text)
-        tensors = load(raw)
-    except (json.JSONDecodeError, SafetensorError) as e:
+    except json.JSONDecodeError as e:
         raise CaptureError(f"{path}: damaged ({e})") from e
     if not isinstance(meta, dict):
         raise CaptureError(f"{path}: metadata is not a JSON object; file damaged")
@@ -490,6 +578,19 @@ def _decode(raw: bytes, path: Path) -> Capture:
             f"{path}: format {meta.get('format')!r} v{meta.get('format_version')!r} is not "
             f"{FORMAT!r} v{FORMAT_VERSION}"
         )
+    try:
+        _check_call_metadata(meta, header)  # before reading the tensors
+    except CaptureError as e:
+        raise CaptureError(f"{path}: {e}") from None
+    f.seek(0)
+    raw = f.read()
+    if len(raw) != size:
+        raise CaptureError(f"{path}: the file changed while it was read ({size} -> {len(raw)} B)")
+    try:
+        tensors = load(raw)
+    except SafetensorError as e:
+        raise CaptureError(f"{path}: damaged ({e})") from e
+    del raw
     missing = [k for k in _TENSOR_ORDER[:-1] if k not in tensors]
     if missing:
         raise CaptureError(f"{path}: missing tensor(s) {missing}")

@@ -25,6 +25,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     gen = torch.Generator().manual_seed(args.seed)
     T, H, D, N, K = args.tokens, args.heads, args.head_dim, args.pool, args.slots
+    if T * K >= 2**31 or N >= 2**31:
+        raise UsageError(f"--tokens x --slots ({T * K}) and --pool ({N}) must stay below 2**31")
+    # q, out (and the reference's fp32 out), the pool and the slot ids
+    _check_fits(T * H * D * 8 + N * D * 2 + T * K * 4, device, "--tokens/--heads/--head-dim/--pool")
     q = torch.randn(T, H, D, generator=gen).to(device=device, dtype=dtype)
     kv = torch.randn(N, D, generator=gen).to(device=device, dtype=dtype)
     lengths = torch.randint(0, K + 1, (T,), generator=gen)
@@ -39,6 +43,37 @@ def _cmd_check(args: argparse.Namespace) -> int:
     print(f"T={T} H={H} D={D} N={N} slots<={K} dtype={args.dtype} sink={args.sink}")
     print(report)
     return 0 if report.ok else 1
+
+
+def _memory_bytes(device: str) -> int | None:
+    """The memory of ``device`` ("cpu": physical RAM), or None when it cannot be told."""
+    import os
+
+    try:
+        if device.startswith("cuda"):
+            import torch
+
+            return torch.cuda.get_device_properties(torch.device(device)).total_memory
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        return None
+
+
+def _check_fits(nbytes: int, device: str, flags: str) -> None:
+    """A UsageError when inputs of ``nbytes`` cannot fit ``device``'s memory."""
+    have = _memory_bytes(device)
+    if have is not None and nbytes > have:
+        raise UsageError(
+            f"{flags}: the inputs would take {nbytes:.3g} bytes, more than the {have:.3g} bytes "
+            f"of {device} memory here"
+        )
+
+
+def _key_value(flag: str, item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"{flag}: expected KEY=VALUE, got {item!r}")
+    return key.strip(), value
 
 
 def _int_list(text: str) -> list[int]:
@@ -60,10 +95,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     dims = [d for item in args.head_dim or ["512"] for d in _int_list(item)]
     workload: dict = {"name": args.workload}
     for item in args.workload_arg or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--workload-arg: expected KEY=VALUE, got {item!r}")
-        workload[key.strip()] = tune._parse_value(value)
+        key, value = _key_value("--workload-arg", item)
+        workload[key] = tune._parse_value(value)
     rows = tune.sweep(
         grid,
         [(h, d) for h in heads for d in dims],
@@ -113,6 +146,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from .targets import get_target
 
     arch = get_target(args.arch).name
+    try:
+        with open(args.csv, encoding="utf-8") as f:
+            f.read()
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"{args.csv}: not a text CSV file ({e.reason} at byte {e.start})"
+        ) from None
     if args.kernel_choice:
         import csv
 
@@ -170,13 +210,17 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     if args.big_buffer is not None:
         overrides["big_buffer"] = args.big_buffer
     for item in args.arg or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--arg: expected KEY=VALUE, got {item!r}")
+        key, value = _key_value("--arg", item)
         try:
-            overrides[key.strip()] = json.loads(value)
+            overrides[key] = json.loads(value)
         except json.JSONDecodeError:
-            overrides[key.strip()] = value
+            overrides[key] = value
+    if args.workload in workloads.WORKLOADS:  # q alone, before the generator allocates it
+        defaults = workloads.WORKLOADS[args.workload][1]
+        T, H = overrides.get("T", defaults.get("T")), overrides.get("H", defaults.get("H"))
+        D = overrides.get("D", defaults.get("D", 512))
+        if all(isinstance(v, int) for v in (T, H, D)):
+            _check_fits(T * H * D * 2, device, "--tokens/--heads/--head-dim")
     w = workloads.by_name(args.workload, **overrides)
     out = Path(args.out)
     if out.suffix == ".safetensors":
@@ -211,6 +255,11 @@ def _cmd_capture(args: argparse.Namespace) -> int:
             fn = reference.sparse_mla_prefill_ref
         for _ in range(args.calls):
             fn(*w.args(), **w.kwargs())
+    if not rec.files and rec.skipped_for_size:
+        raise UsageError(
+            f"--max-bytes {args.max_bytes}: nothing written, every recorded call's file "
+            f"({rec.skipped_for_size} of {rec.calls}) was over the cap"
+        )
     for f in rec.files:
         print(f"wrote {f} ({f.stat().st_size} bytes)")
     print(
@@ -348,6 +397,10 @@ def _cmd_isa(args: argparse.Namespace) -> int:
     from .targets import get_target
 
     target = get_target(args.target)
+    stages = ("isa", "ttir", "ttgir", "llir", "amdgcn" if target.is_amd else "ptx")
+    if args.asm and args.asm not in stages:
+        raise UsageError(f"--asm {args.asm}: {target.name} has no {args.asm} stage; it has "
+                         f"{', '.join(stages)}")  # fmt: skip
     field_types = configs.launch_types()
     try:
         cfg_kw, opts = _typed_settings(args.set or [], field_types)
@@ -550,8 +603,20 @@ def _cmd_which(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with whole option names only (``--token`` is not ``--tokens``) and its errors
+    on one line, as every other mistake is."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparse-mla", description=__doc__)
+    parser = _Parser(prog="sparse-mla", description=__doc__)
     parser.add_argument(
         "--debug", action="store_true", help="show Python tracebacks (accepted anywhere)"
     )
@@ -807,12 +872,44 @@ def _check_args(args: argparse.Namespace) -> None:
             if isinstance(v, int) and v < least:
                 flag = "--" + dest.replace("_", "-")
                 raise UsageError(f"{flag} must be >= {least}, got {v}")
+    seed = getattr(args, "seed", None)
+    if isinstance(seed, int) and not -(2**63) <= seed < 2**64:
+        raise UsageError(f"--seed must be in [-2**63, 2**64) (torch's seed range), got {seed}")
     device = getattr(args, "device", None)
+    if device is not None:
+        import torch
+
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, ValueError, TypeError):
+            kind = None
+        if kind not in ("cpu", "cuda"):
+            raise UsageError(f"--device {device}: not supported; use cpu or cuda[:N]")
     if device is not None and str(device).split(":")[0] in ("cuda", "hip"):
         from . import runtime
 
         if not runtime.has_gpu():
             raise UsageError(f"--device {device}: torch sees no CUDA or ROCm GPU here")
+    _check_targets(args)
+
+
+def _check_targets(args: argparse.Namespace) -> None:
+    """``--target local`` and a time sweep need a GPU: say so in one line."""
+    from . import runtime
+
+    if args.command not in ("isa", "sweep") or runtime.has_gpu():
+        return
+    if args.command == "sweep" and args.mode == "time":
+        raise UsageError(
+            "--mode time: needs a GPU (torch sees no CUDA or ROCm device); --mode compile "
+            "ranks configs by cross-compiling without one"
+        )
+    names = [args.target] if args.command == "isa" else (args.target or ["local"])
+    if any(t.strip().lower() == "local" for item in names for t in item.split(",")):
+        raise UsageError(
+            "--target local: torch sees no GPU on this machine; name a target to cross-compile "
+            "for: sm90, sm100, gfx942 or gfx950"
+        )
 
 
 def _one_line(e: BaseException) -> str:
@@ -829,7 +926,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # named by the subcommand's prog, like every other mistake
+        print(f"sparse-mla {args.command}: error: unrecognized arguments: {' '.join(extra)} "
+              f"(see sparse-mla {args.command} --help)", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         _check_args(args)
         return args.func(args)
@@ -837,6 +938,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"sparse-mla {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except RecursionError:  # reading a file nested past Python's recursion limit (JSON)
+        if debug:
+            raise
+        print(f"sparse-mla {args.command}: error: an input file is nested too deeply to read",
+              file=sys.stderr)  # fmt: skip
         return 2
 
 

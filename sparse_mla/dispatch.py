@@ -179,6 +179,11 @@ def _type_name(obj: Any) -> str:
 def _forced(config: Any, call: Call) -> Choice:
     """The kernel and launch that ``config=`` asks for; the kernel must be able to run."""
     if isinstance(config, Choice):
+        if config.kernel not in KERNELS:
+            raise ValueError(
+                f"config: Choice({config.kernel!r}) names no registered kernel; registered: "
+                f"{sorted(KERNELS)}"
+            )
         k = kernel(config.kernel)
         launch = config.launch
     elif isinstance(config, Mapping):

@@ -13,13 +13,16 @@ prefill kernel from a :class:`~sparse_mla.prefill.PrefillConfig`.
 Results are cached in memory by (kernel source, target, constexprs, options, signature), so a
 widget that flips a constexpr back gets its answer at once (``from_cache`` says so). Triton's
 on-disk cache also applies: ``compile_seconds`` is the time this process spent, which is small
-on a disk-cache hit. What the compiler prints is captured per call (:func:`compiler_output`);
-a failed compile raises :class:`CompileFailed`, one line naming the pass, with the compiler's
-whole output kept in a file.
+on a disk-cache hit. The compile runs in a child process (``sparse_mla/_compile_worker.py``,
+started once), so what the compiler prints, its C++ diagnostics on file descriptor 2 included,
+is captured there and no other thread of the caller loses output; a failed compile raises
+:class:`CompileFailed`, one line naming the pass, with the compiler's whole output kept in a
+file.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import difflib
 import hashlib
@@ -36,6 +39,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from .targets import Target, get_target, triton_target, validate_options
@@ -1079,14 +1083,15 @@ def compile(
     from . import runtime
 
     failure: BaseException | None = None
-    # The capture is taken before the compile lock, as everywhere (tune's compiler_quiet around
-    # a launch): one lock order, fd capture -> runtime.compiling().
-    with compiler_output() as printed:
-        try:
-            with runtime.compiling():  # not while another thread interprets a kernel
-                ck = triton.compile(src, target=triton_target(t), options=opts)
-        except Exception as e:
-            failure = e
+    ck, failure, printed = _compile_in_worker(jit, sig, consts, attrs, triton_target(t), opts)
+    if ck is None and failure is None:  # the kernel is not importable by name: compile here
+        with compiler_output() as out:
+            try:
+                with runtime.compiling():  # not while another thread interprets a kernel
+                    ck = triton.compile(src, target=triton_target(t), options=opts)
+            except Exception as e:
+                failure = e
+        printed = out.text
     if failure is not None:
         hint = (
             f"a Gluon kernel's layouts must use the target's warp size, {t.warp_size} threads "
@@ -1095,7 +1100,7 @@ def compile(
             else ""
         )
         setting = _label(jit.__name__, t, consts, opts)
-        raise _compile_failed(failure, printed.text, setting, key, hint) from failure
+        raise _compile_failed(failure, printed, setting, key, hint) from failure
     name = ck.metadata.name
     if t.is_amd:
         binary = ck.asm.get("hsaco", b"")
@@ -1142,16 +1147,21 @@ def failure_reason(e: BaseException, limit: int = 300) -> str:
 # ----------------------------------------------------------------------------------------------
 #
 # Triton prints in two ways: Python ``print`` (the whole PTX when ptxas fails) and C++ writes
-# to file descriptors 1 and 2 (MLIR's diagnostics and its crash reproducer when a pass fails).
-# compiler_output() takes both for the calling thread only: file descriptors 1 and 2 point at a
-# temporary file while the block runs (one block at a time, process-wide lock), and Python-level
-# writes of *that thread* go to the same log through a forwarding stream; every other thread's
-# ``print`` goes where it always went. In Jupyter a cell's ``print`` is a Python-level write to
-# the kernel's own stream (never file descriptor 1), so a print from another cell during a
-# compile still shows; so does everything printed once the block ends.
+# straight to file descriptor 2 (MLIR's diagnostics, the failing module and ``LLVM ERROR`` when
+# a pass fails). A file descriptor belongs to the whole process, so redirecting it would take
+# every other thread's output too (a thread printing in a terminal or an engine's logger).
+# Nothing here touches the process's file descriptors:
+# - compile() runs triton.compile in a child process (sparse_mla/_compile_worker.py, started
+#   once, reused): the child's fds 1 and 2 point at a log file while it compiles, so all of the
+#   compiler's output, C++ included, is captured there and reaches nobody's terminal.
+# - compiler_output() takes the *calling thread's* Python-level writes (sys.stdout and
+#   sys.stderr) through a forwarding stream; every other thread's writes go where they always
+#   went. It is what compile() uses for a kernel the child cannot import by name (one defined
+#   in a notebook cell or a function), and what tune uses around a GPU launch that compiles:
+#   there the C++ diagnostics of a failing compile go to the process's stderr, as with any
+#   Triton launch.
 
 _tls = threading.local()
-_fd_lock = threading.RLock()  # re-entrant: blocks may nest (compiler_quiet around compile)
 _route_lock = threading.Lock()
 _route_users = 0
 
@@ -1200,13 +1210,6 @@ def _route_python_streams(on: bool) -> None:
                     setattr(sys, which, cur._inner)
 
 
-def _flush_c_stdio() -> None:
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-
-
 @dataclass
 class CompilerOutput:
     """What the compiler printed inside one :func:`compiler_output` block (``text`` is filled in
@@ -1217,44 +1220,157 @@ class CompilerOutput:
 
 @contextlib.contextmanager
 def compiler_output():
-    """Capture what the compiler prints during the block, for this call only (see above):
-    yields a :class:`CompilerOutput` whose ``text`` holds it after the block."""
+    """Capture what this thread prints through ``sys.stdout``/``sys.stderr`` during the block
+    (see above): yields a :class:`CompilerOutput` whose ``text`` holds it after the block.
+    Other threads' output and the process's file descriptors are untouched."""
     out = CompilerOutput()
     py = io.StringIO()
-    with _fd_lock, tempfile.TemporaryFile(mode="w+b") as log:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        _flush_c_stdio()
-        saved: dict[int, int] = {}
-        for fd in (1, 2):
-            with contextlib.suppress(OSError):
-                copy = os.dup(fd)
-                os.dup2(log.fileno(), fd)
-                saved[fd] = copy
-        outer = (getattr(_tls, "stdout", None), getattr(_tls, "stderr", None))
-        _tls.stdout = _tls.stderr = py
-        _route_python_streams(True)
-        try:
-            yield out
-        finally:
-            _tls.stdout, _tls.stderr = outer
-            _route_python_streams(False)
-            _flush_c_stdio()
-            for fd, copy in saved.items():
-                os.dup2(copy, fd)
-                os.close(copy)
-            log.seek(0)
-            out.text = py.getvalue() + log.read().decode(errors="replace")
+    outer = (getattr(_tls, "stdout", None), getattr(_tls, "stderr", None))
+    _tls.stdout = _tls.stderr = py
+    _route_python_streams(True)
+    try:
+        yield out
+    finally:
+        _tls.stdout, _tls.stderr = outer
+        _route_python_streams(False)
+        out.text = py.getvalue()
 
 
 @contextlib.contextmanager
 def compiler_quiet():
-    """Keep what the compiler prints during the block out of the caller's output (it is
-    dropped; :func:`compile` keeps it in :attr:`CompileFailed.output` instead). Per call: other
-    threads' output is untouched (see :func:`compiler_output`)."""
+    """Keep what the compiler prints through Python during the block out of the caller's
+    output (it is dropped; :func:`compile` keeps the compiler's whole output in
+    :attr:`CompileFailed.output` instead). Per call: other threads' output is untouched (see
+    :func:`compiler_output`)."""
     with compiler_output():
         yield
+
+
+class _WorkerFailure(RuntimeError):
+    """A compile that failed in the worker process: the exception's type name, message,
+    traceback text and Triton stage as the child saw them."""
+
+    def __init__(self, reply: dict):
+        super().__init__(reply["message"])
+        self.type_name = reply["type"]
+        self.traceback_text = reply["traceback"]
+        self.stage = reply["stage"]
+
+
+@dataclass
+class _Compiled:
+    """The parts of a ``CompiledKernel`` this module reads (``asm``, ``metadata``), rebuilt from
+    the worker's answer."""
+
+    asm: dict
+    metadata: Any
+
+
+class _Worker:
+    """One child process (sparse_mla/_compile_worker.py) that compiles requests one at a time."""
+
+    def __init__(self):
+        path = [p for p in sys.path if p]
+        boot = f"import sys; sys.path[:0] = {path!r}; from sparse_mla import _compile_worker as w"
+        boot += "; w.main()"
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", boot],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        import pickle
+
+        if pickle.load(self.proc.stdout) != {"status": "ready"}:
+            raise RuntimeError("compile worker did not start")
+
+    def call(self, req: dict) -> dict:
+        import pickle
+
+        pickle.dump(req, self.proc.stdin)
+        self.proc.stdin.flush()
+        return pickle.load(self.proc.stdout)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except Exception:
+            self.proc.kill()
+
+
+_worker: _Worker | None = None
+_worker_lock = threading.Lock()
+_worker_broken = False
+
+
+def _close_worker() -> None:
+    global _worker
+    with _worker_lock:
+        if _worker is not None:
+            _worker.close()
+            _worker = None
+
+
+def _forget_worker_in_child() -> None:
+    # A forked process (tune's compile pool) starts its own worker when it needs one: the
+    # parent's pipes are the parent's, and the lock may have been held at the fork.
+    global _worker, _worker_lock
+    _worker, _worker_lock = None, threading.Lock()
+
+
+atexit.register(_close_worker)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_worker_in_child)
+
+
+def _compile_in_worker(jit, sig, consts, attrs, target, opts):
+    """(compiled, failure, output) of ``triton.compile`` run in the worker process; (None, None,
+    "") when the worker cannot compile this kernel (not importable by name, its source differs
+    from this process's, or no worker), so the caller compiles in-process."""
+    global _worker, _worker_broken
+    fn = getattr(jit, "fn", None)
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<locals>" in qualname or _worker_broken:
+        return None, None, ""
+    req = {
+        "module": module,
+        "qualname": qualname,
+        "cache_key": jit.cache_key,
+        "signature": sig,
+        "constexprs": consts,
+        "attrs": attrs,
+        "target": target,
+        "options": dict(opts),
+        "path": list(sys.path),
+    }
+    with _worker_lock, tempfile.NamedTemporaryFile(mode="rb", suffix=".log") as log:
+        req["log"] = log.name
+        try:
+            if _worker is None:
+                _worker = _Worker()
+            reply = _worker.call(req)
+        except Exception as e:  # the child died (a compiler crash) or could not start
+            if _worker is None:
+                _worker_broken = True  # no worker on this machine: compile in-process from now
+                return None, None, ""
+            _worker.proc.kill()
+            _worker = None
+            output = log.read().decode(errors="replace")
+            crash = _WorkerFailure({
+                "type": "CompilerCrashed", "message": f"the compiler process died ({e!r})",
+                "traceback": "", "stage": None,
+            })  # fmt: skip
+            return None, crash, output
+        output = log.read().decode(errors="replace")
+    if reply["status"] == "stale":
+        return None, None, ""
+    if reply["status"] == "error":
+        return None, _WorkerFailure(reply), output
+    return _Compiled(reply["asm"], SimpleNamespace(**reply["metadata"])), None, output
 
 
 class CompileFailed(RuntimeError):
@@ -1302,7 +1418,7 @@ def _classify_failure(
     e: BaseException, output: str
 ) -> tuple[str | None, str | None, str, str | None]:
     """(pass name, Triton stage, first error message, source location) of a failed compile."""
-    stage = None
+    stage = getattr(e, "stage", None)  # a _WorkerFailure says the stage the child saw
     for frame in traceback.extract_tb(e.__traceback__):
         if frame.name.startswith("make_") and "triton" in frame.filename:
             stage = frame.name.removeprefix("make_")
@@ -1325,7 +1441,8 @@ def _classify_failure(
     else:
         llvm = re.search(r"^LLVM ERROR: (.*)$", output, re.MULTILINE)
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-        message = llvm.group(1) if llvm else f"{type(e).__name__}: {lines[-1] if lines else ''}"
+        kind = getattr(e, "type_name", type(e).__name__)
+        message = llvm.group(1) if llvm else f"{kind}: {lines[-1] if lines else ''}"
     return pass_name, stage, message, location
 
 
@@ -1346,7 +1463,9 @@ def _compile_failed(
         folder.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
         log_path = folder / f"{digest}.log"
-        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        tb = getattr(e, "traceback_text", None) or "".join(
+            traceback.format_exception(type(e), e, e.__traceback__)
+        )
         log_path.write_text(
             f"setting: {setting}\npass: {pass_name}\nstage: {stage}\nerror: {message}\n"
             f"location: {location}\n\n---- exception ----\n{tb}\n"

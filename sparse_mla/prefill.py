@@ -173,7 +173,8 @@ def _sparse_mla_prefill_kernel(
         else:
             alpha = tl.exp(m_i - m_fin)
             l_i = l_i * alpha + tl.exp(sink - m_fin)
-        acc = acc * alpha[:, None]
+        # An empty token's acc is 0 and stays 0 whatever the sink (a NaN sink makes alpha NaN).
+        acc = acc * tl.where(has_slot, alpha, 0.0)[:, None]
     # A token with no valid slot has acc == 0; keep it 0 (not 0/0) with or without a sink.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]

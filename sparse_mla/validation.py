@@ -145,6 +145,12 @@ def validate_inputs(
         raise ValueError(f"{nq} must be a [T, H, D] tensor, got {_desc(q)}")
     if q.dtype not in FLOAT_TYPES:
         raise TypeError(f"{nq} must be float16 or bfloat16, got {q.dtype}")
+    if q.device.type not in ("cpu", "cuda"):  # ROCm's torch calls its GPUs "cuda" too
+        hint = " (meta tensors hold no data)" if q.device.type == "meta" else ""
+        raise ValueError(
+            f"{nq} is on {q.device}{hint}; the kernels run on CPU tensors (Triton's interpreter) "
+            "or on CUDA/ROCm GPU tensors"
+        )
     T, H, D = q.shape
     if head_dim is not None and head_dim != D:
         raise ValueError(f"{nq} head dim must be {head_dim}, got {D}")
@@ -181,8 +187,13 @@ def validate_inputs(
         raise ValueError(f"kv_indptr must have T+1 = {T + 1} entries, got {kv_indptr.numel()}")
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"{nscale} must be a float, got {type(softmax_scale).__name__}")
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"{nscale} must be finite, got {softmax_scale}")
+    try:
+        finite = math.isfinite(softmax_scale)
+    except OverflowError:  # an int past float's range, e.g. 10**400
+        finite = False
+    if not finite:
+        got = softmax_scale if isinstance(softmax_scale, float) else "an int past float's range"
+        raise ValueError(f"{nscale} must be finite, got {got}")
     if abs(float(softmax_scale)) * _LOG2E > _FP32_MAX:
         raise ValueError(f"{nscale} = {softmax_scale} overflows fp32 (the kernels' logit scale)")
     if attn_sink is not None:

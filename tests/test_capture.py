@@ -305,6 +305,135 @@ def test_malformed_metadata_and_tensors_are_capture_errors(tmp_path):
             cap.load_capture(bad)
 
 
+def _rehashed(raw: bytes, meta_obj: dict, tensors=None) -> bytes:
+    """The capture ``raw`` with metadata ``meta_obj`` (and ``tensors``) and a valid hash."""
+    from safetensors.torch import load
+
+    t = load(raw) if tensors is None else tensors
+    meta_obj = {**meta_obj, cap._HASH_KEY: cap._content_hash(t, meta_obj)}
+    return _resave(raw, tensors=t, meta_text=json.dumps(meta_obj))
+
+
+def _meta_of(raw: bytes) -> dict:
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(json.loads(raw[8 : 8 + n])["__metadata__"][cap._META_KEY])
+
+
+def _no_tensor_read(monkeypatch):
+    import safetensors.torch
+
+    def refuse(*a, **k):
+        raise AssertionError("the tensors were read before the metadata was checked")
+
+    monkeypatch.setattr(safetensors.torch, "load", refuse)
+
+
+@pytest.mark.parametrize(
+    ("what", "call", "said"),
+    [
+        ("num_kv 1e15", {"num_kv": 10**15}, "pool, over the"),
+        ("num_kv float", {"num_kv": 1e15}, "call.num_kv must be an int"),
+        ("num_kv bool", {"num_kv": True}, "call.num_kv must be an int"),
+        ("scale NaN", {"softmax_scale": float("nan")}, "softmax_scale must be a finite"),
+        ("scale inf", {"softmax_scale": float("inf")}, "softmax_scale must be a finite"),
+        ("scale 1e400", {"softmax_scale": 10**400}, "softmax_scale must be a finite"),
+        ("scale over fp32", {"softmax_scale": 1e39}, "softmax_scale must be a finite"),
+        ("T", {"T": 7}, "disagrees with tensor q"),
+        ("H", {"H": 5}, "disagrees with tensor q"),
+        ("D", {"D": 32}, "disagrees"),
+        ("T missing", {"T": None}, "call.T must be an int"),
+        ("kv_shape", {"kv_shape": [41, 64]}, "kv_shape"),
+    ],
+)
+def test_impossible_call_metadata_is_refused_before_the_tensors_are_read(
+    tmp_path, monkeypatch, what, call, said
+):
+    path, _ = _save(tmp_path)
+    raw = path.read_bytes()
+    meta = _meta_of(raw)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(_rehashed(raw, {**meta, "call": {**meta["call"], **call}}))
+    _no_tensor_read(monkeypatch)
+    with pytest.raises(cap.CaptureError, match=said) as info:
+        cap.load_capture(bad)
+    assert str(bad) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_kv_indptr_with_a_valid_hash_is_a_capture_error(tmp_path):
+    path, _ = _save(tmp_path)
+    raw = path.read_bytes()
+    meta = _meta_of(raw)
+    from safetensors.torch import load
+
+    tensors = load(raw)
+    ptr, nnz = tensors["kv_indptr"], tensors["kv_indices"].numel()
+    down = ptr.clone()
+    down[2], down[3] = ptr[3], ptr[2] - 1  # not monotone
+    past = ptr.clone()
+    past[-1] = nnz + 1  # reads past kv_indices
+    negative = ptr.clone()
+    negative[0] = -1
+    for name, bad_ptr, said in ((("down", down, "non-decreasing"), ("past", past, "past the end"),
+                                 ("negative", negative, "negative"))):  # fmt: skip
+        assert not torch.equal(bad_ptr, ptr)
+        bad = tmp_path / f"{name}.safetensors"
+        bad.write_bytes(_rehashed(raw, meta, {**tensors, "kv_indptr": bad_ptr}))
+        with pytest.raises(cap.CaptureError, match=said):
+            cap.load_capture(bad)
+    # A window of kv_indices (last entry below nnz) is a valid call, so a valid capture.
+    window = ptr.clone()
+    window[-1] = ptr[-2]
+    ok = tmp_path / "window.safetensors"
+    ok.write_bytes(_rehashed(raw, meta, {**tensors, "kv_indptr": window}))
+    assert torch.equal(cap.load_capture(ok).kv_indptr, window)
+
+
+def test_non_regular_and_huge_files_are_refused_without_reading_them(tmp_path, monkeypatch):
+    import os
+    import threading
+    import time
+
+    _no_tensor_read(monkeypatch)
+    for special in ("/dev/zero", str(tmp_path)):
+        with pytest.raises(cap.CaptureError, match="not a regular file"):
+            cap.load_capture(special)
+    fifo = tmp_path / "fifo.safetensors"
+    os.mkfifo(fifo)
+    box: dict = {}
+
+    def load_fifo():
+        try:
+            cap.load_capture(fifo)
+        except Exception as e:
+            box["e"] = e
+
+    t = threading.Thread(target=load_fifo, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "load_capture hangs on a FIFO"
+    assert isinstance(box.get("e"), cap.CaptureError) and "not a regular file" in str(box["e"])
+    # 20 GiB sparse files: a valid capture padded, zeros, and a header length past the limit.
+    path, _ = _save(tmp_path)
+    raw = path.read_bytes()
+    huge = 20 << 30
+    cases = {
+        "padded": (raw, "truncated or padded"),
+        "zeros": (b"", "not valid JSON"),
+        "long header": (struct.pack("<Q", 1 << 34), "over safetensors'"),
+    }
+    for name, (start, said) in cases.items():
+        f = tmp_path / f"{name.replace(' ', '_')}.safetensors"
+        f.write_bytes(start)
+        os.truncate(f, huge)
+        t0 = time.perf_counter()
+        with pytest.raises(cap.CaptureError, match=said):
+            cap.load_capture(f)
+        assert time.perf_counter() - t0 < 5, name
+        f.unlink()
+    with pytest.raises(FileNotFoundError):
+        cap.load_capture(tmp_path / "none.safetensors")
+
+
 def test_killed_writer_leaves_a_temp_that_the_next_write_removes(tmp_path):
     # A writer SIGKILLed between writing its temp file and renaming it (fsync stalls here)
     # leaves ".<name>.<pid>.<hex>.tmp"; the next write to that folder removes it.

@@ -102,3 +102,96 @@ def test_numeric_bounds_in_process(argv, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "must be >= 1" in err[0]
+
+
+def _huge_pool_capture(tmp: Path) -> Path:
+    """The shipped capture with metadata claiming num_kv = 10**15 and a valid content hash."""
+    import json
+    import struct
+
+    from safetensors.torch import load, save
+
+    from sparse_mla import capture as cap
+
+    raw = CAPTURE.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    meta = json.loads(json.loads(raw[8 : 8 + n])["__metadata__"][cap._META_KEY])
+    call = {**meta["call"], "num_kv": 10**15}
+    call["kv_shape"] = [10**15, *call["kv_shape"][1:]]
+    meta = {**meta, "call": call}
+    tensors = load(raw)
+    meta[cap._HASH_KEY] = cap._content_hash(tensors, meta)
+    path = tmp / "huge_pool.safetensors"
+    path.write_bytes(save(tensors, metadata={cap._META_KEY: json.dumps(meta)}))
+    return path
+
+
+def _nested_root(tmp: Path) -> Path:
+    root = tmp / "nested"
+    cfg = root / "sm90" / "triton" / "attention" / "sparse_attention_dsv4" / "DEFAULT.json"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text("[" * 100_000 + "]" * 100_000)
+    return root
+
+
+# name -> (arguments, a word the line must contain, needs a machine without a GPU)
+MISTAKES = {
+    "isa --target local": (["isa", "--target", "local"], "--target local", True),
+    "sweep --target local": (["sweep", "--target", "local", "--out", "{tmp}/s.csv"],
+                             "--target local", True),
+    "sweep --mode time": (["sweep", "--mode", "time", "--out", "{tmp}/s.csv"], "--mode time", True),
+    "capture --device tpu": (["capture", "--workload", "csa_h8_topk512", "--out", "{tmp}/c",
+                              "--device", "tpu"], "--device tpu", False),
+    "capture --device meta": (["capture", "--workload", "csa_h8_topk512", "--out", "{tmp}/c",
+                               "--device", "meta"], "--device meta", False),
+    "replay --device tpu": (["replay", str(CAPTURE), "--device", "tpu"], "--device tpu", False),
+    "check --tokens 1e11": (["check", "--tokens", "100000000000"], "--tokens", False),
+    "capture --tokens 1e11": (["capture", "--workload", "csa_h8_topk512", "--out", "{tmp}/c",
+                               "--tokens", "100000000000", "--device", "cpu"], "--tokens", False),
+    "replay num_kv 1e15": (["replay", "{huge}"], "num_kv", False),
+    "export nested DEFAULT.json": (["export", str(SWEEP_CSV), "--arch", "sm90", "--root",
+                                    "{nested}", "--dry-run", "--allow-compile-only"], "nested",
+                                   False),
+    "replay /dev/zero": (["replay", "/dev/zero"], "/dev/zero", False),
+    "isa gfx942 --asm ptx": (["isa", "--target", "gfx942", "--asm", "ptx"], "no ptx stage", False),
+    "check --seed 2**70": (["check", "--seed", str(2**70)], "--seed", False),
+    "export a binary file": (["export", "{binary}", "--arch", "sm90"], "binary.csv", False),
+    "sweep --workload-arg T": (["sweep", "--target", "sm90", "--workload-arg", "T", "--out",
+                                "{tmp}/s.csv"], "--workload-arg", False),
+    "capture --arg T": (["capture", "--workload", "csa_h8_topk512", "--out", "{tmp}/c", "--arg",
+                         "T"], "--arg", False),
+    "capture --max-bytes 10": (["capture", "--workload", "csa_h8_topk512", "--out", "{tmp}/c",
+                                "--max-bytes", "10", "--device", "cpu", "--kernel", "reference",
+                                "--tokens", "8"], "--max-bytes 10", False),
+    "abbreviated --token": (["check", "--token", "8"], "--token", False),
+    "abbreviated --dry": (["export", str(SWEEP_CSV), "--arch", "sm90", "--dry"], "--dry", False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_engine_grade_mistakes_are_one_line_exit_2(name, tmp_path, capsys):
+    from sparse_mla import cli
+
+    args, word, without_gpu = MISTAKES[name]
+    if without_gpu and torch.cuda.is_available():
+        pytest.skip("the mistake is running it without a GPU")
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(bytes(range(256)) * 4)
+    fill = {"tmp": str(tmp_path), "binary": str(binary)}
+    if "{huge}" in args:
+        fill["huge"] = str(_huge_pool_capture(tmp_path))
+    if "{nested}" in args:
+        fill["nested"] = str(_nested_root(tmp_path))
+    argv = [a.format(**fill) for a in args]
+
+    def files():
+        return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+
+    before = files()
+    assert cli.main(argv) == 2
+    printed = capsys.readouterr()
+    lines = [ln for ln in printed.err.splitlines() if ln.strip()]
+    assert len(lines) == 1, printed.err
+    assert lines[0].startswith(f"sparse-mla {argv[0]}: error: ") and word in lines[0], lines[0]
+    assert "Traceback" not in printed.out + printed.err
+    assert files() == before, "a refused command wrote files"

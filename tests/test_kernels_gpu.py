@@ -123,3 +123,25 @@ def test_gpu_pool_past_2_31_and_out_views(name, H, big_pool):
         out = ob[..., lead : lead + 512]
         _check(name, case, out)
         assert torch.isnan(ob[..., :lead]).all() and torch.isnan(ob[..., lead + 512 :]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [8, 20, 64, 100])
+@pytest.mark.parametrize("name", NAMES)
+def test_gpu_nan_sink_leaves_empty_tokens_zero(name, H):
+    """A sink that is NaN on some heads: every empty token is zeros on every head (DESIGN.md
+    section 2), and the heads with a finite sink match the reference."""
+    case = make_case(120, H, 512, N=3000, max_slots=300, device="cuda", seed=7 * H)
+    _runnable(name, H, case.kv)
+    empty = (case.kv_indptr[1:] == case.kv_indptr[:-1]).nonzero().flatten()
+    assert empty.numel() > 0
+    sink = case.attn_sink.clone()
+    nan_heads = [0, H // 2, H - 1]
+    sink[nan_heads] = float("nan")
+    out = poisoned_like(case.q)
+    sparse_mla_prefill(*case.args(), attn_sink=sink, out=out, config=dispatch.Choice(name))
+    assert torch.all(out[empty] == 0), f"{name}: an empty token with a NaN sink is not zeros"
+    keep = [h for h in range(H) if h not in nan_heads]
+    args = (case.kv, case.kv_indices, case.kv_indptr, case.softmax_scale)
+    rep = check_against_reference(out[:, keep], case.q[:, keep], *args, attn_sink=sink[keep])
+    assert rep.ok, f"{name}: {rep}"

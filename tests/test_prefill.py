@@ -179,6 +179,9 @@ def _bad_cases():
         ("out", dict(out_stride=True), ValueError),
         ("softmax_scale", dict(softmax_scale=float("nan")), ValueError),
         ("softmax_scale", dict(softmax_scale="0.1"), TypeError),
+        ("softmax_scale must be finite", dict(softmax_scale=10**400), ValueError),
+        ("softmax_scale must be finite", dict(softmax_scale=-(10**5000)), ValueError),
+        ("softmax_scale .* overflows fp32", dict(softmax_scale=10**39), ValueError),
     ]
     if hasattr(torch, "float8_e4m3fn"):
         cases.append(("fp8", dict(kv=kv.to(torch.float8_e4m3fn)), TypeError))
@@ -209,6 +212,12 @@ def test_device_mismatch_named():
     args = _good()
     args["kv"] = args["kv"].cuda()
     with pytest.raises(ValueError, match="kv is on"):
+        sparse_mla_prefill(**args)
+
+
+def test_meta_tensors_are_refused_by_name():
+    args = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in _good().items()}
+    with pytest.raises(ValueError, match=r"q is on meta \(meta tensors hold no data\)"):
         sparse_mla_prefill(**args)
 
 
@@ -339,13 +348,38 @@ def test_tile_past_tritons_limit_is_a_config_error():
 def test_empty_token_is_zero_for_every_sink():
     case = make_case(3, 16, 64, N=20, max_slots=6, seed=1)
     ptr = torch.zeros_like(case.kv_indptr)  # every token empty
-    for value in (float("-inf"), float("inf"), -3e38, 3e38, -1e30, 0.0, 5.0):
+    for value in (float("-inf"), float("inf"), float("nan"), -3e38, 3e38, -1e30, 0.0, 5.0):
         for exp2 in (True, False):
             sink = torch.full((16,), value)
             out = poisoned_like(case.q)
             sparse_mla_prefill(case.q, case.kv, case.kv_indices, ptr, case.softmax_scale,
                                attn_sink=sink, out=out, config={"USE_EXP2": exp2})  # fmt: skip
             assert (out == 0).all(), (value, exp2)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")  # NaN - NaN
+@pytest.mark.parametrize(("H", "exp2"), [(16, True), (20, False)])  # EVEN_HD on / off
+def test_nan_sink_leaves_empty_tokens_zero_and_other_heads_exact(H, exp2):
+    # Empty and non-empty tokens side by side, a sink that is NaN on some heads: the empty
+    # tokens are zeros on every head (DESIGN.md section 2), the other heads match the reference.
+    case = make_case(6, H, 64, N=30, max_slots=12, seed=3, empty_rows=False)
+    lengths = (case.kv_indptr[1:] - case.kv_indptr[:-1]).clone()
+    lengths[[1, 4]] = 0
+    ptr = torch.zeros_like(case.kv_indptr)
+    ptr[1:] = lengths.cumsum(0)
+    idx = case.kv_indices[: int(ptr[-1])]
+    sink = case.attn_sink.clone()
+    nan_heads = [3, 9]
+    sink[nan_heads] = float("nan")
+    out = poisoned_like(case.q)
+    sparse_mla_prefill(case.q, case.kv, idx, ptr, case.softmax_scale, attn_sink=sink, out=out,
+                       config={"USE_EXP2": exp2})  # fmt: skip
+    assert (out[[1, 4]] == 0).all()
+    keep = [h for h in range(H) if h not in nan_heads]
+    rep = check_against_reference(
+        out[:, keep], case.q[:, keep], case.kv, idx, ptr, case.softmax_scale, attn_sink=sink[keep]
+    )
+    assert rep.ok, str(rep)
 
 
 def test_amd_options_accepted_off_amd():

@@ -144,6 +144,8 @@ def _epilogue(
             m_fin = gl.where(m_fin == float("-inf"), 0.0, m_fin)
             alpha = gl.exp2(m_i - m_fin)
             l_i = l_i * alpha + gl.exp2(sink - m_fin)
+            # An empty row's acc is 0 and stays 0 whatever the sink (a NaN sink: alpha NaN).
+            alpha = gl.where(m_i > float("-inf"), alpha, 0.0)
             acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         # A row with no valid slot has acc == 0: keep it 0 (not 0/0), with or without a sink.
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
