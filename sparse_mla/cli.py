@@ -275,6 +275,25 @@ def _isa_kernel(args: argparse.Namespace, target) -> int:
     return 0
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    """Stall reasons and issue slots per source line of one launch, through Nsight Compute."""
+    from . import dispatch, tune
+    from . import profile as prof
+
+    why = prof.unavailable()
+    if why:
+        print(f"sparse-mla profile: {why}", file=sys.stderr)
+        return 1
+    name = dispatch.kernel(args.kernel).name
+    knobs = dict(args.set or [])
+    launch = tune.kernel_launch(name, "local", args.heads, args.head_dim, knobs,
+                                num_tokens=args.tokens)  # fmt: skip
+    p = prof.profile(name, args.heads, args.head_dim, launch=launch, num_tokens=args.tokens,
+                     out_dir=args.out)  # fmt: skip
+    print(prof.profile_table(p, top=args.top))
+    return 0
+
+
 def _print_table(rows: list[dict], cols: list[str]) -> None:
     def fmt(v) -> str:
         if v is None:
@@ -819,6 +838,25 @@ def build_parser() -> argparse.ArgumentParser:
         "their knobs, the --grid names)",
     )  # fmt: skip
     p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser(
+        "profile",
+        help="stall reasons per source line of one launch on this GPU (Nsight Compute, ncu)",
+    )
+    p.add_argument("--kernel", default="triton", help="registered kernel (`sparse-mla kernels`)")
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--head-dim", type=int, default=512)
+    p.add_argument("--tokens", type=int, default=4096, help="T of the DSv4 CSA workload")
+    p.add_argument(
+        "--set",
+        action="append",
+        type=_parse_setting,
+        metavar="KNOB=VAL",
+        help="a knob of the kernel's launch (repeatable)",
+    )
+    p.add_argument("--top", type=int, default=20, help="source lines shown")
+    p.add_argument("--out", default=None, help="folder for the .ncu-rep report (default: temp)")
+    p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("kernels", help="list the registered kernels: targets, knobs, summary")
     p.add_argument("--json", action="store_true", help="a JSON list of {name, targets, knobs, ...}")

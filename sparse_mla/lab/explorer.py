@@ -394,6 +394,14 @@ class ExplorerPanel:
         self.isa_scope.observe(lambda _: self._show_isa(), names="value")
         self.by_line_view = W.HTML()
         self.diff_view = W.HTML(_status("pin a compile to diff against it"))
+        # Measured stalls per source line (Nsight Compute), on demand: a profile takes minutes.
+        self.profile_button = W.Button(description="profile with ncu", icon="tachometer",
+                                       tooltip="Nsight Compute: stall reasons per source line "
+                                       "of the current kernel and launch on this GPU")  # fmt: skip
+        self.profile_view = W.HTML()
+        self.profile_view.add_class("sml-profile")
+        self.profile_button.on_click(lambda _: self.profile())
+        self.profile_result = None
         self.error_image = W.Image(format="png", layout=W.Layout(max_width="100%"))
         self.error_text = W.HTML()
         self.time_text = W.HTML()
@@ -423,10 +431,12 @@ class ExplorerPanel:
                      layout=W.Layout(min_width="236px"))  # fmt: skip
         right = W.VBox([self.w_prefetch, self.w_pin, self.w_unpin, self.progress, self.status])
         isa_box = W.VBox([W.HBox([self.isa_search, self.isa_scope]), self.isa])
-        tabs = W.Tab(children=[isa_box, self.by_line_view, self.diff_view])
+        profile_box = W.VBox([self.profile_button, self.profile_view])
+        tabs = W.Tab(children=[isa_box, self.by_line_view, self.diff_view, profile_box])
         tabs.set_title(0, "ISA")
         tabs.set_title(1, "by source line")
         tabs.set_title(2, "diff vs pinned")
+        tabs.set_title(3, "profile (ncu)")
         self.tabs = tabs
         self.widget = W.VBox([
             W.HTML(_STYLE),
@@ -445,6 +455,7 @@ class ExplorerPanel:
         self._sync_visibility()
         self._loading = False
         self.load_tuned(update=False)
+        self._profile_note()
         if start:
             self.update()
 
@@ -1000,6 +1011,43 @@ class ExplorerPanel:
             text = "time: pick target 'local' to time on this machine's GPU"
         self.time_text.value = f"<div class='sml-time'>{text}</div>"
         self._fresh(self.time_text)
+
+    # -- profile (Nsight Compute) ---------------------------------------------------------
+
+    def _profile_note(self) -> None:
+        from .. import profile as prof
+
+        why = prof.unavailable()
+        self.profile_button.disabled = why is not None
+        self.profile_view.value = _status(
+            f"profile: {why}" if why else "profile: runs the current kernel and launch once on "
+            "this GPU under Nsight Compute (target 'local'; about a minute)"
+        )  # fmt: skip
+
+    def profile(self, num_tokens: int = 4096) -> None:
+        """Profile the current kernel and launch on this GPU through Nsight Compute: the
+        kernel's stall reasons and the source lines with the most stall samples (blocks; the
+        tab says why when ncu or a GPU is missing)."""
+        from .. import profile as prof
+
+        why = prof.unavailable()
+        if why:
+            self.profile_view.value = _status(f"profile: {why}", "#b00")
+            return
+        state = self.state()
+        if state.target != "local":
+            self.profile_view.value = _status("profile: pick target 'local' (this GPU)", "#b00")
+            return
+        self.profile_view.value = _status("profiling under ncu ...", STATES["compiling"][0])
+        try:
+            p = prof.profile(state.kernel, state.num_heads, state.head_dim,
+                             launch=state.config, num_tokens=num_tokens)  # fmt: skip
+        except Exception as e:  # ncu's failure is a result to show
+            self.profile_view.value = _status(f"profile failed: {e}", "#b00")
+            return
+        self.profile_result = p
+        self.profile_view.value = pre_block(prof.profile_table(p), cls="sml-profile-table",
+                                            max_height="40em")  # fmt: skip
 
     # -- pinning -----------------------------------------------------------------------------
 
