@@ -189,3 +189,57 @@ def test_time_sweep_of_a_gluon_kernel_with_the_error_check(tmp_path):
     c = dispatch.choose(dispatch.Call("sm90", 16, 512, num_tokens=512), root=tmp_path / "r")
     win = min(ok, key=lambda r: r["time_ms"])
     assert c.kernel == name and getattr(c.launch, knob) == win[knob]
+
+
+# The time path of sweep_kernel, on CPU: a registered stand-in kernel runs the Triton kernel in
+# the interpreter (a Gluon kernel has no interpreter) or writes a wrong result; do_bench is
+# replaced by a counter (it needs a GPU). The real thing: the gpu-marked test above.
+def _stand_in(name: str, wrong: bool):
+    from dataclasses import dataclass
+
+    from sparse_mla import prefill
+
+    @dataclass(frozen=True)
+    class StandInConfig:
+        BLOCK_K: int = 32
+
+        def validate(self):
+            if self.BLOCK_K not in (16, 32):
+                raise ValueError(f"config: BLOCK_K must be 16 or 32, got {self.BLOCK_K}")
+
+    def resolve(launch, call):
+        cfg = StandInConfig(**launch) if isinstance(launch, dict) else (launch or StandInConfig())
+        cfg.validate()
+        return cfg
+
+    def run(q, kv2, idx, indptr, scale, sink, out, cfg):
+        launch = prefill.PrefillConfig(BLOCK_H=16, BLOCK_K=cfg.BLOCK_K, num_warps=4)
+        prefill._run_triton(q, kv2, idx, indptr, scale, sink, out, launch)
+        if wrong:
+            out.mul_(1.5)
+
+    return dispatch.Kernel(name, run=run, resolve=resolve, unavailable=lambda call: None,
+                           to_dict=lambda c: {"BLOCK_K": c.BLOCK_K}, targets=("sm90",),
+                           knobs={"BLOCK_K": (16, 32)})  # fmt: skip
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
+def test_time_job_of_another_kernel_checks_then_times(monkeypatch, wrong):
+    name = "stand_in_wrong" if wrong else "stand_in"
+    monkeypatch.setitem(dispatch.KERNELS, name, _stand_in(name, wrong))
+    timed = []
+    monkeypatch.setattr(tune, "_bench", lambda fn: timed.append(fn) or 0.5)
+    launch = tune.kernel_launch(name, "sm90", 16, 512, {"BLOCK_K": 16})
+    job = {"target": "sm90", "H": 16, "D": 512, "dtype": "bf16", "_kernel": name,
+           "_launch": launch, "_device": "cpu",
+           "_workload": {"name": "random", "T": 2, "slots": 24, "pool": 64, "seed": 3}}  # fmt: skip
+    try:
+        row = tune._time_job(job)
+    finally:
+        tune._WORKER["workloads"].clear()
+    assert row["T"] == 2 and row["rel_l2"] is not None
+    if wrong:
+        assert row["status"] == "fail" and "correctness" in row["reason"] and not timed
+    else:
+        assert row["status"] == "ok", row
+        assert row["time_ms"] == 0.5 and len(timed) == 1 and row["rel_l2"] < 2e-2
