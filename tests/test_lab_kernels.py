@@ -123,3 +123,16 @@ def test_figures_fit_the_output_width_and_occupancy_stays_under_the_sm_limit(pan
     big = figures.Figure(figsize=(14, 3))
     big.add_subplot(1, 1, 1).plot([0, 1])
     assert figures.png_size(figures.to_png(big))[0] <= figures.MAX_WIDTH_PX
+
+
+def test_the_process_exiting_marks_the_panel_stale(panel):
+    """Issue 23, defect 3: Kernel > Restart stops the process behind the widgets; the atexit
+    hook marks every live panel stale, so no green "ok" stays over a dead panel."""
+    from sparse_mla.lab import explorer
+
+    panel.update(wait=True)
+    assert panel.phase == "ok" and panel in explorer._LIVE
+    explorer._mark_panels_stale()
+    assert panel.phase == "stale" and "kernel stopped" in panel.status_text()
+    assert "data-state='stale'" in panel.status.value
+    assert "sml-stale" in panel.resources._dom_classes

@@ -28,12 +28,15 @@ Results of an older widget state are dropped when they arrive late. ``panel.upda
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import html
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -252,6 +255,16 @@ _STYLE = (
 )
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # panels to mark stale when the process exits
+
+
+@atexit.register
+def _mark_panels_stale() -> None:
+    for panel in list(_LIVE):
+        with contextlib.suppress(Exception):  # the process is going away: never fail its exit
+            panel.kernel_exiting()
+
+
 def _set_image(image, png: bytes) -> None:
     """Show PNG bytes in an ipywidgets Image at the PNG's own width (at most the output's)."""
     image.width = str(png_size(png)[0])  # the height follows (aspect kept when scaled down)
@@ -456,6 +469,9 @@ class ExplorerPanel:
         self._loading = False
         self.load_tuned(update=False)
         self._profile_note()
+        # Kernel > Restart stops this process: say so in the page before it goes (defect 3:
+        # the old table stayed under a green "ok" while the widgets had no kernel behind them).
+        _LIVE.add(self)
         if start:
             self.update()
 
@@ -1065,6 +1081,16 @@ class ExplorerPanel:
             self._show_compile(self.state(), self.result)
         else:
             self._show_diff()
+
+    def kernel_exiting(self) -> None:
+        """Mark every view stale: the Python process behind the widgets is stopping (a kernel
+        restart or shutdown), so a widget change will not recompile anything."""
+        with self._lock:
+            self._gen += 1
+        self._grey_views()
+        self.progress.bar_style = ""
+        self._set_phase("stale", "the kernel stopped (restarted?): these views are from before; "
+                        "run the notebook's cells again for a live panel")  # fmt: skip
 
     def close(self) -> None:
         """Stop the worker thread (pending results are dropped)."""
