@@ -183,9 +183,9 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
     """Every registered kernel: name, targets, knobs (field: allowed values), summary."""
     import json
 
-    from . import dispatch
+    from . import tune
 
-    cat = dispatch.catalog()
+    cat = tune.catalog()
     if args.json:
         print(json.dumps(cat, indent=1))
         return 0

@@ -38,8 +38,8 @@ from typing import Any
 from . import configs
 
 __all__ = [
-    "KERNELS", "RULE", "Call", "Choice", "Kernel", "catalog", "choose", "describe", "kernel",
-    "kernel_targets", "register", "rule",
+    "KERNELS", "RULE", "Call", "Choice", "Kernel", "choose", "describe", "kernel", "register",
+    "rule",
 ]  # fmt: skip
 
 
@@ -320,30 +320,3 @@ def describe(
         mark = "runs" if name == c.kernel else ("can run" if not why else "cannot")
         lines.append(f"  {name:<16} {mark}{': ' + why if why else ''}  [{k.summary}]")
     return "\n".join(lines)
-
-
-def kernel_targets(name: str) -> tuple[str, ...]:
-    """The named targets kernel ``name`` cross-compiles for (``"*"``: every named target of
-    :data:`sparse_mla.targets.TARGETS` but ``local``)."""
-    from .targets import TARGETS
-
-    k = kernel(name)
-    named = tuple(t for t in TARGETS if t != "local")
-    return named if "*" in k.targets else tuple(t for t in k.targets if t in named)
-
-
-def catalog() -> list[dict[str, Any]]:
-    """Every registered kernel as JSON: name, targets (named ones), knobs (field -> allowed
-    values), summary, config_type and whether it can be cross-compiled (``sparse-mla kernels
-    --json`` prints this list)."""
-    out = []
-    for name, k in KERNELS.items():
-        out.append({
-            "name": name,
-            "targets": list(kernel_targets(name)),
-            "knobs": {f: list(v) for f, v in k.knobs.items()},
-            "summary": k.summary,
-            "config_type": k.config_type,
-            "compiles": name == FALLBACK or k.compile_args is not None,
-        })  # fmt: skip
-    return out

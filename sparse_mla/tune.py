@@ -47,12 +47,14 @@ __all__ = [
     "LAUNCH_PARAMS",
     "base_launch",
     "best_per_shape",
+    "catalog",
     "expand_grid",
     "export",
     "export_kernel_choice",
     "export_launch",
     "kernel_choices",
     "kernel_launch",
+    "kernel_targets",
     "knob_types",
     "load_rows",
     "parse_grid",
@@ -783,8 +785,15 @@ def save_rows(rows: Iterable[Mapping[str, Any]], path: Path | str) -> Path:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: "" if r.get(k) is None else r.get(k) for k in cols})
+            w.writerow({k: _to_csv(r.get(k)) for k in cols})
     return path
+
+
+def _to_csv(v):
+    """A cell: "" for None, JSON for a dict (a kernel's launch), else the value."""
+    if v is None:
+        return ""
+    return json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
 
 
 def _from_csv(col: str, text: str):
@@ -1226,6 +1235,36 @@ def _call(name: str, target, num_heads: int, head_dim: int, num_tokens: int | No
     return dispatch.Call(_target(target).name, num_heads, head_dim, num_tokens=num_tokens)
 
 
+def kernel_targets(name: str) -> tuple[str, ...]:
+    """The named targets kernel ``name`` cross-compiles for (``"*"``: every named target of
+    :data:`sparse_mla.targets.TARGETS` but ``local``)."""
+    from . import dispatch
+    from .targets import TARGETS
+
+    k = dispatch.kernel(name)
+    named = tuple(t for t in TARGETS if t != "local")
+    return named if "*" in k.targets else tuple(t for t in k.targets if t in named)
+
+
+def catalog() -> list[dict[str, Any]]:
+    """Every registered kernel as JSON: name, targets (named ones), knobs (field -> allowed
+    values), summary, config_type and whether it can be cross-compiled (``sparse-mla kernels
+    --json`` prints this list)."""
+    from . import dispatch
+
+    out = []
+    for name, k in dispatch.KERNELS.items():
+        out.append({
+            "name": name,
+            "targets": list(kernel_targets(name)),
+            "knobs": {f: list(v) for f, v in k.knobs.items()},
+            "summary": k.summary,
+            "config_type": k.config_type,
+            "compiles": name == dispatch.FALLBACK or k.compile_args is not None,
+        })  # fmt: skip
+    return out
+
+
 def knob_types(name: str) -> dict[str, type]:
     """Field -> type (int or bool) of kernel ``name``'s launch: every field its config class
     has (the registry's ``knobs`` list their usual values; any field can be set)."""
@@ -1236,7 +1275,7 @@ def knob_types(name: str) -> dict[str, type]:
     if name == dispatch.FALLBACK:
         return {k: t for k, (t, _) in configs.launch_types().items()}
     k = dispatch.kernel(name)
-    targets = dispatch.kernel_targets(name)
+    targets = kernel_targets(name)
     if not targets:
         raise ValueError(f"kernel {name!r} compiles for no named target")
     cfg = k.resolve(None, _call(name, targets[0], 16, 512))
@@ -1252,10 +1291,10 @@ def _check_target(name: str, target) -> str:
 
     t = _target(target)
     arch = t.name
-    if arch not in dispatch.kernel_targets(name) and name != dispatch.FALLBACK:
+    if arch not in kernel_targets(name) and name != dispatch.FALLBACK:
         raise ValueError(
             f"kernel {name!r} does not compile for {arch}; its targets: "
-            f"{', '.join(dispatch.kernel_targets(name))}"
+            f"{', '.join(kernel_targets(name))}"
         )
     return arch
 
@@ -1361,7 +1400,7 @@ def sweep_kernel(
                      progress=progress, sample=sample, seed=seed, dtype=dtype)  # fmt: skip
         for r in rows:
             r["kernel"] = name
-            r["launch"] = json.dumps({p: r[p] for p in LAUNCH_PARAMS if r.get(p) is not None})
+            r["launch"] = {p: r[p] for p in LAUNCH_PARAMS if r.get(p) is not None}
         return rows
     if mode not in ("compile", "time"):
         raise ValueError(f"mode must be 'compile' or 'time', got {mode!r}")
@@ -1394,12 +1433,12 @@ def sweep_kernel(
                 try:
                     launch = kernel_launch(name, arch, H, D, knobs, base=base)
                 except (TypeError, ValueError) as e:
-                    row.update(knobs, status="invalid", reason=str(e), launch=json.dumps(knobs))
+                    row.update(knobs, status="invalid", reason=str(e), launch=dict(knobs))
                     rows.append(row)
                     continue
                 d = launch_json(name, launch)
                 row.update({p: v for p, v in d.items() if p in LAUNCH_PARAMS})
-                row.update(d, status="ok", reason="", launch=json.dumps(d))
+                row.update(d, status="ok", reason="", launch=d)
                 row["_kernel"], row["_launch"] = name, launch
                 rows.append(row)
     todo = [r for r in rows if r["status"] == "ok"]

@@ -13,7 +13,7 @@ import pytest
 from sparse_mla import configs, dispatch, tune
 from sparse_mla.cli import main
 
-PAIRS = [(name, t) for name in dispatch.KERNELS for t in dispatch.kernel_targets(name)]
+PAIRS = [(name, t) for name in dispatch.KERNELS for t in tune.kernel_targets(name)]
 
 
 def _heads(name: str) -> int:

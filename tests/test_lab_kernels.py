@@ -13,7 +13,7 @@ from sparse_mla.lab import figures
 from sparse_mla.lab.explorer import ExplorerPanel, kernels_for
 
 # One target each kernel compiles for, and a shape its default launch serves.
-CASES = [(name, dispatch.kernel_targets(name)[0], 64 if name in ("gluon_ws", "gluon_wgmma")
+CASES = [(name, tune.kernel_targets(name)[0], 64 if name in ("gluon_ws", "gluon_wgmma")
           else 16) for name in dispatch.KERNELS]  # fmt: skip
 
 
@@ -27,7 +27,7 @@ def panel():
 def test_the_selector_offers_the_kernels_that_compile_for_the_target(panel):
     assert list(panel.w_kernel.options) == kernels_for("sm90")
     assert set(kernels_for("sm90")) == {n for n in dispatch.KERNELS
-                                        if "sm90" in dispatch.kernel_targets(n)}  # fmt: skip
+                                        if "sm90" in tune.kernel_targets(n)}  # fmt: skip
     assert kernels_for("gfx942") == ["triton"]
     panel.set(kernel="gluon_ws_small")
     panel.wait()

@@ -155,10 +155,10 @@ def _check_kernel_state(state: PanelState) -> str | None:
 
 def kernels_for(target: str) -> list[str]:
     """The registered kernels that cross-compile for ``target`` (Triton first: every target)."""
-    from .. import dispatch
+    from .. import dispatch, tune
 
     arch = targets.get_target(target).name
-    return [n for n in dispatch.KERNELS if n == "triton" or arch in dispatch.kernel_targets(n)]
+    return [n for n in dispatch.KERNELS if n == "triton" or arch in tune.kernel_targets(n)]
 
 
 def default_kernel_line(state: PanelState) -> str:
@@ -212,13 +212,13 @@ def _why_not_run(state: PanelState) -> str | None:
     than Triton runs on a GPU of its arch only (Triton's interpreter runs Triton only)."""
     if state.kernel == "triton":
         return None
-    from .. import dispatch
+    from .. import tune
 
     arch = runtime.arch()
     if arch is None:
         return f"{state.kernel} runs on a GPU only (the CPU interpreter runs the triton kernel)"
-    if arch not in dispatch.kernel_targets(state.kernel):
-        return f"{state.kernel} runs on {', '.join(dispatch.kernel_targets(state.kernel))}; " \
+    if arch not in tune.kernel_targets(state.kernel):
+        return f"{state.kernel} runs on {', '.join(tune.kernel_targets(state.kernel))}; " \
             f"this GPU is {arch}"  # fmt: skip
     return None
 
