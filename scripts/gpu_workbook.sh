@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The workbook's GPU side, on a machine with a GPU and no browser:
 #   1. the lab and notebook tests (their `gpu` tests included; notebooks at small sizes, where
-#      their GPU branches run: timed sweep, GPU replay, Hopper run, the panel on 'local'),
+#      their GPU branches run: timed sweep, GPU replay, Hopper run, the panel on 'local'), and
+#      issue 23's: each kernel in the explorer, a timed Gluon sweep exported, the ncu profile,
 #   2. notebooks 02-05 at full size through scripts/run_notebooks.py (executed copies and a
 #      digest of their outputs under OUTDIR/full).
 # Usage: scripts/gpu_workbook.sh OUTDIR [tests|notebooks|all]   (needs ipywidgets, nbclient,
@@ -21,7 +22,9 @@ echo "python $PYTHON"
 echo "commit ${SPARSE_MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" | tee -a "$out/env.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
+  # issue 23: every registered kernel in the explorer, timed Gluon sweeps, the ncu profile view
   "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_lab.py tests/test_notebooks.py \
+    tests/test_lab_kernels.py tests/test_kernels_tuning.py tests/test_profile.py \
     2>&1 | tee "$out/lab_notebook_tests.log" || rc=1
 fi
 if [[ $what == notebooks || $what == all ]]; then

@@ -50,7 +50,8 @@ def _compile(req: dict) -> dict:
         from triton.compiler.compiler import ASTSource as Source
     src = Source(jit, req["signature"], req["constexprs"], req["attrs"])
     try:
-        ck = triton.compile(src, target=req["target"], options=req["options"])
+        with si.call_site_line_info():
+            ck = triton.compile(src, target=req["target"], options=req["options"])
     except Exception as e:
         return {
             "status": "error",

@@ -89,6 +89,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     from . import tune
 
+    if args.kernel not in (None, "triton"):
+        return _sweep_kernel(args)
     grid = tune.parse_grid(args.grid or [])
     targets = [t for item in args.target or ["local"] for t in item.split(",") if t.strip()]
     heads = [h for item in args.heads or ["16"] for h in _int_list(item)]
@@ -97,7 +99,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     for item in args.workload_arg or []:
         key, value = _key_value("--workload-arg", item)
         workload[key] = tune._parse_value(value)
-    rows = tune.sweep(
+    rows = tune.sweep_kernel(
+        "triton",
         grid,
         [(h, d) for h in heads for d in dims],
         targets,
@@ -124,6 +127,171 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     counts = {s: sum(r["status"] == s for r in rows) for s in statuses}
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n) + f"; rows saved to {path}")
     return 0 if counts["ok"] else 1
+
+
+def _sweep_kernel(args: argparse.Namespace) -> int:
+    """``sweep --kernel NAME`` for a kernel other than Triton: its knobs over its launch."""
+    import datetime
+
+    from . import dispatch, tune
+
+    name = dispatch.kernel(args.kernel).name
+    types = tune.knob_types(name)
+    grid: dict[str, list] = {}
+    for item in args.grid or []:
+        knob, sep, values = item.partition("=")
+        knob = knob.strip()
+        if not sep or not values.strip():
+            raise UsageError(f"--grid: expected KNOB=V1,V2,..., got {item!r}")
+        if knob not in types:
+            raise UsageError(f"--grid {knob}: {name} has no such knob; its knobs: "
+                             f"{', '.join(types) or 'none'}")  # fmt: skip
+        parsed = [tune._parse_value(v) for v in values.split(",") if v.strip()]
+        grid.setdefault(knob, []).extend(parsed)
+    targets = [t for item in args.target or ["local"] for t in item.split(",") if t.strip()]
+    heads = [h for item in args.heads or ["16"] for h in _int_list(item)]
+    dims = [d for item in args.head_dim or ["512"] for d in _int_list(item)]
+    workload: dict = {"name": args.workload}
+    for item in args.workload_arg or []:
+        key, value = _key_value("--workload-arg", item)
+        workload[key] = tune._parse_value(value)
+    rows = tune.sweep_kernel(
+        name, grid, [(h, d) for h in heads for d in dims], targets, mode=args.mode,
+        workload=workload, jobs=args.jobs, progress=not args.no_progress, sample=args.sample,
+        seed=args.seed, dtype=args.dtype,
+    )  # fmt: skip
+    out = args.out
+    if out is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = RUNS / "sweeps" / f"{args.mode}_{name}_{'-'.join(sorted(set(targets)))}_{stamp}.csv"
+    path = tune.save_rows(rows, out)
+    metric = (
+        ["time_ms", "rel_l2"]
+        if args.mode == "time"
+        else ["spill_bytes", "occupancy", "registers", "shared_bytes"]
+    )
+    cols = ["kernel", "target", "H", "D", "launch", "status", *metric, "reason"]
+    shown = [r for r in rows if r["rank"] is not None and r["rank"] <= args.top]
+    shown += [r for r in rows if r["status"] != "ok"][: args.top]
+    _print_table(shown, cols)
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "fail", "error", "invalid")}
+    print(", ".join(f"{n} {s}" for s, n in counts.items() if n) + f"; rows saved to {path}")
+    return 0 if counts["ok"] else 1
+
+
+def _cmd_kernels(args: argparse.Namespace) -> int:
+    """Every registered kernel: name, targets, knobs (field: allowed values), summary."""
+    import json
+
+    from . import tune
+
+    cat = tune.catalog()
+    if args.json:
+        print(json.dumps(cat, indent=1))
+        return 0
+    for k in cat:
+        knobs = "; ".join(f"{f}={','.join(str(v) for v in vs)}" for f, vs in k["knobs"].items())
+        print(f"{k['name']}  [{', '.join(k['targets'])}]")
+        print(f"  knobs: {knobs or 'none'}")
+        print(f"  {k['summary']}")
+    return 0
+
+
+def _isa_kernel(args: argparse.Namespace, target) -> int:
+    """``isa --kernel NAME`` for a kernel other than Triton: resources, mix, by-line, ISA, diff."""
+    from . import dispatch, tune
+    from . import inspect as si
+
+    name = args.kernel
+    types = tune.knob_types(name)
+
+    def knobs_of(settings) -> dict:
+        out = {}
+        for key, value in settings or []:
+            if key not in types:
+                raise UsageError(f"--set {key}: {name} has no such knob; its knobs: "
+                                 f"{', '.join(types) or 'none'}")  # fmt: skip
+            want = types[key]
+            if want is bool and value in (0, 1) and not isinstance(value, bool):
+                value = bool(value)
+            if type(value) is not want:
+                raise UsageError(f"--set {key}={value!r}: {key} takes "
+                                 f"{'true/false' if want is bool else 'an integer'}")  # fmt: skip
+            out[key] = value
+        return out
+
+    knobs, other_knobs = knobs_of(args.set), knobs_of(args.diff_against)
+    base, origin = tune.base_launch(name, target, args.heads, args.head_dim,
+                                    num_tokens=args.tokens)  # fmt: skip
+    try:
+        launch = tune.kernel_launch(name, target, args.heads, args.head_dim, knobs, base=base)
+        other = (tune.kernel_launch(name, target, args.heads, args.head_dim,
+                                    {**knobs, **other_knobs}, base=base)
+                 if args.diff_against else None)  # fmt: skip
+    except ValueError as e:
+        print(f"sparse-mla isa: {name} refuses this launch: {e}", file=sys.stderr)
+        return 1
+    kw = dict(num_heads=args.heads, head_dim=args.head_dim, dtype=args.dtype,
+              index_dtype=args.index_dtype)  # fmt: skip
+    try:
+        _, res = si.compile_kernel(name, target, config=launch, **kw)
+    except si.CompileFailed as e:
+        print(f"sparse-mla isa: {e.summary}", file=sys.stderr)
+        return 1
+    print(f"target: {target.name} ({target.description})")
+    print(f"kernel: {name} ({dispatch.kernel(name).summary})")
+    print(
+        f"launch: {tune.launch_json(name, launch)} (base: {origin}"
+        + (f"; with {' '.join(f'{k}={v}' for k, v in knobs.items())} over it)" if knobs else ")")
+    )
+    print(res.label)
+    print(f"compiled in {res.compile_seconds:.2f} s" if not res.from_cache else
+          "from the in-memory cache")  # fmt: skip
+    print()
+    print(res.resources)
+    print()
+    print(si._table(["instructions", "count"], [[k, v] for k, v in res.mix.items()]))
+    if args.by_line:
+        print()
+        print(si.by_line_table(res, top=args.by_line_top))
+    if args.asm:
+        print()
+        print(res.isa if args.asm == "isa" else res.asm[args.asm])
+    if other is not None:
+        _, res_b = si.compile_kernel(name, target, config=other, **kw)
+        d = si.diff(res_b, res)
+        print()
+        print("diff: a = the --diff-against variant, b = the variant above")
+        print(d.summary())
+        lines = d.isa_diff.splitlines()
+        shown = lines if args.diff_lines == 0 else lines[: args.diff_lines]
+        print()
+        print("\n".join(shown) if shown else "(ISA identical after normalising)")
+    if res.resources.occupancy == 0:
+        r = res.resources
+        print(f"sparse-mla isa: this launch compiles but cannot launch on {target.name}: "
+              f"{r.next_step} ({r.limits_text()})", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    """Stall reasons and issue slots per source line of one launch, through Nsight Compute."""
+    from . import dispatch, tune
+    from . import profile as prof
+
+    why = prof.unavailable()
+    if why:
+        print(f"sparse-mla profile: {why}", file=sys.stderr)
+        return 1
+    name = dispatch.kernel(args.kernel).name
+    knobs = dict(args.set or [])
+    launch = tune.kernel_launch(name, "local", args.heads, args.head_dim, knobs,
+                                num_tokens=args.tokens)  # fmt: skip
+    p = prof.profile(name, args.heads, args.head_dim, launch=launch, num_tokens=args.tokens,
+                     out_dir=args.out)  # fmt: skip
+    print(prof.profile_table(p, top=args.top))
+    return 0
 
 
 def _print_table(rows: list[dict], cols: list[str]) -> None:
@@ -406,6 +574,21 @@ def _cmd_isa(args: argparse.Namespace) -> int:
     if args.asm and args.asm not in stages:
         raise UsageError(f"--asm {args.asm}: {target.name} has no {args.asm} stage; it has "
                          f"{', '.join(stages)}")  # fmt: skip
+    if args.kernel == "default":  # the kernel config=None runs at this shape
+        from . import dispatch
+
+        c = dispatch.choose(dispatch.Call(target.name, args.heads, args.head_dim,
+                                          num_tokens=args.tokens))  # fmt: skip
+        print(f"default: {c.kernel} ({c.reason})")
+        args.kernel = c.kernel
+    if args.kernel not in (None, "triton"):
+        from . import tune
+
+        try:
+            tune._check_target(args.kernel, target)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return _isa_kernel(args, target)
     field_types = configs.launch_types()
     try:
         cfg_kw, opts = _typed_settings(args.set or [], field_types)
@@ -656,7 +839,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="CSV path (default runs/sweeps/<mode>_...csv)")
     p.add_argument("--top", type=int, default=5, help="rows shown per shape")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--kernel", default=None,
+        help="registered kernel swept (default triton; `sparse-mla kernels` lists them and "
+        "their knobs, the --grid names)",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser(
+        "profile",
+        help="stall reasons per source line of one launch on this GPU (Nsight Compute, ncu)",
+    )
+    p.add_argument("--kernel", default="triton", help="registered kernel (`sparse-mla kernels`)")
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--head-dim", type=int, default=512)
+    p.add_argument("--tokens", type=int, default=4096, help="T of the DSv4 CSA workload")
+    p.add_argument(
+        "--set",
+        action="append",
+        type=_parse_setting,
+        metavar="KNOB=VAL",
+        help="a knob of the kernel's launch (repeatable)",
+    )
+    p.add_argument("--top", type=int, default=20, help="source lines shown")
+    p.add_argument("--out", default=None, help="folder for the .ncu-rep report (default: temp)")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("kernels", help="list the registered kernels: targets, knobs, summary")
+    p.add_argument("--json", action="store_true", help="a JSON list of {name, targets, knobs, ...}")
+    p.set_defaults(func=_cmd_kernels)
 
     p = sub.add_parser("export", help="merge a sweep's winners into a tuned-config JSON")
     p.add_argument("csv", help="rows saved by `sparse-mla sweep` (--kernel-choice: by bench)")
@@ -732,6 +943,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(occupancy 0); 2 a --set value of the wrong type or an unknown setting",
     )
     p.add_argument("--target", default="gfx942", help="sm90, sm100, gfx942, gfx950 or local")
+    p.add_argument(
+        "--kernel",
+        default=None,
+        help="registered kernel compiled (default triton; 'default': the one config=None runs "
+        "at this shape); `sparse-mla kernels` lists them",
+    )
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="T of the shape (picks the recorded launch's token bucket)",
+    )
     p.add_argument(
         "--set",
         action="append",

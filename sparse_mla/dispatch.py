@@ -245,6 +245,9 @@ def _recorded(entry: configs.ConfigEntry, c: configs.KernelChoice) -> str:
     times = prov.get("times_ms") or {}
     shown = ", ".join(f"{n} {t:.3g} ms" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
     where = ", ".join(str(prov[k]) for k in ("device", "date") if prov.get(k))
+    workload = str(prov.get("workload") or "")
+    if "(times summed)" in workload:  # several workloads: say so beside the sums
+        shown += f" (summed over {workload.replace(' (times summed)', '')})"
     key = entry.key
     if c.tokens is not None:
         lo, hi = c.tokens

@@ -763,7 +763,11 @@ def by_line(res: CompileResult) -> LineMap:
     if hit is not None:
         return hit
     backend = res.target.backend
+    paths = _source_paths(res)
     listing = _listing(res)
+    # A call spread over several lines is one call site: its statement's first line.
+    starts = {f: _statement_starts(p) for f, p in paths.items()}
+    listing = [(k, t, (f, starts.get(f, {}).get(n, n)), p) for k, t, (f, n), p in listing]
     loop = _main_loop(listing, backend)
     groups: dict[tuple[str, int], list[str]] = {}
     in_loop: Counter = Counter()
@@ -773,7 +777,6 @@ def by_line(res: CompileResult) -> LineMap:
         groups.setdefault(loc, []).append(text)
         if loop is not None and i in loop.indices:
             in_loop[loc] += 1
-    paths = _source_paths(res)
     lines = []
     for (file, line), instrs in sorted(groups.items()):
         src = linecache.getline(paths.get(file, file), line).strip() if line else ""
@@ -782,6 +785,24 @@ def by_line(res: CompileResult) -> LineMap:
     if res.key:
         with _cache_lock:
             _line_maps[res.key] = out
+    return out
+
+
+def _statement_starts(path: str) -> dict[int, int]:
+    """Line -> first line of the simple statement spanning it, for the statements of ``path``
+    that span several lines (a helper call's arguments on their own lines: the compiler names
+    the line of an argument as the call site). Empty when the file cannot be parsed."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return {}
+    out: dict[int, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not hasattr(node, "body") and node.end_lineno:
+            for n in range(node.lineno + 1, node.end_lineno + 1):
+                out[n] = node.lineno
     return out
 
 
@@ -927,6 +948,76 @@ def _label(name: str, target: Target, constexprs: Mapping[str, Any], options: Ma
 
 _cache: dict[tuple, CompileResult] = {}
 _cache_lock = threading.Lock()
+
+# An LLVM IR debug location: (id, line, column, scope, inlinedAt id or None).
+_DILOC = re.compile(
+    r"^(!\d+) = !DILocation\(line: (\d+), column: (\d+), scope: (!\d+)(?:, inlinedAt: (!\d+))?\)",
+    re.M,
+)  # fmt: skip
+
+
+def call_site_locations(llir: str) -> str:
+    """``llir`` with every inlined debug location replaced by the outermost call site of its
+    inlining chain (Triton inlines every ``@jit`` helper, so a helper's ``return tl.dot(...)``
+    otherwise names the helper's line for every call). Debug info only: the code is the same;
+    a location that is not inlined is kept."""
+    locs = {m.group(1): m.groups()[1:] for m in _DILOC.finditer(llir)}
+
+    def outermost(node: str):
+        for _ in range(256):  # a chain is a few calls deep; a cycle would be malformed IR
+            nxt = locs[node][3]
+            if nxt is None or nxt not in locs:
+                break
+            node = nxt
+        return locs[node]
+
+    def sub(m: re.Match) -> str:
+        if m.group(5) is None:
+            return m.group(0)
+        line, col, scope, _ = outermost(m.group(1))
+        return f"{m.group(1)} = !DILocation(line: {line}, column: {col}, scope: {scope})"
+
+    return _DILOC.sub(sub, llir)
+
+
+# The Triton cache folder (under Triton's own) of the compiles made with call-site line info:
+# the stage hook below is not part of Triton's cache key, so these binaries live apart.
+CALL_SITE_CACHE = "sparse_mla_call_sites"
+
+
+@contextlib.contextmanager
+def call_site_line_info():
+    """While active, ``triton.compile`` attributes inlined helpers to their call sites
+    (:func:`call_site_locations` on the LLVM IR stage, through Triton's stage hook) and caches
+    in :data:`CALL_SITE_CACHE` under Triton's cache folder. Used by :func:`compile` (and its
+    worker process), so :func:`by_line` counts a helper's instructions on the kernel line that
+    called it."""
+    from triton import knobs
+
+    prev_hook = knobs.runtime.add_stages_inspection_hook
+    prev_dir = knobs.cache.dir
+
+    def hook(*args):
+        if prev_hook is not None:
+            prev_hook(*args)
+        stages = next((a for a in args if isinstance(a, dict) and "llir" in a), None)
+        if stages is None:
+            return
+        make_llir = stages["llir"]
+
+        def llir(src, metadata):
+            return call_site_locations(make_llir(src, metadata))
+
+        stages["llir"] = llir
+
+    knobs.runtime.add_stages_inspection_hook = hook
+    if Path(prev_dir).name != CALL_SITE_CACHE:
+        knobs.cache.dir = os.path.join(prev_dir, CALL_SITE_CACHE)
+    try:
+        yield
+    finally:
+        knobs.runtime.add_stages_inspection_hook = prev_hook
+        knobs.cache.dir = prev_dir
 
 
 def clear_cache() -> None:
@@ -1087,7 +1178,7 @@ def compile(
     if ck is None and failure is None:  # the kernel is not importable by name: compile here
         with compiler_output() as out:
             try:
-                with runtime.compiling():  # not while another thread interprets a kernel
+                with runtime.compiling(), call_site_line_info():  # not while interpreting
                     ck = triton.compile(src, target=triton_target(t), options=opts)
             except Exception as e:
                 failure = e

@@ -45,15 +45,22 @@ from ._files import atomic_write
 __all__ = [
     "COLUMNS",
     "LAUNCH_PARAMS",
+    "base_launch",
     "best_per_shape",
+    "catalog",
     "expand_grid",
     "export",
     "export_kernel_choice",
+    "export_launch",
     "kernel_choices",
+    "kernel_launch",
+    "kernel_targets",
+    "knob_types",
     "load_rows",
     "parse_grid",
     "save_rows",
     "sweep",
+    "sweep_kernel",
 ]
 
 # PrefillConfig's fields, in order (a new kernel knob joins the grid and the CSV by itself).
@@ -259,13 +266,19 @@ def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         with _inspect.compiler_quiet():
-            res = _inspect.compile_prefill(
-                job["target"],
-                PrefillConfig.from_dict(job["_params"]),
-                num_heads=job["H"],
-                head_dim=job["D"],
-                dtype=job["dtype"],
-            )
+            if job.get("_kernel") is not None:  # another registered kernel (sweep_kernel)
+                res = _inspect.compile_kernel(
+                    job["_kernel"], job["target"], num_heads=job["H"], head_dim=job["D"],
+                    config=job["_launch"], dtype=job["dtype"],
+                )[1]  # fmt: skip
+            else:
+                res = _inspect.compile_prefill(
+                    job["target"],
+                    PrefillConfig.from_dict(job["_params"]),
+                    num_heads=job["H"],
+                    head_dim=job["D"],
+                    dtype=job["dtype"],
+                )
     except Exception as e:  # compile errors of any kind become a row
         reason = _inspect.failure_reason(e)
         return {"status": "error", "reason": reason, "compile_s": time.perf_counter() - t0}
@@ -405,16 +418,22 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
             out = torch.full_like(args[0], float("nan"))
     except Exception as e:
         return {"status": "error", "reason": "workload: " + _inspect.failure_reason(e)}
-    cfg = PrefillConfig.from_dict(job["_params"])
+    if job.get("_kernel") is not None:  # another registered kernel (sweep_kernel)
+        from .dispatch import Choice
+
+        cfg = Choice(job["_kernel"], job["_launch"])
+    else:
+        cfg = PrefillConfig.from_dict(job["_params"])
 
     def fn():
         return prefill.sparse_mla_prefill(*args, **kwargs, out=out, config=cfg)
 
-    row: dict[str, Any] = {"workload": desc}
+    row: dict[str, Any] = {"workload": desc, "T": int(args[0].shape[0])}
     try:
         t0 = time.perf_counter()
         with _inspect.compiler_quiet():
-            compiled = _compile_only(fn) if device != "cpu" else None
+            triton_launch = job.get("_kernel") is None
+            compiled = _compile_only(fn) if device != "cpu" and triton_launch else None
         row["compile_s"] = time.perf_counter() - t0
         if compiled is not None:
             # The launched kernel's own registers / occupancy, as in compile mode; a resource
@@ -479,11 +498,20 @@ def _sync(device: str) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def _in_jupyter() -> bool:
+    """Whether this runs in a Jupyter kernel (its stderr shows pink: progress goes to stdout)."""
+    ip = sys.modules.get("IPython")
+    shell = ip.get_ipython() if ip is not None and hasattr(ip, "get_ipython") else None
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
 class _Progress:
-    """tqdm when installed, else one rewritten line on stderr."""
+    """tqdm when installed, else one rewritten line; on stderr in a terminal, on stdout in a
+    Jupyter kernel (where stderr is drawn as an error)."""
 
     def __init__(self, total: int, desc: str, enabled: bool):
         self.total, self.desc, self.enabled = total, desc, enabled
+        self.stream = sys.stdout if _in_jupyter() else sys.stderr
         self.done = self.bad = 0
         self.t0 = time.perf_counter()
         self._bar = None
@@ -491,7 +519,7 @@ class _Progress:
             try:
                 from tqdm import tqdm
 
-                self._bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=True)
+                self._bar = tqdm(total=total, desc=desc, file=self.stream, leave=True)
             except ImportError:
                 self._draw()
 
@@ -508,11 +536,11 @@ class _Progress:
 
     def _draw(self) -> None:
         dt = time.perf_counter() - self.t0
-        sys.stderr.write(
+        self.stream.write(
             f"\r{self.desc}: {self.done}/{self.total} ({self.bad} not ok) {dt:.0f}s"
             + ("\n" if self.done == self.total else "")
         )
-        sys.stderr.flush()
+        self.stream.flush()
 
     def close(self) -> None:
         if self._bar is not None:
@@ -617,7 +645,7 @@ def _run_compile(todo, jobs, bar) -> None:
 
 
 def _job(r: dict[str, Any]) -> dict[str, Any]:
-    keys = ("target", "H", "D", "dtype", "_params", "_workload", "_device")
+    keys = ("target", "H", "D", "dtype", "_params", "_workload", "_device", "_kernel", "_launch")
     return {k: r[k] for k in keys if k in r}
 
 
@@ -690,6 +718,8 @@ def _stamp(rows, mode) -> None:
         r.pop("_params", None)
         r.pop("_workload", None)
         r.pop("_device", None)
+        r.pop("_kernel", None)
+        r.pop("_launch", None)
         r.setdefault("workload", "compile-only" if mode == "compile" else "")
         r.update(device=device, triton=triton.__version__, torch=torch.__version__, date=today)
 
@@ -755,8 +785,15 @@ def save_rows(rows: Iterable[Mapping[str, Any]], path: Path | str) -> Path:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: "" if r.get(k) is None else r.get(k) for k in cols})
+            w.writerow({k: _to_csv(r.get(k)) for k in cols})
     return path
+
+
+def _to_csv(v):
+    """A cell: "" for None, JSON for a dict (a kernel's launch), else the value."""
+    if v is None:
+        return ""
+    return json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
 
 
 def _from_csv(col: str, text: str):
@@ -789,7 +826,13 @@ def load_rows(path: Path | str) -> list[dict[str, Any]]:
                 f"{path}: not rows saved by `sparse-mla sweep` (missing column(s) "
                 f"{', '.join(missing[:4])}{more})"
             )
-        return [{k: _from_csv(k, v) for k, v in r.items()} for r in reader]
+        rows = [{k: _from_csv(k, v) for k, v in r.items()} for r in reader]
+    for r in rows:
+        if isinstance(r.get("launch"), str):
+            r["launch"] = json.loads(r["launch"])
+        if isinstance(r.get("T"), str):
+            r["T"] = int(r["T"])
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -902,8 +945,17 @@ def export(
     (read-only, e.g. 0444, or another user's without a write bit for us; root included) is
     refused with a ConfigFileError, as is a link that leads nowhere: nothing is written.
     """
+    items = _winner_items(winners)
+    others = [v for _, v in items if isinstance(v, Mapping) and is_kernel_row(v)]
+    if others:  # winners of another kernel: its launch is the entry's kernel choice
+        diff = export_launch(others, arch, root=root, provenance=provenance, dry_run=dry_run)
+        rest = [(k, v) for k, v in items if not (isinstance(v, Mapping) and is_kernel_row(v))]
+        return diff + (export(dict(rest) if all(k is not None for k, _ in rest) else
+                              [v for _, v in rest], arch, root=root, provenance=provenance,
+                              dry_run=dry_run, allow_compile_only=allow_compile_only)
+                       if rest else "")  # fmt: skip
     path = configs.config_path(arch, root)
-    new_entries = dict(_entry_from(k, v, arch, provenance) for k, v in _winner_items(winners))
+    new_entries = dict(_entry_from(k, v, arch, provenance) for k, v in items)
     if not new_entries:
         return ""
     compiled = sorted(k for k, e in new_entries.items() if e["provenance"].get("mode") == "compile")
@@ -1167,6 +1219,350 @@ def export_kernel_choice(
                 }  # fmt: skip
                 entry = {"launch": _bench_value(t, "config"), "provenance": prov}
             merged[key] = {"kernel": kernels[0] if len(kernels) == 1 else kernels, **entry}
+        return merged
+
+    return _merge_into(path, arch, merge, dry_run)
+
+
+# ----------------------------------------------------------------------------------------------
+# Any registered kernel (sparse_mla.dispatch.KERNELS): its launch, sweeps and export
+# ----------------------------------------------------------------------------------------------
+
+
+def _call(name: str, target, num_heads: int, head_dim: int, num_tokens: int | None = None):
+    from . import dispatch
+
+    return dispatch.Call(_target(target).name, num_heads, head_dim, num_tokens=num_tokens)
+
+
+def kernel_targets(name: str) -> tuple[str, ...]:
+    """The named targets kernel ``name`` cross-compiles for (``"*"``: every named target of
+    :data:`sparse_mla.targets.TARGETS` but ``local``)."""
+    from . import dispatch
+    from .targets import TARGETS
+
+    k = dispatch.kernel(name)
+    named = tuple(t for t in TARGETS if t != "local")
+    return named if "*" in k.targets else tuple(t for t in k.targets if t in named)
+
+
+def catalog() -> list[dict[str, Any]]:
+    """Every registered kernel as JSON: name, targets (named ones), knobs (field -> allowed
+    values), summary, config_type and whether it can be cross-compiled (``sparse-mla kernels
+    --json`` prints this list)."""
+    from . import dispatch
+
+    out = []
+    for name, k in dispatch.KERNELS.items():
+        out.append({
+            "name": name,
+            "targets": list(kernel_targets(name)),
+            "knobs": {f: list(v) for f, v in k.knobs.items()},
+            "summary": k.summary,
+            "config_type": k.config_type,
+            "compiles": name == dispatch.FALLBACK or k.compile_args is not None,
+        })  # fmt: skip
+    return out
+
+
+def knob_types(name: str) -> dict[str, type]:
+    """Field -> type (int or bool) of kernel ``name``'s launch: every field its config class
+    has (the registry's ``knobs`` list their usual values; any field can be set)."""
+    import dataclasses
+
+    from . import dispatch
+
+    if name == dispatch.FALLBACK:
+        return {k: t for k, (t, _) in configs.launch_types().items()}
+    k = dispatch.kernel(name)
+    targets = kernel_targets(name)
+    if not targets:
+        raise ValueError(f"kernel {name!r} compiles for no named target")
+    cfg = k.resolve(None, _call(name, targets[0], 16, 512))
+    out = {}
+    for f in dataclasses.fields(cfg):
+        text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        out[f.name] = bool if "bool" in text else int
+    return out
+
+
+def _check_target(name: str, target) -> str:
+    from . import dispatch
+
+    t = _target(target)
+    arch = t.name
+    if arch not in kernel_targets(name) and name != dispatch.FALLBACK:
+        raise ValueError(
+            f"kernel {name!r} does not compile for {arch}; its targets: "
+            f"{', '.join(kernel_targets(name))}"
+        )
+    return arch
+
+
+def base_launch(
+    name: str, target, num_heads: int, head_dim: int = 512, *, num_tokens: int | None = None,
+    root=None,
+) -> tuple[Any, str]:  # fmt: skip
+    """Kernel ``name``'s launch for (target, H, D) before any knob is set, and where it comes
+    from: Triton's tuned entry (else its default); another kernel's launch recorded for the
+    shape (the choice serving ``num_tokens``, else any recorded for it), else its default."""
+    from . import dispatch
+    from .prefill import default_config
+
+    arch = _check_target(name, target)
+    entry = configs.lookup_entry(arch, num_heads, head_dim, root)
+    key = configs.shape_key(num_heads, head_dim)
+    if name == dispatch.FALLBACK:
+        if entry is not None:
+            return entry.launch, f"tuned entry {key} in {entry.source}"
+        return default_config(num_heads, head_dim, arch), f"the default for {key} (no tuned entry)"
+    k = dispatch.kernel(name)
+    call = _call(name, arch, num_heads, head_dim, num_tokens)
+    mine = [c for c in (entry.kernels if entry is not None else ()) if c.name == name]
+    pick = next((c for c in mine if c.serves(num_tokens)), mine[-1] if mine else None)
+    if pick is not None and pick.launch is not None:
+        where = "" if pick.tokens is None else f" for T in {list(pick.tokens)}"
+        return k.resolve(dict(pick.launch), call), f"recorded {key}{where} in {entry.source}"
+    return k.resolve(None, call), f"{name}'s default for H={num_heads}"
+
+
+def kernel_launch(
+    name: str, target, num_heads: int, head_dim: int = 512, knobs: Mapping[str, Any] | None = None,
+    *, base: Any = None, num_tokens: int | None = None, root=None,
+) -> Any:  # fmt: skip
+    """Kernel ``name``'s launch at (target, H, D) with ``knobs`` set over ``base`` (default
+    :func:`base_launch`), validated without compiling: ValueError with the reason (a field the
+    kernel lacks, a value its config refuses, a launch it cannot take on that target)."""
+    import dataclasses
+
+    from . import dispatch
+
+    arch = _check_target(name, target)
+    types = knob_types(name)
+    knobs = dict(knobs or {})
+    unknown = sorted(set(knobs) - set(types))
+    if unknown:
+        raise ValueError(f"{name} has no knob {', '.join(unknown)}; its knobs: {', '.join(types)}")
+    for f, v in knobs.items():
+        if types[f] is bool and v in (0, 1) and not isinstance(v, bool):
+            knobs[f] = bool(v)
+    if base is None:
+        base = base_launch(name, arch, num_heads, head_dim, num_tokens=num_tokens, root=root)[0]
+    try:
+        cfg = dataclasses.replace(base, **knobs)
+    except TypeError as e:
+        raise ValueError(f"{name}: {e}") from None
+    if name == dispatch.FALLBACK:
+        status, reason = _precheck(_target(arch), num_heads, head_dim, cfg.to_dict())
+        if status == "invalid":
+            raise ValueError(reason)
+        return cfg
+    k = dispatch.kernel(name)
+    cfg = k.resolve(cfg, _call(name, arch, num_heads, head_dim, num_tokens))
+    if k.compile_args is not None:  # its own checks of the launch (no compile)
+        k.compile_args(arch, num_heads=num_heads, config=cfg)
+    return cfg
+
+
+def launch_json(name: str, launch: Any) -> dict[str, Any]:
+    """A kernel's launch as the JSON dict configs/ records."""
+    from . import dispatch
+
+    k = dispatch.kernel(name)
+    return dict(k.to_dict(launch)) if k.to_dict is not None else dict(vars(launch))
+
+
+def sweep_kernel(
+    name: str,
+    grid: Mapping[str, Iterable],
+    shapes,
+    targets,
+    *,
+    mode: str = "compile",
+    workload: str | Mapping[str, Any] = "dsv4_csa",
+    jobs: int | None = None,
+    progress: bool = True,
+    sample: int | None = None,
+    seed: int = 0,
+    dtype: str = "bf16",
+) -> list[dict[str, Any]]:
+    """:func:`sweep` for any registered kernel: its knobs (:func:`knob_types`) over the launch
+    it would run at each shape (:func:`base_launch`). Rows have the :data:`COLUMNS` plus
+    ``kernel``, ``launch`` (the JSON of the whole launch) and one column per knob; a launch
+    the kernel refuses is an ``invalid`` row with the reason, before compiling. Compile mode
+    ranks by resources without a GPU; time mode checks each launch against the fp32
+    reference on the workload, then times it (``sparse_mla_prefill(config=Choice(name,
+    launch))``, so the kernel timed is the one the dispatch would run)."""
+    from . import dispatch
+
+    if name == dispatch.FALLBACK:
+        rows = sweep(grid, shapes, targets, mode=mode, workload=workload, jobs=jobs,
+                     progress=progress, sample=sample, seed=seed, dtype=dtype)  # fmt: skip
+        for r in rows:
+            r["kernel"] = name
+            r["launch"] = {p: r[p] for p in LAUNCH_PARAMS if r.get(p) is not None}
+        return rows
+    if mode not in ("compile", "time"):
+        raise ValueError(f"mode must be 'compile' or 'time', got {mode!r}")
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype must be 'bf16' or 'fp16', got {dtype!r}")
+    types = knob_types(name)
+    bad = sorted(set(grid) - set(types))
+    if bad:
+        raise ValueError(f"grid: {name} has no knob {', '.join(bad)}; its knobs: "
+                         f"{', '.join(types)}")  # fmt: skip
+    values = {}
+    for n, v in grid.items():
+        v = [v] if isinstance(v, (int, bool)) or v is None else list(dict.fromkeys(v))
+        if not v:
+            raise ValueError(f"grid: parameter {n!r} has no values")
+        values[n] = v
+    combos = [dict(zip(values, c, strict=True)) for c in itertools.product(*values.values())]
+    if sample is not None and sample < len(combos):
+        combos = random.Random(seed).sample(combos, sample)
+    if isinstance(targets, str):
+        targets = [targets]
+    rows: list[dict[str, Any]] = []
+    for tname in dict.fromkeys(targets):
+        arch = _check_target(name, tname)
+        for H, D in _normalize_shapes(shapes):
+            base = base_launch(name, arch, H, D)[0]
+            for knobs in combos:
+                row = {"target": arch, "H": H, "D": D, "dtype": dtype, "mode": mode,
+                       **{p: None for p in LAUNCH_PARAMS}, "kernel": name}  # fmt: skip
+                try:
+                    launch = kernel_launch(name, arch, H, D, knobs, base=base)
+                except (TypeError, ValueError) as e:
+                    row.update(knobs, status="invalid", reason=str(e), launch=dict(knobs))
+                    rows.append(row)
+                    continue
+                d = launch_json(name, launch)
+                row.update({p: v for p, v in d.items() if p in LAUNCH_PARAMS})
+                row.update(d, status="ok", reason="", launch=d)
+                row["_kernel"], row["_launch"] = name, launch
+                rows.append(row)
+    todo = [r for r in rows if r["status"] == "ok"]
+    if mode == "time":
+        spec = {"name": workload} if isinstance(workload, str) else dict(workload)
+        _check_time_targets(rows)
+        for r in todo:
+            r["_workload"] = spec
+    bar = _Progress(len(rows), f"sweep {name} ({mode})", progress)
+    for r in rows:
+        if r["status"] != "ok":
+            bar.update(r["status"])
+    try:
+        if mode == "compile":
+            _run_compile(todo, jobs, bar)
+        else:
+            _run_time(todo, jobs, bar)
+    finally:
+        bar.close()
+    _stamp(rows, mode)
+    return _rank(rows)
+
+
+def _row_launch(r: Mapping[str, Any]) -> dict[str, Any]:
+    launch = r.get("launch")
+    if isinstance(launch, str):
+        launch = json.loads(launch) if launch else {}
+    return dict(launch or {})
+
+
+def is_kernel_row(r: Mapping[str, Any]) -> bool:
+    """Whether a sweep row is of a kernel other than Triton (exported as a kernel choice)."""
+    from . import dispatch
+
+    return r.get("kernel") not in (None, "", dispatch.FALLBACK)
+
+
+def export_launch(
+    winners: Iterable[Mapping[str, Any]],
+    arch: str,
+    *,
+    root: Path | str | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    dry_run: bool = False,
+) -> str:
+    """Record timed sweep winners of a kernel other than Triton (rows of :func:`sweep_kernel`,
+    ``mode`` "time") as the ``kernel`` of their shape's entry in ``arch``'s DEFAULT.json, so
+    ``sparse_mla_prefill(config=None)`` runs that kernel with that launch there; returns the
+    unified diff.
+
+    The choice serves every T, unless the entry records token buckets and the row's ``T``
+    (the timed workload's tokens) falls in one: then that bucket's choice is replaced and the
+    others kept. A shape without an entry gets Triton's default launch beside it (provenance
+    ``mode`` "default": nothing measured it). Compile-only rows are refused: a kernel choice
+    records a measured time. Atomic and under the file's lock, like :func:`export`."""
+    from . import dispatch
+    from .prefill import default_config
+
+    arch = _target(arch).name
+    prov_in = dict(provenance or {})
+    picked: dict[str, list[dict[str, Any]]] = {}
+    for r in winners:
+        name = r.get("kernel")
+        if name not in dispatch.KERNELS:
+            raise ValueError(f"export: kernel {name!r} is not registered")
+        if r.get("target") is not None and _target(r["target"]).name != arch:
+            raise ValueError(f"export: a winner for target {r['target']!r} given for arch {arch!r}")
+        t = r.get("time_ms")
+        if r.get("mode") != "time" or not isinstance(t, (int, float)) or not t > 0:
+            raise ValueError(
+                f"export: the {name} row for H{r['H']}_D{r['D']} has no measured time (mode "
+                f"{r.get('mode')!r}); a kernel choice records one: run a --mode time sweep on a GPU"
+            )
+        launch = _row_launch(r)
+        H, D = int(r["H"]), int(r["D"])
+        dispatch.kernel(name).resolve(dict(launch), dispatch.Call(arch, H, D))  # validates
+        prov = {
+            "device": str(r.get("device") or prov_in.get("device") or "unknown"),
+            "date": str(r.get("date") or _dt.date.today().isoformat()),
+            "source": str(prov_in.get("source") or "sparse-mla sweep"),
+            "times_ms": {name: round(float(t), 4)},
+        }
+        for k in ("workload", "triton", "torch"):
+            if r.get(k):
+                prov[k] = str(r[k])
+        if prov_in.get("notes"):
+            prov["notes"] = str(prov_in["notes"])
+        T = r.get("T")
+        picked.setdefault(configs.shape_key(H, D), []).append(
+            {"name": name, "launch": launch, "provenance": prov, "T": None if T in (None, "")
+             else int(T)}
+        )  # fmt: skip
+    if not picked:
+        return ""
+    path = configs.config_path(arch, root)
+
+    def merge(old: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(old)
+        for key, choices in picked.items():
+            c = choices[-1]
+            new = {"name": c["name"], "launch": c["launch"], "provenance": c["provenance"]}
+            entry = dict(old.get(key, {}))
+            kern = entry.get("kernel")
+            if isinstance(kern, list) and c["T"] is not None:
+                lst = []
+                for o in kern:
+                    lo, hi = o["tokens"]
+                    serves = lo <= c["T"] and (hi is None or c["T"] < hi)
+                    lst.append({**new, "tokens": o["tokens"]} if serves else o)
+                entry["kernel"] = lst
+            else:
+                entry["kernel"] = new
+            if "launch" not in entry:
+                H, D = configs.parse_shape_key(key)
+                cfg = default_config(H, D, arch)
+                entry["launch"] = configs.launch_to_json(cfg)
+                entry["provenance"] = {
+                    "device": c["provenance"]["device"], "triton": c["provenance"].get(
+                        "triton", ""), "date": c["provenance"]["date"],
+                    "workload": "none: Triton's default launch (the entry was made for a "
+                    f"{c['name']} choice)", "time_ms": None, "sweep_size": None,
+                    "mode": "default",
+                }  # fmt: skip
+            merged[key] = {"kernel": entry.pop("kernel"), **entry}
         return merged
 
     return _merge_into(path, arch, merge, dry_run)

@@ -137,6 +137,12 @@ def _table_text(page) -> str:
     return loc.first.inner_text(timeout=5000) if loc.count() else ""
 
 
+def _resources_text(page) -> str:
+    # text_content: the resource table even while JupyterLab does not render it (off screen).
+    loc = page.locator(".sml-explorer .sml-resources")
+    return (loc.first.text_content(timeout=5000) or "") if loc.count() else ""
+
+
 def _state(page) -> str | None:
     loc = page.locator(".sml-explorer .sml-status")
     return loc.first.get_attribute("data-state", timeout=5000) if loc.count() else None
@@ -177,6 +183,21 @@ def _assert_cleared(page) -> None:
         display = img.evaluate("e => getComputedStyle(e).display")
         assert display == "none", f"an image of an older setting is shown ({display})"
     assert page.locator(".sml-explorer .sml-stale").count() == 0
+
+
+def _assert_images_fit(page) -> None:
+    """Every shown chart of the panel has a size and ends inside its output area."""
+    sizes = page.locator(".sml-explorer img").evaluate_all(
+        """els => els.filter(e => getComputedStyle(e).display !== 'none').map(e => {
+            const r = e.getBoundingClientRect();
+            const area = e.closest('.jp-OutputArea-output') || document.body;
+            return [r.width, r.height, r.right, area.getBoundingClientRect().right];
+        })"""
+    )
+    assert sizes, "no chart shown"
+    for w, h, right, area_right in sizes:
+        assert w > 0 and h > 0, sizes  # not drawn at 0x0
+        assert right <= area_right + 1, sizes  # not past the output area
 
 
 def _wait_for(predicate, timeout: float, what: str, page=None):
@@ -236,6 +257,10 @@ def test_explorer_in_jupyterlab(tmp_path):
                 NOTEBOOK_RUN_S, "the resource table with EVEN_HD=True", page,
             )  # fmt: skip
             assert "VGPRs" in before and "occupancy" in before, before
+            # Right after Run All the charts have a size, within the output area (issue 23,
+            # defects 2 and 4).
+            _wait_for(lambda: _state(page) == "ok", NOTEBOOK_RUN_S, "the first ok", page)
+            _assert_images_fit(page)
             # Let the notebook finish, so the click is not queued behind running cells.
             page.wait_for_selector(
                 ".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']",
@@ -287,6 +312,24 @@ def test_explorer_in_jupyterlab(tmp_path):
                 TOGGLE_S, "the print made during a compile", page,
             )  # fmt: skip
             _wait_for(lambda: _state(page) == "ok", TOGGLE_S, "ok after the print", page)
+            # The kernel selector: on sm90 pick the few-heads Gluon kernel in the page's own
+            # <select>; its knob replaces Triton's and the table names it.
+            _run_cell(page, "panel.set(target='sm90', H=16)")
+            page.locator(".sml-explorer").first.scroll_into_view_if_needed()
+            _wait_for(lambda: _state(page) == "ok" and "sm90" in _resources_text(page),
+                      TOGGLE_S, "ok on sm90", page)  # fmt: skip
+            select = page.locator(".sml-explorer .sml-kernel select").first
+            select.scroll_into_view_if_needed()
+            options = select.locator("option").all_text_contents()
+            assert "triton" in options and "gluon_ws_small" in options, options
+            select.select_option("gluon_ws_small")
+            _wait_for(lambda: "gluon_ws_small" in _resources_text(page) and _state(page) == "ok",
+                      TOGGLE_S, "the gluon_ws_small compile", page)  # fmt: skip
+            knobs = page.locator(".sml-explorer .sml-knob")
+            assert knobs.count() >= 1 and "HEAD_GROUPS" in (knobs.first.text_content() or "")
+            origin = page.locator(".sml-explorer .sml-launch-origin").first.text_content() or ""
+            assert "gluon_ws_small launch loaded from" in origin, origin
+            _assert_images_fit(page)
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser_02_failure.png"))

@@ -289,11 +289,16 @@ def test_by_line_totals_equal_the_whole_kernel_and_the_loop_is_a_subset(prefill,
     lm = si.by_line(r)
     assert lm.totals() == r.mix  # every instruction is counted on exactly one source line
     lines = {(s.file, s.line): s for s in lm.lines}
-    # The two tl.dot calls go through one helper line; the gather is the masked tl.load.
+    # The two tl.dot calls go through one helper (_mma), counted on its two call sites (ptxas'
+    # line table puts a few HGMMAs of the scheduled loop on a neighbouring line); the gather is
+    # the masked tl.load.
     matrix = "mfma" if target.startswith("gfx") else "mma"
-    dot = [s for s in lm.lines if "tl.dot(" in s.source]
-    assert dot and sum(s.mix[matrix] for s in dot) == r.mix[matrix]
-    assert any("tl.load(kv_ptrs" in s.source and s.mix["total"] for s in lines.values())
+    dot = [s for s in lm.lines if "= _mma(" in s.source]
+    assert len(dot) == 2 and all(s.mix[matrix] for s in dot), [(s.line, s.source) for s in dot]
+    on_sites = sum(s.mix[matrix] for s in dot)
+    assert on_sites == r.mix[matrix] if target == "gfx950" else on_sites >= 0.9 * r.mix[matrix]
+    gather = [s for s in lines.values() if "= _load_tile(" in s.source]  # the masked tl.load
+    assert gather and all(s.mix["total"] for s in gather)
     loop = lm.loop
     assert loop is not None and loop.mix[matrix] > 0
     assert all(0 <= loop.mix[k] <= r.mix[k] for k in r.mix), (loop.mix, r.mix)

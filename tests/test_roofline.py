@@ -96,3 +96,43 @@ def test_committed_h200_csv_renders():
     assert len(s["workloads"]) >= 5
     assert figures.to_png(roofline.floors_figure(s))[:4] == b"\x89PNG"
     assert figures.to_png(roofline.roofline_figure(s))[:4] == b"\x89PNG"
+
+
+def _text_boxes(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    texts = [t for ax in fig.axes for t in ax.texts if t.get_text().strip()]
+    texts += [fig._suptitle] + [t for t in fig.texts if t.get_text().strip()]
+    texts = list({id(t): t for t in texts}.values())
+    return [(t.get_text(), t.get_window_extent()) for t in texts]
+
+
+def test_roofline_labels_do_not_overlap_and_default_stays_visible(tmp_path):
+    # A run with several workloads per head count and `default` equal to a kernel's time.
+    rows = _rows()
+    extra = []
+    for r in rows:
+        if r.get("provider") == "gluon":
+            extra.append({**r, "provider": "default"})  # the dispatch ran gluon there
+            extra.append({**r, "provider": "gluon", "workload": r["workload"] + "_b",
+                          "ms": r["ms"] * 1.1})  # fmt: skip
+    path = tmp_path / "b.csv"
+    bench.append_rows(path, rows + extra)
+    summary = bench.run_summary(bench.read_rows(path))
+    fig = roofline.roofline_figure(summary)
+    boxes = _text_boxes(fig)
+    for (ta, a), (tb, b) in __import__("itertools").combinations(boxes, 2):
+        assert not a.overlaps(b), (ta, tb)
+    ax = fig.axes[0]
+    rings = [c for c in ax.collections if c.get_label() == "default"]
+    assert rings and (rings[0].get_facecolors().size == 0 or rings[0].get_facecolors()[0][3] == 0)
+    assert figures.png_size(figures.to_png(fig))[0] <= figures.MAX_WIDTH_PX
+    # The conclusion: per workload, from that workload's own times (never summed).
+    lines = roofline.roofline_conclusion(summary)
+    assert len(lines) == len(summary["workloads"])
+    for name, w in summary["workloads"].items():
+        line = next(ln for ln in lines if ln.startswith(name + " "))
+        best = min(w["ms"], key=w["ms"].get)
+        assert f"{best} {w['ms'][best]:.3f} ms" in line
+        assert f"{w['floor_ms'] / w['ms'][best]:.0%} of its floor" in line

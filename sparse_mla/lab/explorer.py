@@ -28,11 +28,15 @@ Results of an older widget state are dropped when they arrive late. ``panel.upda
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
+import contextlib
+import dataclasses
 import html
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,7 +46,15 @@ from .. import inspect as _inspect
 from .. import runtime, targets
 from ..prefill import PrefillConfig, default_config, launch_constexprs, sparse_mla_prefill
 from ..reference import error_report, sparse_mla_prefill_ref
-from .figures import error_figure, html_table, mix_figure, occupancy_figure, pre_block, to_png
+from .figures import (
+    error_figure,
+    html_table,
+    mix_figure,
+    occupancy_figure,
+    png_size,
+    pre_block,
+    to_png,
+)
 
 __all__ = ["ExplorerPanel", "PanelState", "check_state", "error_run"]
 
@@ -58,13 +70,26 @@ class PanelState:
     target: str
     num_heads: int
     head_dim: int
-    config: PrefillConfig
+    config: Any  # PrefillConfig for "triton", else the kernel's own launch (its config class)
+    kernel: str = "triton"  # a name of sparse_mla.dispatch.KERNELS
 
     @property
     def is_amd(self) -> bool:
         return targets.get_target(self.target).is_amd
 
+    @property
+    def run_config(self) -> Any:
+        """What ``sparse_mla_prefill(config=...)`` takes to run exactly this kernel and launch."""
+        if self.kernel == "triton":
+            return self.config
+        from ..dispatch import Choice
+
+        return Choice(self.kernel, self.config)
+
     def label(self) -> str:
+        if self.kernel != "triton":
+            knobs = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(self.config).items())
+            return f"{self.target} H={self.num_heads} D={self.head_dim}: {self.kernel} {knobs}"
         c = self.config
         bits = [f"BLOCK_H={c.BLOCK_H}", f"BLOCK_K={c.BLOCK_K}", f"EVEN_HD={c.EVEN_HD}",
                 f"USE_EXP2={c.USE_EXP2}", f"num_warps={c.num_warps}",
@@ -82,6 +107,8 @@ MAXNREG = (64, 96, 128, 168, 200, 255)
 
 def check_state(state: PanelState) -> str | None:
     """Why this combination cannot compile (one sentence), or None when it can."""
+    if state.kernel != "triton":
+        return _check_kernel_state(state)
     cfg = state.config
     try:
         cfg.validate()
@@ -106,6 +133,32 @@ def check_state(state: PanelState) -> str | None:
     except ValueError as e:
         return str(e)
     return None
+
+
+def _check_kernel_state(state: PanelState) -> str | None:
+    """check_state for a kernel other than Triton: its targets, the call it can take, and the
+    launch (its config's own checks and the kernel's, e.g. a shared-memory budget)."""
+    from .. import dispatch, tune
+
+    arch = targets.get_target(state.target).name
+    try:
+        why = dispatch.kernel(state.kernel).unavailable(
+            dispatch.Call(arch, state.num_heads, state.head_dim)
+        )
+        if why:
+            return f"{state.kernel} cannot run H={state.num_heads} D={state.head_dim}: {why}"
+        tune.kernel_launch(state.kernel, arch, state.num_heads, state.head_dim, base=state.config)
+    except (TypeError, ValueError) as e:
+        return str(e)
+    return None
+
+
+def kernels_for(target: str) -> list[str]:
+    """The registered kernels that cross-compile for ``target`` (Triton first: every target)."""
+    from .. import dispatch, tune
+
+    arch = targets.get_target(target).name
+    return [n for n in dispatch.KERNELS if n == "triton" or arch in tune.kernel_targets(n)]
 
 
 def default_kernel_line(state: PanelState) -> str:
@@ -147,11 +200,27 @@ def error_run(
     )  # fmt: skip
     out = torch.full_like(w.q, float("nan"))  # an unwritten tile shows as NaN
     t0 = time.perf_counter()
-    sparse_mla_prefill(*w.args(), **w.kwargs(), out=out, config=state.config)
+    sparse_mla_prefill(*w.args(), **w.kwargs(), out=out, config=state.run_config)
     seconds = time.perf_counter() - t0
     ref = sparse_mla_prefill_ref(*w.args(), **w.kwargs())
     base = sparse_mla_prefill_ref(*w.args(), **w.kwargs(), upcast=False)
     return ErrorRun(out.cpu(), ref.cpu(), base.cpu(), error_report(out, ref, base), device, seconds)
+
+
+def _why_not_run(state: PanelState) -> str | None:
+    """Why the panel does not run the state's kernel here (None: it runs it): a kernel other
+    than Triton runs on a GPU of its arch only (Triton's interpreter runs Triton only)."""
+    if state.kernel == "triton":
+        return None
+    from .. import tune
+
+    arch = runtime.arch()
+    if arch is None:
+        return f"{state.kernel} runs on a GPU only (the CPU interpreter runs the triton kernel)"
+    if arch not in tune.kernel_targets(state.kernel):
+        return f"{state.kernel} runs on {', '.join(tune.kernel_targets(state.kernel))}; " \
+            f"this GPU is {arch}"  # fmt: skip
+    return None
 
 
 def _time_on_gpu(state: PanelState) -> float:
@@ -162,7 +231,7 @@ def _time_on_gpu(state: PanelState) -> float:
 
     w = dsv4_csa(4096, state.num_heads, D=state.head_dim, device="cuda", big_buffer=True)
     out = torch.empty_like(w.q)
-    fn = lambda: sparse_mla_prefill(*w.args(), **w.kwargs(), out=out, config=state.config)  # noqa: E731
+    fn = lambda: sparse_mla_prefill(*w.args(), **w.kwargs(), out=out, config=state.run_config)  # noqa: E731
     fn()
     return float(triton.testing.do_bench(fn, return_mode="median"))
 
@@ -184,6 +253,22 @@ _STYLE = (
     ".sml-explorer .sml-stale::before{content:'stale: from the previous setting';"
     "display:block;font:italic 11px sans-serif;color:#808080}</style>"
 )
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # panels to mark stale when the process exits
+
+
+@atexit.register
+def _mark_panels_stale() -> None:
+    for panel in list(_LIVE):
+        with contextlib.suppress(Exception):  # the process is going away: never fail its exit
+            panel.kernel_exiting()
+
+
+def _set_image(image, png: bytes) -> None:
+    """Show PNG bytes in an ipywidgets Image at the PNG's own width (at most the output's)."""
+    image.width = str(png_size(png)[0])  # the height follows (aspect kept when scaled down)
+    image.value = png
 
 
 def _status(text: str, color: str = "#333") -> str:
@@ -247,6 +332,7 @@ class ExplorerPanel:
         self._future: cf.Future | None = None
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sml-explorer")
         self._error_cache: dict[tuple, ErrorRun] = {}
+        self._names: dict[Any, str] = {}  # compile key -> registered kernel name
 
         choices = list(NAMED_TARGETS) + (["local"] if runtime.has_gpu() else [])
         if target not in choices:
@@ -285,6 +371,15 @@ class ExplorerPanel:
         self.w_maxnreg = W.Dropdown(options=[("off", 0)] + [(str(n), n) for n in MAXNREG],
                                     value=cfg.maxnreg or 0, description="maxnreg", style=style,
                                     layout=lay())  # fmt: skip
+        self.w_kernel = W.Dropdown(options=kernels_for(target), value="triton",
+                                   description="kernel", style=style, layout=lay())  # fmt: skip
+        self.w_kernel.add_class("sml-kernel")
+        self.knob_widgets: dict[str, Any] = {}  # the selected non-Triton kernel's knobs
+        self.knob_box = W.VBox(layout=W.Layout(min_width="236px"))
+        self.knob_box.add_class("sml-knobs")
+        self._kernel_base: Any = None  # the launch the knob widgets were loaded from
+        self.launch_origin = W.HTML()
+        self.launch_origin.add_class("sml-launch-origin")
         self.w_pin = W.Button(description="pin as baseline", icon="thumb-tack",
                               tooltip="diff later variants against this compile")  # fmt: skip
         self.w_unpin = W.Button(description="unpin")
@@ -294,11 +389,14 @@ class ExplorerPanel:
         self.resources = W.HTML()
         self.resources.add_class("sml-resources")
         # align_self: the chart keeps its own height instead of stretching to the table's.
+        # Each image gets its PNG's own width in pixels (set_image): an <img> without a width
+        # inside a flex box was drawn 0x0 until the next change; max_width 100% keeps it
+        # inside the output area when that is narrower.
         self.mix_image = W.Image(
-            format="png", layout=W.Layout(max_width="520px", align_self="flex-start")
+            format="png", layout=W.Layout(max_width="100%", align_self="flex-start")
         )
         self.occupancy_image = W.Image(
-            format="png", layout=W.Layout(max_width="560px", align_self="flex-start")
+            format="png", layout=W.Layout(max_width="100%", align_self="flex-start")
         )
         self.isa = W.HTML()
         self.isa_search = W.Text(placeholder="search the ISA (regular expression)",
@@ -309,7 +407,15 @@ class ExplorerPanel:
         self.isa_scope.observe(lambda _: self._show_isa(), names="value")
         self.by_line_view = W.HTML()
         self.diff_view = W.HTML(_status("pin a compile to diff against it"))
-        self.error_image = W.Image(format="png", layout=W.Layout(max_width="900px"))
+        # Measured stalls per source line (Nsight Compute), on demand: a profile takes minutes.
+        self.profile_button = W.Button(description="profile with ncu", icon="tachometer",
+                                       tooltip="Nsight Compute: stall reasons per source line "
+                                       "of the current kernel and launch on this GPU")  # fmt: skip
+        self.profile_view = W.HTML()
+        self.profile_view.add_class("sml-profile")
+        self.profile_button.on_click(lambda _: self.profile())
+        self.profile_result = None
+        self.error_image = W.Image(format="png", layout=W.Layout(max_width="100%"))
         self.error_text = W.HTML()
         self.time_text = W.HTML()
         self.default_text = W.HTML()
@@ -321,7 +427,8 @@ class ExplorerPanel:
                       self.diff_view, self.error_text, self.error_image,
                       self.time_text]  # fmt: skip
 
-        self.controls = [self.w_target, self.w_heads, self.w_dim, self.w_even, self.w_exp2,
+        self.controls = [self.w_target, self.w_kernel, self.w_heads, self.w_dim, self.w_even,
+                         self.w_exp2,
                          self.w_prefetch, self.w_block_h, self.w_block_k, self.w_warps,
                          self.w_stages, self.w_kpack, self.w_waves, self.w_maxnreg]  # fmt: skip
         for w in self.controls:
@@ -330,22 +437,27 @@ class ExplorerPanel:
         self.w_unpin.on_click(lambda _: self.unpin())
 
         # Columns no narrower than their 220px controls (a flex box would shrink and clip them).
-        left = W.VBox([self.w_target, self.w_heads, self.w_dim, self.w_block_h, self.w_block_k],
-                      layout=W.Layout(min_width="236px"))  # fmt: skip
+        left = W.VBox([self.w_target, self.w_kernel, self.w_heads, self.w_dim, self.w_block_h,
+                       self.w_block_k], layout=W.Layout(min_width="236px"))  # fmt: skip
         mid = W.VBox([self.w_warps, self.w_stages, self.w_kpack, self.w_waves, self.w_maxnreg,
                       W.HBox([self.w_even, self.w_exp2])],
                      layout=W.Layout(min_width="236px"))  # fmt: skip
         right = W.VBox([self.w_prefetch, self.w_pin, self.w_unpin, self.progress, self.status])
         isa_box = W.VBox([W.HBox([self.isa_search, self.isa_scope]), self.isa])
-        tabs = W.Tab(children=[isa_box, self.by_line_view, self.diff_view])
+        profile_box = W.VBox([self.profile_button, self.profile_view])
+        tabs = W.Tab(children=[isa_box, self.by_line_view, self.diff_view, profile_box])
         tabs.set_title(0, "ISA")
         tabs.set_title(1, "by source line")
         tabs.set_title(2, "diff vs pinned")
+        tabs.set_title(3, "profile (ncu)")
         self.tabs = tabs
         self.widget = W.VBox([
             W.HTML(_STYLE),
-            W.HBox([left, mid, right]),
-            W.HBox([self.resources, W.VBox([self.mix_image, self.occupancy_image])]),
+            W.HBox([left, mid, self.knob_box, right]),
+            self.launch_origin,
+            W.HBox([self.resources, W.VBox([self.mix_image, self.occupancy_image],
+                                           layout=W.Layout(min_width="0", flex="1 1 auto"))],
+                   layout=W.Layout(flex_flow="row wrap", max_width="100%")),
             self.time_text,
             self.default_text,
             self.error_text,
@@ -354,6 +466,12 @@ class ExplorerPanel:
         ])  # fmt: skip
         self.widget.add_class("sml-explorer")
         self._sync_visibility()
+        self._loading = False
+        self.load_tuned(update=False)
+        self._profile_note()
+        # Kernel > Restart stops this process: say so in the page before it goes (defect 3:
+        # the old table stayed under a green "ok" while the widgets had no kernel behind them).
+        _LIVE.add(self)
         if start:
             self.update()
 
@@ -361,6 +479,12 @@ class ExplorerPanel:
 
     def state(self) -> PanelState:
         """The widgets' current values as a PanelState."""
+        name = self.w_kernel.value
+        if name != "triton":
+            knobs = {f: w.value for f, w in self.knob_widgets.items()}
+            launch = dataclasses.replace(self._kernel_base, **knobs)
+            return PanelState(self.w_target.value, self.w_heads.value, self.w_dim.value, launch,
+                              name)  # fmt: skip
         amd = targets.get_target(self.w_target.value).is_amd
         cfg = PrefillConfig(
             BLOCK_H=self.w_block_h.value,
@@ -379,40 +503,142 @@ class ExplorerPanel:
     def set(self, **values: Any) -> None:
         """Set several widgets at once with a single update, e.g. ``set(BLOCK_K=64,
         num_warps=8)``; keys are the widget descriptions."""
+        first = {k: values[k] for k in ("target", "kernel") if k in values}
+        with self._hold():
+            for k, v in first.items():  # the kernel (and its knob widgets) before the knobs
+                (self.w_target if k == "target" else self.w_kernel).value = v
         by_name = {w.description.split(" ")[0]: w for w in self.controls}
         by_name.update(H=self.w_heads, D=self.w_dim)
+        if self.w_kernel.value != "triton":
+            by_name.update(self.knob_widgets)
         unknown = sorted(set(values) - set(by_name))
         if unknown:
             raise ValueError(f"set: unknown control(s) {unknown}; expected {sorted(by_name)}")
         with self._hold():
             for k, v in values.items():
-                by_name[k].value = v
+                w = by_name[k]
+                if (
+                    k not in first
+                    and isinstance(getattr(w, "options", None), tuple)
+                    and (v not in [o[1] if isinstance(o, tuple) else o for o in w.options])
+                ):
+                    w.options = [*w.options, v]  # a value the list lacks: offer it
+                w.value = v
         self.update()
+
+    def load_tuned(self, update: bool = True) -> str:
+        """Set the knobs to the launch the selected kernel runs at the target and shape: the
+        tuned entry (Triton), the launch recorded for the kernel (others), else its default.
+        Called when the target, H, D or the kernel changes in the widgets; returns (and shows)
+        where the launch came from."""
+        from .. import tune
+
+        name, target = self.w_kernel.value, self.w_target.value
+        H, D = self.w_heads.value, self.w_dim.value
+        try:
+            launch, origin = tune.base_launch(name, target, H, D)
+        except Exception as e:  # a broken config file must not break the panel
+            launch, origin = None, f"not loaded ({type(e).__name__}: {e})"
+        with self._hold():
+            if name == "triton" and launch is not None:
+                even = launch_constexprs(H, D, torch.bfloat16, launch, has_sink=True)["EVEN_HD"]
+                for w, v in ((self.w_block_h, launch.BLOCK_H), (self.w_block_k, launch.BLOCK_K),
+                             (self.w_warps, launch.num_warps), (self.w_stages, launch.num_stages),
+                             (self.w_even, even), (self.w_exp2, launch.USE_EXP2),
+                             (self.w_prefetch, launch.PREFETCH_KV),
+                             (self.w_kpack, launch.kpack or 1),
+                             (self.w_waves, launch.waves_per_eu or 0),
+                             (self.w_maxnreg, launch.maxnreg or 0)):  # fmt: skip
+                    opts = getattr(w, "options", None)
+                    if opts is not None and v not in [o[1] if isinstance(o, tuple) else o
+                                                      for o in opts]:  # fmt: skip
+                        w.options = [*opts, v]
+                    w.value = v
+            elif launch is not None:
+                self._build_knobs(name, launch)
+        self.launch_origin.value = (
+            f"<div class='sml-launch-origin' style='color:#555;font-size:12px'>{html.escape(name)}"
+            f" launch loaded from {html.escape(origin)}</div>"
+        )
+        if update:
+            self.update()
+        return origin
+
+    def _build_knobs(self, name: str, launch: Any) -> None:
+        """One widget per field of the kernel's launch: a checkbox for a flag, else a list of
+        the registry's values for it (and the launch's own)."""
+        import ipywidgets as W
+
+        from .. import dispatch, tune
+
+        allowed = dispatch.kernel(name).knobs
+        widgets: dict[str, Any] = {}
+        for f, kind in tune.knob_types(name).items():
+            v = getattr(launch, f)
+            if kind is bool:
+                w = W.Checkbox(value=bool(v), description=f, indent=False)
+            else:
+                opts = sorted({*allowed.get(f, ()), v} - {None})
+                w = W.Dropdown(options=opts, value=v, description=f,
+                               style={"description_width": "110px"},
+                               layout=W.Layout(width="220px"))  # fmt: skip
+            w.add_class("sml-knob")
+            w.observe(self._on_change, names="value")
+            widgets[f] = w
+        self.knob_widgets = widgets
+        self._kernel_base = launch
+        note = [] if widgets else [W.HTML(f"<i>{html.escape(name)} has no knobs yet</i>")]
+        self.knob_box.children = tuple(widgets.values()) + tuple(note)
 
     def _hold(self):
         panel = self
 
         class _Hold:
             def __enter__(self):
+                self.before = panel._held
                 panel._held = True
 
             def __exit__(self, *exc):
-                panel._held = False
+                panel._held = self.before
 
         return _Hold()
 
     _held = False
 
+    def _triton_controls(self) -> list:
+        return [self.w_block_h, self.w_block_k, self.w_warps, self.w_stages, self.w_kpack,
+                self.w_waves, self.w_maxnreg, self.w_even, self.w_exp2,
+                self.w_prefetch]  # fmt: skip
+
     def _sync_visibility(self) -> None:
+        triton = self.w_kernel.value == "triton"
         amd = targets.get_target(self.w_target.value).is_amd
+        for w in self._triton_controls():
+            w.layout.display = None if triton else "none"
         for w in (self.w_kpack, self.w_waves):
-            w.layout.display = None if amd else "none"
-        self.w_maxnreg.layout.display = "none" if amd else None
+            w.layout.display = None if amd and triton else "none"
+        self.w_maxnreg.layout.display = "none" if amd or not triton else None
+        self.knob_box.layout.display = "none" if triton else None
 
     def _on_change(self, change) -> None:
-        if change["owner"] is self.w_target:
+        owner = change["owner"]
+        if owner is self.w_target:
+            offered = kernels_for(self.w_target.value)
+            with self._hold():
+                keep = self.w_kernel.value if self.w_kernel.value in offered else "triton"
+                self.w_kernel.options = offered
+                self.w_kernel.value = keep
+        if owner is self.w_kernel and self.w_kernel.value != "triton":
+            from .. import tune
+
+            launch, _ = tune.base_launch(self.w_kernel.value, self.w_target.value,
+                                         self.w_heads.value, self.w_dim.value)  # fmt: skip
+            self._build_knobs(self.w_kernel.value, launch)
+        if owner in (self.w_target, self.w_kernel):
             self._sync_visibility()
         if not self._held:
+            if owner in (self.w_target, self.w_kernel, self.w_heads, self.w_dim):
+                self.load_tuned(update=False)  # the shape's tuned launch (issue 23, defect 6)
             self.update()
 
     # -- running -----------------------------------------------------------------------------
@@ -518,10 +744,16 @@ class ExplorerPanel:
             # compile_prefill captures the compiler's output per call (a failed pass's MLIR
             # reproducer, ptxas's PTX dump) and keeps it in a file named by the failure.
             self.in_compile.set()
-            res = _inspect.compile_prefill(
-                state.target, state.config, num_heads=state.num_heads,
-                head_dim=state.head_dim, dtype="bf16", has_sink=True,
-            )  # fmt: skip
+            if state.kernel == "triton":
+                res = _inspect.compile_prefill(
+                    state.target, state.config, num_heads=state.num_heads,
+                    head_dim=state.head_dim, dtype="bf16", has_sink=True,
+                )  # fmt: skip
+            else:
+                res = _inspect.compile_kernel(
+                    state.kernel, state.target, num_heads=state.num_heads,
+                    head_dim=state.head_dim, config=state.config,
+                )[1]  # fmt: skip
             failure = None
         except Exception as e:  # a compiler failure is a result to show, not a crash
             res, failure = None, e
@@ -533,6 +765,7 @@ class ExplorerPanel:
             self._show_failure(failure)
             return
         self.result = res
+        self._names[res.key] = state.kernel
         self._show_compile(state, res)
         self.progress.value = 1
         how = (
@@ -546,11 +779,17 @@ class ExplorerPanel:
             return
 
         self.error = None
-        if self.run_errors:
+        no_run = _why_not_run(state)
+        if self.run_errors and no_run:
+            self._show_not_run(no_run)
+        elif self.run_errors:
             self._set_phase("compiling", "running the kernel against fp32 ...")
-            key = (state.num_heads, state.head_dim, *launch_constexprs(
-                state.num_heads, state.head_dim, torch.bfloat16, state.config, has_sink=True
-            ).items())  # fmt: skip
+            if state.kernel == "triton":
+                key = (state.num_heads, state.head_dim, *launch_constexprs(
+                    state.num_heads, state.head_dim, torch.bfloat16, state.config, has_sink=True
+                ).items())  # fmt: skip
+            else:
+                key = (state.kernel, state.num_heads, state.head_dim, repr(state.config))
             run = self._error_cache.get(key)
             if run is None:
                 run = error_run(state, tokens=self.error_tokens, slots=self.error_slots)
@@ -565,7 +804,7 @@ class ExplorerPanel:
         self.progress.value = 2
 
         self.time_ms = None
-        if self.time_gpu and state.target == "local":
+        if self.time_gpu and state.target == "local" and not no_run:
             self._set_phase("compiling", "timing on the GPU ...")
             ms = _time_on_gpu(state)
             if not self._current(gen):
@@ -575,6 +814,16 @@ class ExplorerPanel:
         self.progress.value = 3
         self.progress.bar_style = "success"
         self._set_phase("ok", f"{state.target}, {how}")
+
+    def _show_not_run(self, why: str) -> None:
+        self.error_image.remove_class("sml-stale")
+        self.error_image.layout.display = "none"
+        self.error_image.value = b""
+        self.error_text.value = (
+            f"<div class='sml-error' style='color:#555'>error vs fp32: not run: "
+            f"{html.escape(why)}</div>"
+        )
+        self._fresh(self.error_text)
 
     def _show_failure(self, e: BaseException | None) -> None:
         self.result = None
@@ -630,10 +879,13 @@ class ExplorerPanel:
 
         def rows(r: _inspect.CompileResult) -> list[tuple[str, Any]]:
             c = r.constexprs
+            keys = ("BLOCK_H", "BLOCK_K", "BLOCK_D", "EVEN_HD", "USE_EXP2", "PREFETCH_KV")
+            if not all(k in c for k in keys):  # another kernel: its plain constexprs
+                keys = tuple(k for k, v in c.items() if isinstance(v, (bool, int, str)))
+            name = self._names.get(r.key)
             out = [("target", r.target.name),
-                   ("constexprs", " ".join(f"{k}={c[k]}" for k in
-                                           ("BLOCK_H", "BLOCK_K", "BLOCK_D", "EVEN_HD",
-                                            "USE_EXP2", "PREFETCH_KV"))),
+                   ("kernel", f"{name} ({r.kernel_name})" if name else r.kernel_name),
+                   ("constexprs", " ".join(f"{k}={c[k]}" for k in keys)),
                    ("options", " ".join(f"{k}={v}" for k, v in r.options.items()))]  # fmt: skip
             out += list(r.resources.as_rows())
             out += [("occupancy", f"{r.resources.occupancy} {r.target.occupancy_unit}"),
@@ -651,8 +903,9 @@ class ExplorerPanel:
         rows = [r if pin else r[:2] for r in self.resource_rows()]
         self.resources.value = html_table(rows, header, cls="sml-resource-table")
         base = self.pinned.mix if pin else None
-        self.mix_image.value = to_png(mix_figure(res.mix, base))
-        self.occupancy_image.value = to_png(occupancy_figure(res, self.pinned if pin else None))
+        _set_image(self.mix_image, to_png(mix_figure(res.mix, base)))
+        _set_image(self.occupancy_image,
+                   to_png(occupancy_figure(res, self.pinned if pin else None)))  # fmt: skip
         self._fresh(self.resources, self.mix_image, self.occupancy_image, self.isa,
                     self.by_line_view, self.diff_view)  # fmt: skip
         self._show_isa()
@@ -741,7 +994,13 @@ class ExplorerPanel:
             f"<div>a = pinned: {html.escape(pin.label)}<br>b = current: "
             f"{html.escape(res.label)}</div>"
             + pre_block(d.summary(), cls="sml-diff-summary", max_height="20em")
-            + html_table(by_line[:40], header, cls="sml-diff-by-line", caption=caption)
+            # The change column within the tab's width: the source cut to 48 characters.
+            + html_table(
+                [[*r[:4], r[4][:48]] for r in by_line[:40]],
+                header,
+                cls="sml-diff-by-line",
+                caption=caption,
+            )
             + f"<details><summary>normalised ISA diff ({n_lines} lines)</summary>{raw}</details>"
         )
 
@@ -754,7 +1013,8 @@ class ExplorerPanel:
             f"on {html.escape(where)} ({run.seconds:.2f} s): {html.escape(str(r))}</div>"
         )
         title = f"error against fp32 of {state.label()}"
-        self.error_image.value = to_png(error_figure(run.out, run.ref, run.baseline, title=title))
+        _set_image(self.error_image,
+                   to_png(error_figure(run.out, run.ref, run.baseline, title=title)))  # fmt: skip
         self._fresh(self.error_text, self.error_image)
 
     def _show_time(self, state: PanelState) -> None:
@@ -767,6 +1027,43 @@ class ExplorerPanel:
             text = "time: pick target 'local' to time on this machine's GPU"
         self.time_text.value = f"<div class='sml-time'>{text}</div>"
         self._fresh(self.time_text)
+
+    # -- profile (Nsight Compute) ---------------------------------------------------------
+
+    def _profile_note(self) -> None:
+        from .. import profile as prof
+
+        why = prof.unavailable()
+        self.profile_button.disabled = why is not None
+        self.profile_view.value = _status(
+            f"profile: {why}" if why else "profile: runs the current kernel and launch once on "
+            "this GPU under Nsight Compute (target 'local'; about a minute)"
+        )  # fmt: skip
+
+    def profile(self, num_tokens: int = 4096) -> None:
+        """Profile the current kernel and launch on this GPU through Nsight Compute: the
+        kernel's stall reasons and the source lines with the most stall samples (blocks; the
+        tab says why when ncu or a GPU is missing)."""
+        from .. import profile as prof
+
+        why = prof.unavailable()
+        if why:
+            self.profile_view.value = _status(f"profile: {why}", "#b00")
+            return
+        state = self.state()
+        if state.target != "local":
+            self.profile_view.value = _status("profile: pick target 'local' (this GPU)", "#b00")
+            return
+        self.profile_view.value = _status("profiling under ncu ...", STATES["compiling"][0])
+        try:
+            p = prof.profile(state.kernel, state.num_heads, state.head_dim,
+                             launch=state.config, num_tokens=num_tokens)  # fmt: skip
+        except Exception as e:  # ncu's failure is a result to show
+            self.profile_view.value = _status(f"profile failed: {e}", "#b00")
+            return
+        self.profile_result = p
+        self.profile_view.value = pre_block(prof.profile_table(p), cls="sml-profile-table",
+                                            max_height="40em")  # fmt: skip
 
     # -- pinning -----------------------------------------------------------------------------
 
@@ -784,6 +1081,16 @@ class ExplorerPanel:
             self._show_compile(self.state(), self.result)
         else:
             self._show_diff()
+
+    def kernel_exiting(self) -> None:
+        """Mark every view stale: the Python process behind the widgets is stopping (a kernel
+        restart or shutdown), so a widget change will not recompile anything."""
+        with self._lock:
+            self._gen += 1
+        self._grey_views()
+        self.progress.bar_style = ""
+        self._set_phase("stale", "the kernel stopped (restarted?): these views are from before; "
+                        "run the notebook's cells again for a live panel")  # fmt: skip
 
     def close(self) -> None:
         """Stop the worker thread (pending results are dropped)."""

@@ -36,11 +36,33 @@ MIX_KINDS = (
 )  # fmt: skip
 
 
-def to_png(fig: Figure, dpi: int = 90) -> bytes:
-    """PNG bytes of a figure (the figure is closed for further drawing by nothing; reuse ok)."""
+# The widest image the workbook draws, in pixels: JupyterLab's output area at a 1280-pixel
+# window (the narrowest the panels are laid out for) is about 900 px wide after its prompt.
+MAX_WIDTH_PX = 860
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) in pixels of PNG bytes (from the IHDR chunk)."""
+    png = bytes(png[:24])
+    if png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def to_png(fig: Figure, dpi: int = 90, max_width_px: int | None = MAX_WIDTH_PX) -> bytes:
+    """PNG bytes of a figure (tight bounding box: legends and titles outside the axes are
+    kept), at most ``max_width_px`` wide (drawn again at a lower dpi when wider), so no figure
+    runs past the output area."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return buf.getvalue()
+    png = buf.getvalue()
+    width = png_size(png)[0]
+    if max_width_px and width > max_width_px:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi * max_width_px / width * 0.995,
+                    bbox_inches="tight")  # fmt: skip
+        png = buf.getvalue()
+    return png
 
 
 def html_table(
@@ -201,14 +223,24 @@ def occupancy_curve(target: str, num_warps: int = 4, agprs: int = 0) -> tuple[li
         xs = list(range(1, 513))
         return xs, [_inspect._cdna_waves_for_total(x) for x in xs]
     xs = list(range(1, 256))
-    return xs, [_inspect._nvidia_limits(x, 0, num_warps)["registers"] for x in xs]
+    # Registers alone would allow more warps than an SM holds (64): the warp slots cap it.
+    lim = [_inspect._nvidia_limits(x, 0, num_warps) for x in xs]
+    return xs, [min(m["registers"], m["warps"]) for m in lim]
+
+
+def occupancy_ceiling(target: str) -> int:
+    """The most waves per SIMD (AMD) or warps per SM (NVIDIA) the target holds."""
+    from .. import inspect as _inspect
+    from ..targets import get_target
+
+    return _inspect._CDNA_MAX_WAVES if get_target(target).is_amd else _inspect._NV_MAX_WARPS
 
 
 def _register_point(res) -> tuple[int, int]:
     """(registers on the chart's x axis, register-limited occupancy) of a Resources."""
     if res.backend == "hip":
         return res.total_vgprs, res.limits["registers"]
-    return res.registers, res.limits["registers"]
+    return res.registers, min(res.limits["registers"], res.limits.get("warps", 10**9))
 
 
 def occupancy_figure(current, pinned=None, *, title: str | None = None) -> Figure:
@@ -235,7 +267,7 @@ def occupancy_figure(current, pinned=None, *, title: str | None = None) -> Figur
     ax.set_xlabel("unified VGPRs (arch + AGPR)" if r.backend == "hip" else "registers / thread")
     ax.set_ylabel(unit)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, occupancy_ceiling(current.target.name) * 1.08)
     ax.set_title(title or f"occupancy cliff on {current.target.name} (kernel: {r.occupancy} "
                  f"{unit} with all limits)", fontsize=9)  # fmt: skip
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from ..gluon import hopper_ws
@@ -360,44 +361,49 @@ def _arrow(ax, src, dst, color, *, rad=0.0, scale=8, lw=0.8, ls="-"):
     )  # fmt: skip
 
 
+# The drawing's least box width (in step units): wide enough for a box's number at 7 points.
+_MIN_DRAWN = 0.9
+
+
 def timeline_figure(pairs: int = 2, *, arrows: bool = True) -> Figure:
-    """Swimlanes of one work item of ``pairs`` pairs: a box per step (colour = kind, hatching =
-    pair), an arrow from each arrival to the wait it releases, labelled with the barrier (red:
-    an mbarrier; blue dashed: a named barrier)."""
-    placed = schedule(pairs)
-    fig = Figure(figsize=(17, 7))
-    ax = fig.add_subplot(1, 1, 1)
+    """Swimlanes of one work item of ``pairs`` pairs: a numbered box per step (colour = kind,
+    hatching = pair) and an arrow from each arrival to the wait it releases (red: an mbarrier;
+    blue dashed: a named barrier). The key under the lanes says, per partition and number,
+    what the step does and which barriers it waits on. The x axis is the order of events
+    (boxes are drawn at least wide enough for their number): a schedule, not measured time."""
+    from dataclasses import replace as _replace
+
+    drawn = tuple(_replace(st, cost=max(st.cost, _MIN_DRAWN)) for st in TIMELINE)
+    placed = schedule(pairs, drawn)
+    fig = Figure(figsize=(9.4, 2.0 + 0.55 * len(LANES) + 0.13 * (len(placed) / len(LANES) + 2)))
+    gs = fig.add_gridspec(2, 1, height_ratios=[0.9 * len(LANES), 0.13 * (len(placed) / len(LANES)
+                                                                          + 2)])  # fmt: skip
+    ax = fig.add_subplot(gs[0])
+    keyax = fig.add_subplot(gs[1])
+    keyax.axis("off")
     row = {lane: len(LANES) - 1 - i for i, lane in enumerate(LANES)}
     ends = {}
-    for pl in placed:
+    order = sorted(placed, key=lambda p: (p.start, row[p.step.lane] * -1))
+    number = {id(p): i + 1 for i, p in enumerate(order)}
+    keys: dict[str, list[str]] = {lane: [] for lane in LANES}
+    for pl in order:
         y = row[pl.step.lane]
         ax.add_patch(
             Rectangle(
-                (pl.start, y - 0.32),
-                pl.end - pl.start,
-                0.64,
-                facecolor=_KIND_COLORS[pl.step.kind],
-                edgecolor="#333333",
-                lw=0.6,
+                (pl.start, y - 0.32), pl.end - pl.start, 0.64,
+                facecolor=_KIND_COLORS[pl.step.kind], edgecolor="#333333", lw=0.6,
                 hatch=_PAIR_HATCH[(pl.pair + pl.step.ahead) % len(_PAIR_HATCH)]
-                if pl.step.when != "end"
-                else "",
+                if pl.step.when != "end" else "",
+                zorder=2,
             )
-        )
-        width = pl.end - pl.start
-        if width < 0.5:  # a marker: its label above the box
-            ax.text(
-                pl.start + width / 2,
-                y + 0.36,
-                pl.step.label,
-                ha="center",
-                va="bottom",
-                fontsize=5.5,
-                rotation=90,
-            )
-        else:
-            text = "\n".join(textwrap.wrap(pl.step.label, max(8, int(width * 8))))
-            ax.text(pl.start + width / 2, y, text, ha="center", va="center", fontsize=6)
+        )  # fmt: skip
+        n = number[id(pl)]
+        ax.text((pl.start + pl.end) / 2, y, str(n), ha="center", va="center", fontsize=7,
+                zorder=4, bbox={"boxstyle": "round,pad=0.12", "fc": "white", "ec": "none",
+                                "alpha": 0.85})  # fmt: skip
+        waits = ", ".join(name for name, _, _ in pl.waited)
+        text = f"{n:>2} {pl.step.label}" + (f"  [waits {waits}]" if waits else "")
+        keys[pl.step.lane].append("\n   ".join(textwrap.wrap(text, 44)))
         for name in pl.step.arrives:
             b = _BY_NAME[name]
             ends[(name, pl.pair if b.per == "pair" else 0, pl.step.lane)] = (pl.end, y)
@@ -414,38 +420,27 @@ def timeline_figure(pairs: int = 2, *, arrows: bool = True) -> Figure:
                     y0 = y0 + (-0.32 if y0 > y else 0.32)
                     named = _BY_NAME[name].kind == "named"
                     color = _NAMED_COLOR if named else _MBARRIER_COLOR
-                    _arrow(ax, (x0, y0), (pl.start, y1), color, rad=0.08, scale=7, lw=0.6,
+                    _arrow(ax, (x0, y0), (pl.start, y1), color, rad=0.08, scale=7, lw=0.7,
                            ls="--" if named else "-")  # fmt: skip
-                    # Nearer the arrival than the wait: two arrows between the same steps in
-                    # opposite directions (P0 and P1) keep their labels apart.
-                    ax.text(
-                        x0 + 0.4 * (pl.start - x0),
-                        y0 + 0.4 * (y1 - y0),
-                        name,
-                        fontsize=5.8,
-                        color=color,
-                        ha="center",
-                        va="center",
-                        bbox={
-                            "boxstyle": "round,pad=0.1",
-                            "fc": "white",
-                            "ec": "none",
-                            "alpha": 0.8,
-                        },
-                    )
-    ax.set_yticks([row[lane] for lane in LANES], [_lane_label(lane) for lane in LANES])
+    ax.set_yticks([row[lane] for lane in LANES], [_lane_label(lane) for lane in LANES],
+                  fontsize=7)  # fmt: skip
     ax.set_xlim(0, max(p.end for p in placed) + 0.2)
-    ax.set_ylim(-0.6, len(LANES) - 0.2)
-    ax.set_xlabel("order of events (step lengths are schematic, not measured)")
-    for kind, color in _KIND_COLORS.items():
-        ax.bar(0, 0, color=color, label=kind)
-    ax.legend(fontsize=7, loc="upper right", ncol=5)
-    ax.set_title(
-        f"one work item (64 heads of one token), {pairs} pairs of KV tiles; "
-        "hatching = pair, red arrows = mbarrier hand-offs, blue dashed = named barriers "
-        "(bar.sync / bar.arrive)",
-        fontsize=9,
-    )
+    ax.set_ylim(-0.6, len(LANES) - 0.4)
+    ax.set_xticks([])
+    ax.set_xlabel("order of events, left to right (box widths are schematic, not time)",
+                  fontsize=7)  # fmt: skip
+    handles = [Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="#333333", lw=0.6)
+               for c in _KIND_COLORS.values()]  # fmt: skip
+    handles += [Line2D([], [], color=_MBARRIER_COLOR, lw=1.2),
+                Line2D([], [], color=_NAMED_COLOR, lw=1.2, ls="--")]  # fmt: skip
+    labels = [*_KIND_COLORS, "mbarrier hand-off", "named barrier"]
+    ax.legend(handles, labels, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+              ncol=len(labels), frameon=False, handlelength=1.4, columnspacing=0.9)  # fmt: skip
+    fig.suptitle(f"one work item (64 heads of one token), {pairs} pairs of KV tiles; "
+                 "hatching = pair", fontsize=9)  # fmt: skip
+    for i, lane in enumerate(LANES):
+        keyax.text(i / len(LANES), 1.0, f"{lane}\n" + "\n".join(keys[lane]), fontsize=7,
+                   va="top", ha="left", family="monospace", transform=keyax.transAxes)  # fmt: skip
     fig.tight_layout()
     return fig
 

@@ -23,6 +23,7 @@ __all__ = [
     "PEERS",
     "floors_figure",
     "provider_color",
+    "roofline_conclusion",
     "roofline_figure",
     "summary_markdown",
     "summary_table",
@@ -108,34 +109,78 @@ def roofline_figure(summary: Mapping[str, Any]) -> Figure:
             rate = w["bytes"] / (w["gather_ms"] * 1e-3) / 1e12  # TB/s
             roofs.setdefault(f"gather {rate:.2f} TB/s", rate)
     mm = roofs.pop("matmul", None)
-    for label, rate in roofs.items():
+    for j, (label, rate) in enumerate(sorted(roofs.items(), key=lambda kv: -kv[1])):
         top = mm if mm else rate * hi
         knee = min(hi, top / rate)
         ax.plot([lo, knee], [rate * lo, rate * knee], "--", color="#2ca02c", lw=1)
-        ax.text(lo, rate * lo, " " + label, fontsize=7, va="bottom", color="#2ca02c")
+        # The fastest roof's label above its line, the others below theirs: never on each other.
+        ax.text(lo, rate * lo, " " + label, fontsize=7, va="bottom" if j == 0 else "top",
+                color="#2ca02c")  # fmt: skip
     if mm:
         ax.axhline(mm, linestyle=":", color="#9467bd", lw=1)
         ax.text(lo, mm, f" bf16 matmul {mm:.0f} TFLOP/s", fontsize=7, va="bottom", color="#9467bd")
     seen = set()
-    for name in _ordered(work):
+    ymin, ymax = math.inf, mm or 0.0
+    # Workloads sharing a column (same H) get their labels one above the other, numbered;
+    # the names are in a key under the plot, so no label overlaps another or the title.
+    keys = []
+    column: dict[float, int] = {}
+    for i, name in enumerate(_ordered(work), 1):
         w = work[name]
         x = w["flops"] / w["bytes"]
         ys = []
-        for prov, t in w["ms"].items():
+        # `default` is the kernel the dispatch picked: a ring over that kernel's own point.
+        for prov, t in sorted(w["ms"].items(), key=lambda kv: kv[0] == "default"):
             ys.append(w["flops"] / (t * 1e-3) / 1e12)
-            ax.scatter([x], [ys[-1]], color=provider_color(prov), s=28, zorder=3,
+            ring = prov == "default"
+            ax.scatter([x], [ys[-1]], s=90 if ring else 28, zorder=4 if ring else 3,
+                       facecolors="none" if ring else provider_color(prov),
+                       edgecolors=provider_color(prov), linewidths=1.6 if ring else 0.5,
                        label=prov if prov not in seen else None)  # fmt: skip
             seen.add(prov)
         if ys:
-            ax.annotate(name, (x, max(ys)), fontsize=6, rotation=60, xytext=(2, 4),
-                        textcoords="offset points")  # fmt: skip
+            k = column.get(round(x, 6), 0)
+            column[round(x, 6)] = k + 1
+            ax.annotate(str(i), (x, min(ys)), fontsize=7, ha="center", va="top",
+                        xytext=(0, -6 - 9 * k), textcoords="offset points")  # fmt: skip
+            ymin, ymax = min(ymin, min(ys)), max(ymax, max(ys))
+            keys.append(f"{i}: {name}")
     ax.set_xlim(lo, hi)
+    if math.isfinite(ymin):
+        ax.set_ylim(ymin / (2.5 + 0.6 * max(column.values(), default=1)), ymax * 2.2)
     ax.set_xlabel("FLOP per gathered byte")
     ax.set_ylabel("TFLOP/s")
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(_caption(summary), fontsize=9)
-    fig.tight_layout()
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+              title="provider (ring: default)", title_fontsize=7)  # fmt: skip
+    fig.suptitle(_caption(summary), fontsize=9)
+    per_row = 3
+    lines = ["   ".join(keys[j : j + per_row]) for j in range(0, len(keys), per_row)]
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, va="bottom", family="monospace")
+    fig.tight_layout(rect=(0, 0.03 + 0.035 * len(lines), 1, 0.95))
     return fig
+
+
+def roofline_conclusion(summary: Mapping[str, Any]) -> list[str]:
+    """One sentence per workload: the fastest provider, the fraction of the same-run floor it
+    reaches, which roof binds (gather or matmul) and how far ``default`` is from the fastest
+    (each number from that workload's own row, never summed over workloads)."""
+    out = []
+    for name in _ordered(summary["workloads"]):
+        w = summary["workloads"][name]
+        if not w["ms"]:
+            continue
+        best = min(w["ms"], key=w["ms"].get)
+        t = w["ms"][best]
+        g, m = w.get("gather_ms") or 0.0, w.get("matmul_ms") or 0.0
+        bound = "gather (bandwidth)" if g >= m else "matmul (compute)"
+        floor = w.get("floor_ms") or max(g, m)
+        frac = f"{floor / t:.0%} of its floor" if floor else "no floor measured"
+        line = f"{name} (H={w['H']}, T={w['T']}): {best} {t:.3f} ms, {frac}; {bound}-bound"
+        d = w["ms"].get("default")
+        if d is not None and best != "default":
+            line += f"; default {d:.3f} ms ({d / t:.2f}x the fastest)"
+        out.append(line)
+    return out
 
 
 def summary_table(summary: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:

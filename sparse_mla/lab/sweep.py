@@ -21,7 +21,14 @@ from matplotlib.figure import Figure
 
 from .figures import html_table
 
-__all__ = ["heatmaps", "rows_html", "scratch_config_root"]
+__all__ = [
+    "export_and_reload",
+    "heatmaps",
+    "metric_label",
+    "rows_html",
+    "scratch_config_root",
+    "shipped_kernel",
+]
 
 METRIC_LABELS = {
     "time_ms": "time (ms, lower is better)",
@@ -29,6 +36,24 @@ METRIC_LABELS = {
     "occupancy": "occupancy (waves/SIMD or warps/SM)",
     "spill_bytes": "spill bytes",
 }
+
+
+def metric_label(metric: str, target: str) -> str:
+    """A heatmap's title for ``metric`` on ``target``: AMD counts VGPRs and waves per SIMD,
+    NVIDIA registers per thread and warps per SM."""
+    from ..targets import get_target
+
+    amd = get_target(target).is_amd
+    if metric == "registers":
+        return "unified VGPRs" if amd else "registers / thread"
+    if metric == "occupancy":
+        return "occupancy (waves/SIMD)" if amd else "occupancy (warps/SM)"
+    return METRIC_LABELS.get(metric, metric)
+
+
+def _ms(value: Any) -> str:
+    """A provenance time for a sentence ("not measured" when it is null)."""
+    return f"{value:.3f} ms" if isinstance(value, (int, float)) else "time not recorded"
 
 
 def _best(rows: list[Mapping[str, Any]], metric: str) -> Mapping[str, Any] | None:
@@ -56,16 +81,21 @@ def heatmaps(
 ) -> Figure:
     """One heatmap per metric over (``y``, ``x``) for ``target`` and shape (H, D); cells hold
     the best value over the grid's other axes and name that config's values on the axes that
-    vary (e.g. ``w4 s2``); configs that did not run are blank. A metric
-    with no value anywhere (time on a CPU-only sweep) says so instead of a heatmap."""
+    vary (e.g. ``w4 s2``); configs that did not run are blank. A metric with no value
+    anywhere (time in a compile-only sweep) gets no panel: the title says it was not measured."""
     sel = [r for r in rows if r.get("target") == target and r.get("H") == H and r.get("D") == D]
     if not sel:
         raise ValueError(f"no rows for target={target!r} H={H} D={D}")
+    absent = [m for m in metrics if all(r.get(m) is None for r in sel)]
+    metrics = [m for m in metrics if m not in absent] or list(metrics[:1])
     xs = sorted({r[x] for r in sel if r.get(x) is not None})
     ys = sorted({r[y] for r in sel if r.get(y) is not None})
     # The grid's other axes that vary: each cell names its best config's values on them.
     others = [k for k in _SHORT if k not in (x, y) and len({repr(r.get(k)) for r in sel}) > 1]
-    fig = Figure(figsize=(3.8 * len(metrics), 3.0))
+    # Room for a cell's label (its value and the other axes' values) at 7-point type.
+    cell_w = 0.75 + 0.5 * len(others)
+    fig = Figure(figsize=(max(3.6, cell_w * len(xs) + 1.6) * len(metrics),
+                          0.9 + 0.62 * max(len(ys), 2)))  # fmt: skip
     for i, metric in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), i + 1)
         grid = [[math.nan] * len(xs) for _ in ys]
@@ -101,15 +131,16 @@ def heatmaps(
                         text,
                         ha="center",
                         va="center",
-                        fontsize=8,
+                        fontsize=7,
                         bbox={"facecolor": "white", "alpha": 0.7, "pad": 1, "lw": 0},
                     )
             ax.set_xticks(range(len(xs)), [str(v) for v in xs])
             ax.set_yticks(range(len(ys)), [str(v) for v in ys])
             ax.set_xlabel(x)
             ax.set_ylabel(y)
-        ax.set_title(METRIC_LABELS.get(metric, metric), fontsize=9)
-    fig.suptitle(f"{target}, H={H}, D={D}", fontsize=10)
+        ax.set_title(metric_label(metric, target), fontsize=9)
+    note = f" ({', '.join(absent)}: not measured, compile-only sweep)" if absent else ""
+    fig.suptitle(f"{target}, H={H}, D={D}{note}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -141,3 +172,57 @@ def scratch_config_root(copy_existing: bool = True):
             yield root
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def export_and_reload(best: Mapping[tuple, Mapping[str, Any]], root) -> list[str]:
+    """Notebook 03's export step for Triton winners (``tune.best_per_shape`` rows) into config
+    ``root``: compile-only candidates are refused, then exported only where they replace no
+    timed entry; each shape then says what the launcher uses (the exported launch, or the
+    timed entry it keeps, its time or "time not recorded"). Returns the lines to print;
+    AssertionError if the launcher does not use an exported launch."""
+    from .. import configs, prefill, tune
+    from .. import inspect as _inspect
+
+    out: list[str] = []
+    kept = set()  # shapes whose timed entry a compile-only candidate must not replace
+    for target in sorted({k[0] for k in best}):
+        winners = {k: r for k, r in best.items() if k[0] == target}
+        try:
+            out.append(tune.export(list(winners.values()), target, root=root))
+        except ValueError as e:  # compile-only candidates: refused, as the CLI refuses them
+            out.append(f"refused: {e}")
+            for k in winners:
+                old = configs.lookup_entry(*k)
+                if old is not None and old.provenance.get("mode") == "time":
+                    kept.add(k)
+            rest = [r for k, r in winners.items() if k not in kept]
+            if rest:
+                out.append(tune.export(rest, target, root=root, allow_compile_only=True))
+    for (target, H, D), row in best.items():
+        if (target, H, D) in kept:
+            timed = configs.lookup_entry(target, H, D)
+            p = timed.provenance
+            out.append(f"{target} H={H} D={D}: keeps its timed entry {timed.launch.to_dict()} "
+                       f"({_ms(p.get('time_ms'))} on {p.get('device')})")  # fmt: skip
+            continue
+        entry = configs.lookup(target, H, D)  # the launcher's own lookup (the given root)
+        used = prefill.resolve_config(H, D, None, target)
+        compiled = _inspect.compile_prefill(target, None, num_heads=H, head_dim=D)
+        assert entry == used
+        assert (used.BLOCK_H, used.BLOCK_K, used.num_warps) == (
+            row["BLOCK_H"], row["BLOCK_K"], row["num_warps"])  # fmt: skip
+        assert compiled.constexprs["BLOCK_K"] == row["BLOCK_K"]
+        assert compiled.options["num_warps"] == row["num_warps"]
+        out.append(f"{target} H={H} D={D}: the launcher now uses {used.to_dict()}")
+        out.append(f"  compiled with it: {compiled.resources.occupancy} "
+                   f"{compiled.target.occupancy_unit}, {compiled.resources.spill_bytes} "
+                   "spill bytes")  # fmt: skip
+    return out
+
+
+def shipped_kernel(arch: str, num_heads: int, head_dim: int = 512, num_tokens=None) -> str:
+    """The kernel ``sparse_mla_prefill(config=None)`` runs on ``arch`` at (H, D[, T])."""
+    from .. import dispatch
+
+    call = dispatch.Call(arch, num_heads, head_dim, num_tokens=num_tokens)
+    return dispatch.choose(call).kernel
