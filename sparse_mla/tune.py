@@ -1315,7 +1315,7 @@ def base_launch(
     if name == dispatch.FALLBACK:
         if entry is not None:
             return entry.launch, f"tuned entry {key} in {entry.source}"
-        return default_config(num_heads, head_dim, arch), f"the default for {key} (no tuned entry)"
+        return default_config(num_heads, head_dim), f"the default for {key} (no tuned entry)"
     k = dispatch.kernel(name)
     call = _call(name, arch, num_heads, head_dim, num_tokens)
     mine = [c for c in (entry.kernels if entry is not None else ()) if c.name == name]
@@ -1553,7 +1553,7 @@ def export_launch(
                 entry["kernel"] = new
             if "launch" not in entry:
                 H, D = configs.parse_shape_key(key)
-                cfg = default_config(H, D, arch)
+                cfg = default_config(H, D)
                 entry["launch"] = configs.launch_to_json(cfg)
                 entry["provenance"] = {
                     "device": c["provenance"]["device"], "triton": c["provenance"].get(

@@ -12,9 +12,11 @@ from sparse_mla import inspect as si
 from sparse_mla.lab import figures
 from sparse_mla.lab.explorer import ExplorerPanel, kernels_for
 
-# One target each kernel compiles for, and a shape its default launch serves.
+# One target each kernel of a dense pool compiles for (the panel's inputs), and a shape its
+# default launch serves.
+DENSE = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "dense"]
 CASES = [(name, tune.kernel_targets(name)[0], 64 if name in ("gluon_ws", "gluon_wgmma")
-          else 16) for name in dispatch.KERNELS]  # fmt: skip
+          else 16) for name in DENSE]  # fmt: skip
 
 
 @pytest.fixture
@@ -26,7 +28,7 @@ def panel():
 
 def test_the_selector_offers_the_kernels_that_compile_for_the_target(panel):
     assert list(panel.w_kernel.options) == kernels_for("sm90")
-    assert set(kernels_for("sm90")) == {n for n in dispatch.KERNELS
+    assert set(kernels_for("sm90")) == {n for n in DENSE
                                         if "sm90" in tune.kernel_targets(n)}  # fmt: skip
     assert kernels_for("gfx942") == ["triton"]
     panel.set(kernel="gluon_ws_small")

@@ -154,11 +154,17 @@ def _check_kernel_state(state: PanelState) -> str | None:
 
 
 def kernels_for(target: str) -> list[str]:
-    """The registered kernels that cross-compile for ``target`` (Triton first: every target)."""
+    """The registered kernels of a dense pool that cross-compile for ``target`` (Triton first:
+    every target). The panel's inputs are a dense [N, 512] pool; the FP8-cache kernels
+    (``kv_format`` other than dense) are not offered here yet."""
     from .. import dispatch, tune
 
     arch = targets.get_target(target).name
-    return [n for n in dispatch.KERNELS if n == "triton" or arch in tune.kernel_targets(n)]
+    return [
+        n
+        for n, k in dispatch.KERNELS.items()
+        if k.kv_format == "dense" and (n == "triton" or arch in tune.kernel_targets(n))
+    ]
 
 
 def default_kernel_line(state: PanelState) -> str:
