@@ -210,8 +210,47 @@ class Launcher:
              not p.do_not_specialize_on_alignment)
             for p in params
         )  # fmt: skip
+        self._gen: dict[Any, Any] = {}  # backend -> the generated key of the first call's types
 
     # -- the key -------------------------------------------------------------------------------
+
+    def _generate_key(self, args, backend):
+        """:meth:`_key` as straight-line code for arguments of these types (a launch site passes
+        the same types every call): the same tuple, without the loop. It returns None when an
+        argument's type is not the one it was made for (then :meth:`_key` runs)."""
+        n = len(args)
+        if not 0 < n <= len(self._flags):
+            return None
+        guards, parts = [], []
+        shortcut = backend.supports_native_tensor_specialization
+        for i, (a, (is_cx, is_const, spec, align)) in enumerate(
+            zip(args, self._flags, strict=False)
+        ):
+            t = type(a)
+            if is_cx:
+                return None  # a positional constexpr (none here): :meth:`_key` checks its hash
+            if t is torch.Tensor and shortcut:
+                guards.append(f"type(a{i}) is not _T")
+                parts.append(f"(a{i}.dtype, not a{i}.data_ptr() & 15)")
+            elif t is TmaArg:
+                guards.append(f"type(a{i}) is not _TMA")
+                parts.append(f"(_TMA, a{i}.tensor.dtype, a{i}.block_shape, _id(a{i}.layout), "
+                             f"a{i}.padding)")  # fmt: skip
+            else:
+                parts.append(f"_ns(_B, a{i}, {is_const}, {spec}, {align})")
+        names = ", ".join(f"a{i}" for i in range(n))
+        src = (
+            f"def key(args):\n"
+            f"    if len(args) != {n}:\n        return None\n"
+            f"    {names}, = args\n"
+            + (f"    if {' or '.join(guards)}:\n        return None\n" if guards else "")
+            + f"    try:\n        return ({', '.join(parts)},)\n"
+            f"    except Exception:\n        return None\n"
+        )
+        ns = {"_T": torch.Tensor, "_TMA": TmaArg, "_id": id, "_ns": native_specialize_impl,
+              "_B": backend}  # fmt: skip
+        exec(src, ns)  # code built above from this kernel's parameter flags only
+        return ns["key"]
 
     def _key(self, args, native, backend) -> tuple | None:
         """Each positional argument's part of the key (module docstring); None: not keyable."""
@@ -251,7 +290,12 @@ class Launcher:
         drv = driver.active
         device = drv.get_current_device()
         backend = fn.device_caches[device][3]  # run()'s (kernel_cache, ..., backend, binder)
-        spec = self._key(args, native_specialize_impl, backend)
+        gen = self._gen.get(backend)
+        if gen is None:
+            gen = self._gen[backend] = self._generate_key(args, backend) or _no_key
+        spec = gen(args)
+        if spec is None:
+            spec = self._key(args, native_specialize_impl, backend)
         if spec is None:
             return self._slow(grid, args, kwargs, None)
         key = (device, id(kwargs), fn.debug or rt.debug,
@@ -350,6 +394,10 @@ class Launcher:
         return raw, (keyed, encode, run.launch_cooperative_grid, run.launch_pdl)
 
 
+def _no_key(args):
+    return None
+
+
 def _no_hook(h) -> bool:
     """Whether a launch hook does nothing: None, or Triton 3.6's default, an empty HookChain
     (``kernel[grid]`` then builds launch metadata and the C launcher calls both chains, which
@@ -361,12 +409,14 @@ def _hashable(v):
     return tuple(v) if isinstance(v, list) else v
 
 
-_LAUNCHERS: dict[Any, Launcher] = {}
+# id(kernel) -> its Launcher, which holds the kernel (so the id stays its own). Not keyed by the
+# kernel: a JITFunction hashes its source hash string (~3 us a lookup).
+_LAUNCHERS: dict[int, Launcher] = {}
 
 
 def launcher(fn) -> Launcher:
     """The :class:`Launcher` of kernel ``fn`` (one per kernel)."""
-    lau = _LAUNCHERS.get(fn)
-    if lau is None:
-        lau = _LAUNCHERS[fn] = Launcher(fn)
+    lau = _LAUNCHERS.get(id(fn))
+    if lau is None or lau.fn is not fn:
+        lau = _LAUNCHERS[id(fn)] = Launcher(fn)
     return lau

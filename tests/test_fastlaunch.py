@@ -92,8 +92,7 @@ class _Fn:
 @pytest.fixture
 def env(monkeypatch):
     drv = _Driver()
-    monkeypatch.setattr(fastlaunch.driver, "_active", drv, raising=False)
-    monkeypatch.setattr(type(fastlaunch.driver), "active", property(lambda self: drv))
+    monkeypatch.setattr(fastlaunch.driver, "_active", drv)  # driver.active is then drv
     fn = _Fn(_toy)
     fastlaunch.set_enabled(True)
     yield fn, fastlaunch.Launcher(fn), drv
@@ -177,10 +176,16 @@ def test_key_is_at_least_as_fine_as_triton(env):
         for f in (True, False)
     ]
     seen = {}
+    gen = launch._generate_key(cases[0], BaseBackend)
     for a in cases:
         key = launch._key(a, fastlaunch.native_specialize_impl, BaseBackend)
+        assert gen(a) == key  # the generated key is the same tuple
         _, spec, _ = fn.binder(*a, **KW)
         assert seen.setdefault(key, tuple(spec)) == tuple(spec), a
+    assert len(seen) > 50
+    # An argument of another type than the generated key was made for: the generic key.
+    assert gen((1.0, *cases[0][1:])) is None
+    assert launch._key((1.0, *cases[0][1:]), fastlaunch.native_specialize_impl, BaseBackend)
 
 
 def test_other_kwargs_device_or_debug_take_kernel_grid(env):

@@ -368,10 +368,10 @@ def choose_num_splits(rows: int, num_heads: int, nnz: int, cfg: GluonConfig, num
     Otherwise enough splits to cover the SMs/CUs once, but no more than keep >= 2 tiles
     (2 * BLOCK_K slots) of the average row (nnz / rows) per split, and at most 16.
     """
-    programs = rows * triton.cdiv(num_heads, cfg.BLOCK_H)
+    programs = rows * runtime.cdiv(num_heads, cfg.BLOCK_H)
     if programs == 0 or programs >= num_units:
         return 1
-    by_fill = triton.cdiv(num_units, programs)
+    by_fill = runtime.cdiv(num_units, programs)
     by_work = max(1, (nnz // max(rows, 1)) // (2 * cfg.BLOCK_K))
     return max(1, min(by_fill, by_work, MAX_SPLITS))
 
@@ -841,7 +841,7 @@ def run_validated(
             cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse
         )
         fastlaunch.launcher(_prefill_wgmma_kernel)(
-            (R * triton.cdiv(H, block_h), splits),
+            (R * runtime.cdiv(H, block_h), splits),
             (q_nope, kv2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
              q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
              H, N, kv_indices.numel(), float(sm_scale) * _LOG2E),
@@ -856,7 +856,7 @@ def run_validated(
     if splits > 1:
         rcx = _cached(_reduce_constexprs)(H, splits, attn_sink is not None, return_lse, tgt)
         fastlaunch.launcher(_mla_reduce_kernel)(
-            (R, triton.cdiv(H, rcx["BLOCK_H"])),
+            (R, runtime.cdiv(H, rcx["BLOCK_H"])),
             (opart, lsepart, sink, out, lse_arg, out.stride(0), out.stride(1), H),
             fastlaunch.merged(rcx, num_warps=4),
         )  # fmt: skip
@@ -928,7 +928,7 @@ def _launch_persistent(
         q = q.contiguous()
     # No sink: logits of -inf add 2^-inf = 0 to the denominator.
     sink = _no_sink(H, q.device) if attn_sink is None else attn_sink.contiguous()
-    items = R * triton.cdiv(H, heads_per_item)
+    items = R * runtime.cdiv(H, heads_per_item)
     grid = (min(items, _num_compute_units(dev)),)
     extra = {} if small_call is None else {"SMALL": small_call(kv_indices.numel(), grid[0])}
     # One dict per (constexprs, SMALL): the direct launch keys on its identity.
@@ -981,7 +981,7 @@ def _launch_shared(
     )  # fmt: skip
     qpe = q_pe if has_pe else q_nope
     kpe = kpe2 if has_pe else kv2
-    grid = (R, triton.cdiv(H, cfg.BLOCK_H), splits)
+    grid = (R, runtime.cdiv(H, cfg.BLOCK_H), splits)
     fastlaunch.launcher(_mla_fwd_kernel)(
         grid,
         (q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
