@@ -306,8 +306,8 @@ class Launcher:
         if e is _NOT_FAST or e.kwargs is not kwargs:
             return self._slow(grid, args, kwargs, None)
         for g, name, val in e.globals:
-            if g.get(name, _MISSING) is not val:
-                return self._slow(grid, args, kwargs, None)
+            if g.get(name, _MISSING) is not val:  # rebound: Triton's check runs, then a new entry
+                return self._slow(grid, args, kwargs, key)
         stream = drv.get_current_stream(device)
         n = len(grid)
         g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
@@ -340,9 +340,13 @@ class Launcher:
             return kernel
         if hasattr(kernel, "result"):  # an async compile's future
             kernel = kernel.result()
+        entry = self._entry(kernel, args, kwargs)
+        if entry is None:
+            self._entries.pop(key, None)
+            return kernel
         if len(self._entries) >= MAX_ENTRIES:
             self._entries.clear()
-        self._entries[key] = self._entry(kernel, args, kwargs)
+        self._entries[key] = entry
         return kernel
 
     def _entry(self, kernel, args, kwargs):
@@ -363,8 +367,16 @@ class Launcher:
         e.packed = kernel.packed_metadata
         e.tail = tuple(tail)
         e.kwargs = kwargs
-        used = self.fn.used_global_vals.items()
-        e.globals = tuple((g, name, val) for (name, _), (val, g) in used)
+        # Triton keeps a copy of each constexpr global the kernel read and compares it (!=) with
+        # the global on every run; that check just passed, so the objects the globals hold now
+        # pass it as long as they stay the same objects (checked by identity per call).
+        glob = []
+        for (name, _), (val, g) in self.fn.used_global_vals.items():
+            cur = g.get(name, _MISSING)
+            if cur is _MISSING or cur != val:
+                return None  # not kept: a later call tries again
+            glob.append((g, name, cur))
+        e.globals = tuple(glob)
         e.refs = tuple(a.layout for a in args if type(a) is TmaArg)  # ids in the key stay valid
         e.tma = None
         e.raw = None

@@ -70,7 +70,8 @@ class _Fn:
         self.debug = False
         self.binder = create_function_from_signature(jit_fn.signature, jit_fn.params, BaseBackend)
         self.device_caches = {0: ({}, {}, None, BaseBackend, self.binder)}
-        self.used_global_vals = {("G_SCALE", id(globals())): (G_SCALE, globals())}
+        # As Triton keeps it: a copy of the constexpr, equal to the global, not the same object.
+        self.used_global_vals = {("G_SCALE", id(globals())): (tl.constexpr(2), globals())}
         self.cache = {}
         self.slow_calls = 0
 
@@ -245,7 +246,13 @@ def test_hooks_switch_and_globals_take_kernel_grid(env, monkeypatch):
     assert fn.slow_calls == 6
     monkeypatch.setitem(globals(), "G_SCALE", tl.constexpr(3))  # Triton's check must run
     launch((1,), _args(), KW)
-    assert fn.slow_calls == 7
+    launch((1,), _args(), KW)  # (Triton would raise; the stand-in does not) never direct
+    assert fn.slow_calls == 8
+    monkeypatch.setitem(globals(), "G_SCALE", tl.constexpr(2))  # equal again, another object
+    launch((1,), _args(), KW)
+    assert fn.slow_calls == 9
+    launch((1,), _args(), KW)  # a new entry with the new object
+    assert fn.slow_calls == 9
 
 
 def test_no_tensor_kept_alive(env):
