@@ -156,9 +156,8 @@ def _default_root() -> Path:
 
 # (SPARSE_MLA_CONFIG_DIR, XDG_CONFIG_HOME, HOME) -> roots()[0] outside a use_root block.
 _ROOTS_BY_ENV: dict[tuple, Path] = {}
-# On POSIX, os.environ keeps the environment in a dict of bytes (``_data``) that every
-# ``os.environ[...] = ...`` / ``del`` updates; reading it skips the str encode/decode of
-# ``os.environ.get`` (~1 us a variable). Elsewhere (Windows: str keys) the plain reads.
+# os.environ's own dict of bytes on POSIX (as sparse_mla/_env.py reads it; configs imports
+# nothing of the package): every os.environ[...] = / del updates it.
 _ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
 if not isinstance(_ENV_BYTES, dict) or CONFIG_DIR_ENV != "SPARSE_MLA_CONFIG_DIR":
     _ENV_BYTES = None
@@ -173,7 +172,7 @@ def default_root_cached() -> Path:
     if active is not None:
         return active
     data = _ENV_BYTES
-    if data is not None:  # os.environ's own dict of bytes: what os.environ.get decodes
+    if data is not None:  # undecoded values: a key, not the values user_root reads
         env = data.get(b"SPARSE_MLA_CONFIG_DIR")
         key = (env, data.get(b"XDG_CONFIG_HOME"), data.get(b"HOME"))
     else:

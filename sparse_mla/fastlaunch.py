@@ -204,7 +204,9 @@ class Launcher:
         self.fn = fn
         self._entries: dict[tuple, Any] = {}
         self._encode_tma = encode_tma
-        params = fn.params
+        # Not a JITFunction (a test's stand-in with only kernel[grid]): always kernel[grid].
+        self._plain = not hasattr(fn, "params")
+        params = getattr(fn, "params", ())
         self._flags = tuple(
             (p.is_constexpr, p.is_const, not p.do_not_specialize,
              not p.do_not_specialize_on_alignment)
@@ -282,7 +284,7 @@ class Launcher:
 
     def __call__(self, grid, args: tuple, kwargs: dict):
         fn = self.fn
-        if not _ENABLED[0] or fn.pre_run_hooks:
+        if not _ENABLED[0] or self._plain or fn.pre_run_hooks or type(grid) is not tuple:
             return self._slow(grid, args, kwargs, None)
         rt = knobs.runtime
         if not (_no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook)):
@@ -392,8 +394,8 @@ class Launcher:
         cooperative, pdl)) for a kernel with TMA descriptor arguments; None when it does not
         take them as CUtensorMap or needs scratch memory (kernel[grid] then runs it)."""
         metas = getattr(kernel.metadata, "tensordesc_meta", None)
-        if not metas or len(metas) != count:
-            return None
+        if not metas or len(metas) != count or not all(isinstance(m, dict) for m in metas):
+            return None  # (a None meta: the launcher takes that descriptor decomposed)
         if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
             return None
         wrapped = getattr(run, "launch", None)

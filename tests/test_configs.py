@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 
 import pytest
@@ -364,3 +365,14 @@ def test_default_root_cached_follows_the_environment(tmp_path, monkeypatch):
     d.rmdir()
     with pytest.raises(configs.ConfigFileError, match="not an existing folder"):
         configs.default_root_cached()
+
+
+def test_env_reads_match_os_environ(monkeypatch):
+    from sparse_mla import _env
+
+    name = "SPARSE_MLA_TEST_ENV_READ"
+    monkeypatch.delenv(name, raising=False)
+    assert _env.getenv(name) is None
+    for value in ("1", " On ", "", "é/x"):
+        monkeypatch.setenv(name, value)
+        assert _env.getenv(name) == os.environ.get(name) == value

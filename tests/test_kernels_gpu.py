@@ -223,19 +223,18 @@ def test_gpu_nan_sink_with_kv_splits_leaves_empty_tokens_zero(kernel):
 
 
 def _clone(case, **change):
-    """The same call on fresh buffers (other data_ptrs, same shapes); ``kv_indices_offset``: the
-    ids one element into a larger buffer (a pointer 16-byte misaligned); ``dtype``: q and the
-    pool cast."""
+    """The same call on fresh buffers (other data_ptrs, same shapes); ``sink_offset``: the sink
+    one element into a larger buffer (its pointer no longer 16-byte aligned); ``dtype``: q and
+    the pool cast."""
     dt = change.get("dtype", case.q.dtype)
-    idx = case.kv_indices
-    if change.get("kv_indices_offset"):
-        buf = torch.empty(idx.numel() + 1, dtype=idx.dtype, device=idx.device)
-        buf[1:].copy_(idx)
-        idx = buf[1:]
-    else:
-        idx = idx.clone()
-    sink = None if case.attn_sink is None else case.attn_sink.clone()
-    return type(case)(case.q.to(dt).clone(), case.kv.to(dt).clone(), idx,
+    sink = case.attn_sink
+    if change.get("sink_offset"):
+        buf = torch.empty(sink.numel() + 1, dtype=sink.dtype, device=sink.device)
+        buf[1:].copy_(sink)
+        sink = buf[1:]
+    elif sink is not None:
+        sink = sink.clone()
+    return type(case)(case.q.to(dt).clone(), case.kv.to(dt).clone(), case.kv_indices.clone(),
                       case.kv_indptr.clone(), case.softmax_scale, sink)  # fmt: skip
 
 
@@ -258,7 +257,7 @@ def test_fast_launch_matches_triton(name, H, T):
 
     base = make_case(T, H, 512, N=3000, max_slots=600, device="cuda", seed=H + T)
     _runnable(name, H, base.kv)
-    for change in ({}, {"kv_indices_offset": True}, {"dtype": torch.float16}):
+    for change in ({}, {"sink_offset": True}, {"dtype": torch.float16}):
         case = _clone(base, **change)
         with fastlaunch.disabled():
             want = _run(name, case)
