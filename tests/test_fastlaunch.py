@@ -400,3 +400,113 @@ def test_interpreter_path_unchanged():
     assert fastlaunch.stats() == before
     rep = check_against_reference(out, *c.args(), attn_sink=c.attn_sink)
     assert rep.ok, rep
+
+
+# ----------------------------------------------------------------------------------------------
+# The package's real kernels, compiled for sm90 on this CPU, against a no-op driver
+# ----------------------------------------------------------------------------------------------
+
+
+def _fake_sm90_driver(calls):
+    """Triton's driver for one sm90 GPU whose C launch records its arguments: compiles go to
+    sm90 (ptxas ships with Triton); the launcher is CudaLauncher's own Python (scratch, the TMA
+    descriptor wrapper) around the recording launch; a TMA map is the tuple of what would be
+    encoded, so two launches compare equal exactly when they would encode the same bytes."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia import driver as nvd
+
+    attrs = ("global_scratch_size", "global_scratch_align", "profile_scratch_size",
+             "profile_scratch_align", "launch_cooperative_grid", "launch_pdl")  # fmt: skip
+
+    class Utils:
+        def get_device_properties(self, device):
+            return {"max_shared_mem": 232448, "multiprocessor_count": 132}
+
+        def load_binary(self, name, kernel, shared, device):
+            return (None, 0xF00, 0, 0, 1024)
+
+        def fill_tma_descriptor(self, *a):
+            return ("tma", *(tuple(x) if isinstance(x, list) else x for x in a))
+
+    class Launcher:
+        __call__ = nvd.CudaLauncher.__call__
+
+        def __init__(self, src, metadata):
+            meta = getattr(metadata, "tensordesc_meta", None)
+            self.num_ctas = getattr(metadata, "num_ctas", 1)
+            self.launch = nvd.wrap_handle_tensordesc(
+                lambda *a: calls.append(a), dict(src.signature), meta
+            )
+            for k in attrs:
+                setattr(self, k, getattr(metadata, k))
+
+    class Driver:
+        launcher_cls = Launcher
+        utils = Utils()
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return 77
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    return Driver()
+
+
+def _comparable(call):
+    """A recorded launch without its metadata and hooks (indices 10-12); tensors by layout."""
+    keep = call[:10] + call[13:]
+    return tuple(
+        (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in keep
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["triton", "gluon_ws", "gluon_ws_small", "gluon_mma", "gluon_wgmma"]
+)
+def test_direct_launch_makes_the_driver_call_triton_makes(name, monkeypatch):
+    """Each dense kernel of the package, compiled for sm90 here, launched through Triton's
+    kernel[grid] and through the direct path: the C launcher gets the same arguments (grid,
+    stream, function, packed metadata, every kernel argument, TMA encodings), bar Triton's
+    launch metadata and its two empty hook chains, which the direct path passes as None."""
+    from dataclasses import replace
+
+    from sparse_mla import dispatch, prefill, runtime
+    from sparse_mla.gluon import launch as gluon_launch
+
+    calls = []
+    monkeypatch.setattr(fastlaunch.driver, "_active", _fake_sm90_driver(calls))
+    monkeypatch.setattr(runtime, "runs_interpreted", lambda t: False)
+    monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
+    monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
+    monkeypatch.setattr(prefill, "_arch_of", lambda q: "sm90")
+    k = dispatch.KERNELS[name]
+    monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    # T=4 at H=64: gluon_mma / gluon_wgmma run KV splits (their reduce kernel launches too).
+    c = make_case(4, 64, 512, N=300, max_slots=100, dtype=torch.bfloat16)
+    out = torch.empty_like(c.q)
+
+    def run():
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=out, validate=False,
+                                   config=dispatch.Choice(name))  # fmt: skip
+
+    with fastlaunch.disabled():
+        run()
+        slow = list(calls)
+    assert slow, "no launch recorded"
+    run()  # the first launch of each key: kernel[grid], kept
+    calls.clear()
+    before = fastlaunch.stats()
+    run()
+    fast = list(calls)
+    after = fastlaunch.stats()
+    assert after["slow"] == before["slow"] and after["fast"] - before["fast"] == len(slow)
+    assert [_comparable(x) for x in fast] == [_comparable(x) for x in slow]
+    for x in slow:
+        assert all(type(h) is triton.knobs.HookChain and not h.calls for h in x[11:13])
+    assert all(x[10:13] == (None, None, None) for x in fast)
+    if name == "gluon_ws":  # q and out by TMA: encoded maps, not descriptors, reach the launch
+        assert sum(isinstance(a, tuple) and a[:1] == ("tma",) for a in fast[0]) == 2

@@ -924,8 +924,10 @@ def _launch_persistent(
     programs)``: the kernel has a ``SMALL`` constexpr, set from it (``hopper_ws.small_call``)."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
-    if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
+    qs0, qs1, _ = q.stride()
+    if q.data_ptr() % 16 or qs0 % 8 or qs1 % 8:
         q = q.contiguous()
+        qs0, qs1, _ = q.stride()
     # No sink: logits of -inf add 2^-inf = 0 to the denominator.
     sink = _no_sink(H, q.device) if attn_sink is None else attn_sink.contiguous()
     items = R * runtime.cdiv(H, heads_per_item)
@@ -944,15 +946,15 @@ def _launch_persistent(
     tail = (H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E, items)
     launch = fastlaunch.launcher(kernel)
     if not out_tma:
-        launch(grid, (*common, out, q.stride(0), q.stride(1), kv2.stride(0), out.stride(0),
-                      out.stride(1), *tail), kwargs)  # fmt: skip
+        os0, os1, _ = out.stride()
+        launch(grid, (*common, out, qs0, qs1, kv2.stride(0), os0, os1, *tail), kwargs)
         return
     dst = out if _tma_addressable(out) else torch.empty(out.shape, dtype=out.dtype,
                                                          device=out.device)  # fmt: skip
     desc = fastlaunch.TmaArg(
         dst, (1, heads_per_item, hopper_ws.OUT_BLOCK.value), hopper_ws.OUT_SMEM.value
     )
-    launch(grid, (*common, desc, q.stride(0), q.stride(1), kv2.stride(0), *tail), kwargs)
+    launch(grid, (*common, desc, qs0, qs1, kv2.stride(0), *tail), kwargs)
     if dst is not out:
         out.copy_(dst)
 
