@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections import defaultdict
 
 import pytest
 import torch
@@ -475,10 +476,21 @@ def test_direct_launch_makes_the_driver_call_triton_makes(name, monkeypatch):
     from dataclasses import replace
 
     from sparse_mla import dispatch, prefill, runtime
+    from sparse_mla.gluon import algorithm, hopper_prefill, hopper_ws, hopper_ws_small
     from sparse_mla.gluon import launch as gluon_launch
 
     calls = []
     monkeypatch.setattr(fastlaunch.driver, "_active", _fake_sm90_driver(calls))
+    # Nothing made with the stand-in driver may outlive the test (a GPU test later in the same
+    # process would get its recording launcher): Triton's per-device caches of each kernel, the
+    # launchers and the TMA maps are the test's own.
+    kernels = (prefill._sparse_mla_prefill_kernel, algorithm._mla_fwd_kernel,
+               algorithm._mla_reduce_kernel, hopper_prefill._prefill_wgmma_kernel,
+               hopper_ws._prefill_ws_kernel, hopper_ws_small._prefill_ws_small_kernel)  # fmt: skip
+    for jit_fn in kernels:
+        monkeypatch.setattr(jit_fn, "device_caches", defaultdict(jit_fn.create_binder))
+    monkeypatch.setattr(fastlaunch, "_LAUNCHERS", {})
+    monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
     monkeypatch.setattr(runtime, "runs_interpreted", lambda t: False)
     monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
     monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
