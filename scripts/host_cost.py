@@ -11,7 +11,17 @@ On a CPU machine the kernels run in Triton's interpreter, so only the host work 
 launch is measured: the kernel's run is replaced by a no-op (``--cpu``; arch faked as sm90 so
 the Gluon dispatch path is taken).
 
-    python scripts/host_cost.py [--parts] [--profile] [--cpu] [--shapes 16x4,64x4,64x16384]
+``--cpu-launch``: CPU tensors, but the real launch path: every kernel is compiled for sm90
+(cross-compiled, as on a machine without the GPU), and Triton's driver is a stand-in whose C
+launch is a no-op (its Python wrapper, ``CudaLauncher.__call__`` and the TMA descriptor
+wrapper, is Triton's own): the package's Python, ``JITFunction.run`` or the direct path, all
+but the driver call.
+
+``--fast off|on|both``: launches through ``kernel[grid]`` every call (off), or directly after
+the first (on, the package's default: :mod:`sparse_mla.fastlaunch`); ``both`` prints a row of
+each per kernel, before/after in one run.
+
+    python scripts/host_cost.py [--parts] [--profile] [--cpu] [--fast both] [--shapes 16x4,64x4]
 """
 
 from __future__ import annotations
@@ -64,6 +74,11 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--cpu", action="store_true", help="CPU tensors, kernel runs replaced by a no-op"
     )
+    ap.add_argument(
+        "--cpu-launch",
+        action="store_true",
+        help="CPU tensors, kernels compiled for sm90, a stand-in driver whose launch is a no-op",
+    )
     ap.add_argument("--kernels", default=None, help="comma list (default: default + all)")
     ap.add_argument(
         "--validate",
@@ -72,15 +87,23 @@ def main(argv=None) -> int:
         help="the entry's validate= (none: its default; on CPU that checks values)",
     )
     ap.add_argument("--windows", type=int, default=5, help="windows of 200 calls (median)")
+    ap.add_argument(
+        "--fast",
+        choices=("off", "on", "both"),
+        default="on",
+        help="the direct launch path (sparse_mla.fastlaunch): off = kernel[grid] every call",
+    )
     args = ap.parse_args(argv)
     global WINDOWS
     WINDOWS = args.windows
     validate = {"none": None, "true": True, "false": False}[args.validate]
 
-    from sparse_mla import dispatch, runtime
+    from sparse_mla import dispatch, fastlaunch, runtime
     from sparse_mla.prefill import sparse_mla_prefill
 
-    device = "cpu" if args.cpu else "cuda"
+    if args.cpu_launch:
+        _fake_sm90()
+    device = "cpu" if args.cpu or args.cpu_launch else "cuda"
     if device == "cuda":
         dev = torch.device("cuda")
 
@@ -97,11 +120,15 @@ def main(argv=None) -> int:
 
         prefill._arch_of = lambda q: "sm90"  # the sm90 dispatch path, on CPU tensors
         for name, k in list(dispatch.KERNELS.items()):
-            dispatch.KERNELS[name] = replace(k, run=lambda *a: None, unavailable=(
+            run = k.run if args.cpu_launch else (lambda *a: None)
+            dispatch.KERNELS[name] = replace(k, run=run, unavailable=(
                 k.unavailable if name == "triton" else (lambda call: None)))  # fmt: skip
-        print(f"# CPU host work only (kernel runs are no-ops) torch {torch.__version__}")
-    names = ["default", *dispatch.KERNELS] if args.kernels is None else args.kernels.split(",")
-    print(f"{'shape':<12} {'kernel':<16} {'host_us':>8}  parts")
+        what = "a no-op driver launch" if args.cpu_launch else "kernel runs are no-ops"
+        print(f"# CPU host work only ({what}) torch {torch.__version__}")
+    dense = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "dense"]
+    names = ["default", *dense] if args.kernels is None else args.kernels.split(",")
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.fast]
+    print(f"{'shape':<12} {'kernel':<16} {'fast':<5} {'host_us':>8}  parts")
     for shape in args.shapes.split(","):
         H, T = (int(x) for x in shape.split("x"))
         q, kv, idx, indptr, scale, sink = workload(H, T, device)
@@ -116,14 +143,71 @@ def main(argv=None) -> int:
             def full(cfg=cfg, a=(q, kv, idx, indptr, scale), sink=sink, out=out):
                 sparse_mla_prefill(*a, attn_sink=sink, out=out, config=cfg, validate=validate)
 
-            us = host_us(full, sync)
-            parts = ""
-            if args.parts:
-                parts = _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync)
-            print(f"H{H} T{T:<7} {name:<16} {us:8.1f}  {parts}", flush=True)
-            if args.profile:
-                _profile(full, sync)
+            for fast in modes:
+                fastlaunch.set_enabled(fast)
+                us = host_us(full, sync)
+                parts = ""
+                if args.parts:
+                    parts = _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync)
+                fl = "on" if fast else "off"
+                print(f"H{H} T{T:<7} {name:<16} {fl:<5} {us:8.1f}  {parts}", flush=True)
+                if args.profile:
+                    _profile(full, sync)
+    fastlaunch.set_enabled(True)
     return 0
+
+
+def _fake_sm90() -> None:
+    """Triton's active driver replaced by a stand-in for one sm90 GPU whose launch does nothing
+    (``--cpu-launch``): compiles target sm90 (ptxas ships with Triton); the launcher is
+    ``CudaLauncher``'s Python around a no-op instead of the compiled C module."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia import driver as nvd
+    from triton.runtime import driver
+
+    from sparse_mla import runtime
+    from sparse_mla.gluon import launch as gluon_launch
+
+    class Utils:
+        def get_device_properties(self, device):
+            return {"max_shared_mem": 232448, "multiprocessor_count": 132}
+
+        def load_binary(self, name, kernel, shared, device):
+            return (None, 0, 0, 0, 1024)
+
+        def fill_tma_descriptor(self, *a):
+            return object()
+
+    nvd_attrs = ("global_scratch_size", "global_scratch_align", "profile_scratch_size",
+                 "profile_scratch_align", "launch_cooperative_grid", "launch_pdl")  # fmt: skip
+
+    class Launcher:
+        __call__ = nvd.CudaLauncher.__call__
+
+        def __init__(self, src, metadata):
+            meta = getattr(metadata, "tensordesc_meta", None)
+            self.num_ctas = getattr(metadata, "num_ctas", 1)
+            self.launch = nvd.wrap_handle_tensordesc(lambda *a: None, dict(src.signature), meta)
+            for k in nvd_attrs:
+                setattr(self, k, getattr(metadata, k))
+
+    class Driver:
+        launcher_cls = Launcher
+        utils = Utils()
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    driver.set_active(Driver())
+    runtime.runs_interpreted = lambda t: False
+    runtime.arch = lambda device=0: "sm90"
+    gluon_launch._num_compute_units = lambda device: 132
 
 
 def _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync) -> str:

@@ -424,7 +424,7 @@ def choose_cached(
     configs), the configs root and its file's stat stamp (an export is seen at once), and T's
     bucket between :func:`token_bounds`. A call that raises is not cached. CPU tensors (arch
     None, the interpreter, whose launch takes far longer than a choice) are not cached."""
-    root = configs._default_root()
+    root = configs.default_root_cached()
     if arch is None:
         call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
         return choose(call, config=config, root=root)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configs, dispatch, op, runtime
+from . import configs, dispatch, fastlaunch, op, runtime
 from .configs import PrefillConfig
 from .fp8 import FP8Cache
 from .validation import _wants_value_check, validate_inputs
@@ -388,28 +388,14 @@ def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cf
     kw = _triton_launch(cfg, H, D, has_sink, interpret and q.dtype == torch.bfloat16, interpret)
     qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
     sink = attn_sink if has_sink else _no_sink(q.device)
-    runtime.launch(
-        _sparse_mla_prefill_kernel,
-        (T, triton.cdiv(H, cfg.BLOCK_H)),
-        q,
-        kv2,
-        kv_indices,
-        kv_indptr,
-        sink,
-        out,
-        q.stride(0),
-        q.stride(1),
-        kv2.stride(0),
-        out.stride(0),
-        out.stride(1),
-        H,
-        D,
-        kv2.shape[0],
-        kv_indices.numel(),
-        qk_scale,
-        interpret=interpret,
-        **kw,
-    )
+    grid = (T, runtime.cdiv(H, cfg.BLOCK_H))
+    (qs0, qs1, _), (os0, os1, _) = q.stride(), out.stride()
+    args = (q, kv2, kv_indices, kv_indptr, sink, out, qs0, qs1, kv2.stride(0), os0, os1,
+            H, D, kv2.shape[0], kv_indices.numel(), qk_scale)  # fmt: skip
+    if interpret:
+        runtime.launch(_sparse_mla_prefill_kernel, grid, *args, interpret=True, **kw)
+    else:  # kw is _triton_launch's cached dict: the direct launch keys on its identity
+        fastlaunch.launcher(_sparse_mla_prefill_kernel)(grid, args, kw)
     return out
 
 

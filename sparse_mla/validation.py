@@ -16,11 +16,12 @@ environment (read per call). The kernels also clamp each token's CSR range to
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+
+from ._env import getenv
 
 __all__ = ["ENV_VALIDATE", "Inputs", "check_indptr", "validate_inputs"]
 
@@ -113,7 +114,7 @@ def _wants_value_check(validate: bool | None, device: torch.device) -> bool:
         return bool(validate)
     if device.type == "cpu":
         return True
-    return os.environ.get(ENV_VALIDATE, "").strip().lower() in ("1", "true", "yes", "on")
+    return (getenv(ENV_VALIDATE) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 # Layouts that passed every check that reads no address and no value, keyed by (head_dim,

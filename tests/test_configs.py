@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 
 import pytest
@@ -338,3 +339,40 @@ def test_isa_names_the_file_the_entry_came_from(tmp_path, monkeypatch):
     assert f"tuned entry H16_D512 in {path} " in cli._config_origin("gfx942", 16, 512)
     miss = cli._config_origin("gfx942", 48, 512)
     assert str(configs.config_path("gfx942", user)) in miss and str(shipped) in miss
+
+
+def test_default_root_cached_follows_the_environment(tmp_path, monkeypatch):
+    """The entry's per-call root (configs.default_root_cached) is _default_root's, whatever the
+    environment and use_root say, and a config dir that is gone still raises."""
+    from sparse_mla import configs
+
+    def same():
+        assert configs.default_root_cached() == configs._default_root()
+
+    same()
+    for var in ("SPARSE_MLA_CONFIG_DIR", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    same()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    same()
+    assert configs.default_root_cached() == tmp_path / "sparse-mla"
+    d = tmp_path / "cfg"
+    d.mkdir()
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(d))
+    same()
+    with configs.use_root(tmp_path):
+        assert configs.default_root_cached() == tmp_path
+    d.rmdir()
+    with pytest.raises(configs.ConfigFileError, match="not an existing folder"):
+        configs.default_root_cached()
+
+
+def test_env_reads_match_os_environ(monkeypatch):
+    from sparse_mla import _env
+
+    name = "SPARSE_MLA_TEST_ENV_READ"
+    monkeypatch.delenv(name, raising=False)
+    assert _env.getenv(name) is None
+    for value in ("1", " On ", "", "é/x"):
+        monkeypatch.setenv(name, value)
+        assert _env.getenv(name) == os.environ.get(name) == value

@@ -220,3 +220,93 @@ def test_gpu_nan_sink_with_kv_splits_leaves_empty_tokens_zero(kernel):
     args = (case.kv, case.kv_indices, case.kv_indptr, case.softmax_scale)
     rep = check_against_reference(out[:, keep], case.q[:, keep], *args, attn_sink=sink[keep])
     assert rep.ok, f"{kernel}: {rep}"
+
+
+def _clone(case, **change):
+    """The same call on fresh buffers (other data_ptrs, same shapes); ``sink_offset``: the sink
+    one element into a larger buffer (its pointer no longer 16-byte aligned); ``dtype``: q and
+    the pool cast."""
+    dt = change.get("dtype", case.q.dtype)
+    sink = case.attn_sink
+    if change.get("sink_offset"):
+        buf = torch.empty(sink.numel() + 1, dtype=sink.dtype, device=sink.device)
+        buf[1:].copy_(sink)
+        sink = buf[1:]
+    elif sink is not None:
+        sink = sink.clone()
+    return type(case)(case.q.to(dt).clone(), case.kv.to(dt).clone(), case.kv_indices.clone(),
+                      case.kv_indptr.clone(), case.softmax_scale, sink)  # fmt: skip
+
+
+def _run(name, case):
+    out = poisoned_like(case.q)
+    sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink, out=out,
+                       config=dispatch.Choice(name))  # fmt: skip
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [4, 300])
+@pytest.mark.parametrize("H", [16, 64, 100])
+@pytest.mark.parametrize("name", NAMES)
+def test_fast_launch_matches_triton(name, H, T):
+    """Every kernel through the direct launch (sparse_mla.fastlaunch) on fresh inputs: bitwise
+    equal to kernel[grid]'s launch, right against the fp32 reference; a changed dtype or
+    pointer alignment takes kernel[grid] once, then the direct path again."""
+    from sparse_mla import fastlaunch
+
+    base = make_case(T, H, 512, N=3000, max_slots=600, device="cuda", seed=H + T)
+    _runnable(name, H, base.kv)
+    for change in ({}, {"sink_offset": True}, {"dtype": torch.float16}):
+        case = _clone(base, **change)
+        with fastlaunch.disabled():
+            want = _run(name, case)
+        rep = check_against_reference(want, *case.args(), attn_sink=case.attn_sink)
+        assert rep.ok, f"{name} {change}: {rep}"
+        first = fastlaunch.stats()
+        got = _run(name, _clone(base, **change))  # a new key (or not): either path
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), f"{name} {change}: first launch differs"
+        for _ in range(2):
+            before = fastlaunch.stats()
+            got = _run(name, _clone(base, **change))
+            torch.cuda.synchronize()
+            after = fastlaunch.stats()
+            assert after["slow"] == before["slow"], f"{name} {change}: not direct"
+            assert after["fast"] > before["fast"]
+            assert torch.equal(got, want), f"{name} {change}: direct launch differs"
+        if change:  # a new specialisation went through kernel[grid] on its first call
+            assert fastlaunch.stats()["slow"] > first["slow"], f"{name} {change}: no fallback"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_fast_launch_under_cuda_graph_capture(name):
+    """A captured call (direct launches: warmed first) replays on new inputs as eager does."""
+    from sparse_mla import fastlaunch
+
+    case = make_case(4, 64, 512, N=3000, max_slots=600, device="cuda", seed=7)
+    _runnable(name, 64, case.kv)
+    static = _clone(case)
+    out = poisoned_like(case.q)
+    args = dict(attn_sink=static.attn_sink, out=out, config=dispatch.Choice(name))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            sparse_mla_prefill(*static.args(), **args)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    before = fastlaunch.stats()
+    with torch.cuda.graph(g):
+        sparse_mla_prefill(*static.args(), **args)
+    assert fastlaunch.stats()["fast"] > before["fast"]
+    fresh = make_case(4, 64, 512, N=3000, max_slots=600, device="cuda", seed=7)
+    fresh.q.copy_(torch.randn_like(fresh.q))
+    static.q.copy_(fresh.q)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    with fastlaunch.disabled():
+        want = _run(name, fresh)
+    assert torch.equal(out, want)

@@ -18,9 +18,8 @@ from typing import Any
 import torch
 import triton
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .. import runtime
+from .. import fastlaunch, runtime
 from ..validation import _shares_memory, validate_inputs
 from . import cdna4, hopper, hopper_prefill, hopper_ws, hopper_ws_small
 from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
@@ -369,10 +368,10 @@ def choose_num_splits(rows: int, num_heads: int, nnz: int, cfg: GluonConfig, num
     Otherwise enough splits to cover the SMs/CUs once, but no more than keep >= 2 tiles
     (2 * BLOCK_K slots) of the average row (nnz / rows) per split, and at most 16.
     """
-    programs = rows * triton.cdiv(num_heads, cfg.BLOCK_H)
+    programs = rows * runtime.cdiv(num_heads, cfg.BLOCK_H)
     if programs == 0 or programs >= num_units:
         return 1
-    by_fill = triton.cdiv(num_units, programs)
+    by_fill = runtime.cdiv(num_units, programs)
     by_work = max(1, (nnz // max(rows, 1)) // (2 * cfg.BLOCK_K))
     return max(1, min(by_fill, by_work, MAX_SPLITS))
 
@@ -841,11 +840,12 @@ def run_validated(
         wcx = _cached(wgmma_constexprs)(
             cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse
         )
-        _prefill_wgmma_kernel[(R * triton.cdiv(H, block_h), splits)](
-            q_nope, kv2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
-            q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
-            H, N, kv_indices.numel(), float(sm_scale) * _LOG2E,
-            num_warps=cfg.num_warps, num_stages=1, **wcx,
+        fastlaunch.launcher(_prefill_wgmma_kernel)(
+            (R * runtime.cdiv(H, block_h), splits),
+            (q_nope, kv2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
+             q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
+             H, N, kv_indices.numel(), float(sm_scale) * _LOG2E),
+            fastlaunch.merged(wcx, num_warps=cfg.num_warps, num_stages=1),
         )  # fmt: skip
     else:
         _launch_shared(
@@ -855,9 +855,10 @@ def run_validated(
         )  # fmt: skip
     if splits > 1:
         rcx = _cached(_reduce_constexprs)(H, splits, attn_sink is not None, return_lse, tgt)
-        _mla_reduce_kernel[(R, triton.cdiv(H, rcx["BLOCK_H"]))](
-            opart, lsepart, sink, out, lse_arg, out.stride(0), out.stride(1), H,
-            num_warps=4, **rcx,
+        fastlaunch.launcher(_mla_reduce_kernel)(
+            (R, runtime.cdiv(H, rcx["BLOCK_H"])),
+            (opart, lsepart, sink, out, lse_arg, out.stride(0), out.stride(1), H),
+            fastlaunch.merged(rcx, num_warps=4),
         )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -923,45 +924,37 @@ def _launch_persistent(
     programs)``: the kernel has a ``SMALL`` constexpr, set from it (``hopper_ws.small_call``)."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
-    if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
+    qs0, qs1, _ = q.stride()
+    if q.data_ptr() % 16 or qs0 % 8 or qs1 % 8:
         q = q.contiguous()
+        qs0, qs1, _ = q.stride()
     # No sink: logits of -inf add 2^-inf = 0 to the denominator.
     sink = _no_sink(H, q.device) if attn_sink is None else attn_sink.contiguous()
-    items = R * triton.cdiv(H, heads_per_item)
+    items = R * runtime.cdiv(H, heads_per_item)
     grid = (min(items, _num_compute_units(dev)),)
-    if small_call is not None:
-        constexprs = {**(constexprs or {}), "SMALL": small_call(kv_indices.numel(), grid[0])}
+    extra = {} if small_call is None else {"SMALL": small_call(kv_indices.numel(), grid[0])}
+    # One dict per (constexprs, SMALL): the direct launch keys on its identity.
+    kwargs = fastlaunch.frozen(**(constexprs or {}), **extra, num_warps=4, num_stages=1)
+    # TMA descriptors as TmaArg: built (TensorDescriptor) only when kernel[grid] runs; the
+    # direct launch reuses the encoded CUtensorMap of the same address, shape and strides.
     q_arg = q
     if q_tma:
-        q_arg = TensorDescriptor(
-            q, list(q.shape), list(q.stride()),
-            [1, heads_per_item, hopper_ws.Q_BLOCK.value], hopper_ws.Q_SMEM.value,
-        )  # fmt: skip
+        q_arg = fastlaunch.TmaArg(
+            q, (1, heads_per_item, hopper_ws.Q_BLOCK.value), hopper_ws.Q_SMEM.value
+        )
     common = (q_arg, kv2, kv_indices, kv_indptr, sink)
     tail = (H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E, items)
+    launch = fastlaunch.launcher(kernel)
     if not out_tma:
-        kernel[grid](
-            *common, out, q.stride(0), q.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
-            *tail, num_warps=4, num_stages=1, **(constexprs or {}),
-        )  # fmt: skip
+        os0, os1, _ = out.stride()
+        launch(grid, (*common, out, qs0, qs1, kv2.stride(0), os0, os1, *tail), kwargs)
         return
     dst = out if _tma_addressable(out) else torch.empty(out.shape, dtype=out.dtype,
                                                          device=out.device)  # fmt: skip
-    desc = TensorDescriptor(
-        dst, list(dst.shape), list(dst.stride()),
-        [1, heads_per_item, hopper_ws.OUT_BLOCK.value], hopper_ws.OUT_SMEM.value,
-    )  # fmt: skip
-    kernel[grid](
-        *common,
-        desc,
-        q.stride(0),
-        q.stride(1),
-        kv2.stride(0),
-        *tail,
-        num_warps=4,
-        num_stages=1,
-        **(constexprs or {}),
+    desc = fastlaunch.TmaArg(
+        dst, (1, heads_per_item, hopper_ws.OUT_BLOCK.value), hopper_ws.OUT_SMEM.value
     )
+    launch(grid, (*common, desc, qs0, qs1, kv2.stride(0), *tail), kwargs)
     if dst is not out:
         out.copy_(dst)
 
@@ -990,13 +983,14 @@ def _launch_shared(
     )  # fmt: skip
     qpe = q_pe if has_pe else q_nope
     kpe = kpe2 if has_pe else kv2
-    grid = (R, triton.cdiv(H, cfg.BLOCK_H), splits)
-    _mla_fwd_kernel[grid](
-        q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
-        q_nope.stride(0), q_nope.stride(1), qpe.stride(0), qpe.stride(1),
-        kv2.stride(0), kpe.stride(0), out.stride(0), out.stride(1),
-        H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E,
-        num_warps=cfg.num_warps, num_stages=1, **cx,
+    grid = (R, runtime.cdiv(H, cfg.BLOCK_H), splits)
+    fastlaunch.launcher(_mla_fwd_kernel)(
+        grid,
+        (q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
+         q_nope.stride(0), q_nope.stride(1), qpe.stride(0), qpe.stride(1),
+         kv2.stride(0), kpe.stride(0), out.stride(0), out.stride(1),
+         H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E),
+        fastlaunch.merged(cx, num_warps=cfg.num_warps, num_stages=1),
     )  # fmt: skip
 
 

@@ -1,0 +1,436 @@
+"""Direct launches of compiled Triton/Gluon kernels: ``JITFunction.run`` once, its result after.
+
+``kernel[grid](*args, **kwargs)`` does, on every call (Triton 3.6, ``triton/runtime/jit.py``):
+bind the arguments (a generated ``dynamic_func``), specialise each one
+(``native_specialize_impl``: a tensor's dtype and 16-byte alignment, an int's ``== 1`` / ``% 16``
+/ width), build the cache key ``(tuple(specialization), str(options))`` (hashing every constexpr,
+layouts included), look the compiled kernel up, check that each constexpr global the kernel read
+is unchanged, and call ``CompiledKernel.run`` (the C launcher) with the grid, the current stream
+and every bound argument. :class:`Launcher` does that once per key and, on a later call whose
+key is the same, calls the same launcher with the same arguments: the launch is identical (same
+compiled kernel, argument values, grid, stream), only the Python around it is gone.
+
+The key (:meth:`Launcher._key`) is at least as fine as Triton's specialisation of these calls:
+
+* the current device (Triton keeps one kernel cache per device) and Triton's ``debug`` and
+  ``instrumentation_mode`` options, read as ``run`` reads them;
+* the keyword arguments (the constexprs and launch options) by identity: a launch site passes a
+  dict that a cache returns (:func:`frozen`, :func:`merged`), never mutated, and the entry keeps
+  a reference to it, so its ``id`` names that dict and no other while the entry lives;
+* per positional argument: a tensor (``type(a) is torch.Tensor``, on a backend whose tensor
+  specialisation is the native one: NVIDIA) by ``(dtype, data_ptr % 16 == 0)``, which is what
+  ``native_specialize_impl`` reads of it; a positional constexpr by its value; a
+  :class:`TmaArg` by (dtype, block shape, layout, padding), what Triton's ``tensordesc<...>``
+  type says; anything else (ints, floats, bools, None) by ``native_specialize_impl`` itself
+  with the parameter's flags, the call Triton's binder makes.
+
+It falls back to ``kernel[grid]`` (which compiles, checks and launches as always) when the key
+is new, when :func:`set_enabled` turned it off, when a pre-run hook is set or a launch
+enter/exit hook is more than Triton 3.6's default empty ``HookChain`` (Triton then builds launch
+metadata for it), when a constexpr global the kernel read is not the same object as when it
+compiled (Triton's own check then runs and raises), when a keyword argument names a runtime
+parameter, when an argument cannot be keyed, and for a Gluon kernel whose TMA descriptors the
+compiled launcher does not take as ``CUtensorMap`` (no ``tensordesc_meta``) or that needs
+scratch memory. CUDA-graph capture works as with ``kernel[grid]``: the same launcher issues
+the same driver call on the current stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any
+
+import torch
+from triton import knobs
+from triton._C.libtriton import native_specialize_impl
+from triton.knobs import HookChain
+from triton.runtime import driver
+
+from . import runtime
+
+__all__ = [
+    "Launcher",
+    "TmaArg",
+    "enabled",
+    "frozen",
+    "launcher",
+    "merged",
+    "set_enabled",
+    "stats",
+]
+
+_ENABLED = [True]
+_MISSING = object()
+_NOT_FAST = object()  # an entry whose launches always take kernel[grid]
+MAX_ENTRIES = 256  # per kernel; cleared when full (a call then takes kernel[grid] once more)
+MAX_TMA_MAPS = 512
+_STATS = {"fast": 0, "slow": 0}
+
+
+def enabled() -> bool:
+    """Whether launches take the direct path after their first (default: yes)."""
+    return _ENABLED[0]
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn the direct path on or off (off: every launch is ``kernel[grid](...)``); returns the
+    previous setting. For measuring the path against Triton's and for ruling it out."""
+    prev, _ENABLED[0] = _ENABLED[0], bool(flag)
+    return prev
+
+
+@contextlib.contextmanager
+def disabled():
+    prev = set_enabled(False)
+    try:
+        yield
+    finally:
+        set_enabled(prev)
+
+
+def stats() -> dict[str, int]:
+    """Launches so far that took the direct path (``fast``) and ``kernel[grid]`` (``slow``)."""
+    return dict(_STATS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Keyword dicts with a stable identity
+# ----------------------------------------------------------------------------------------------
+
+_FROZEN: dict[tuple, dict] = {}
+_MERGED: dict[tuple, tuple[dict, dict]] = {}
+
+
+def frozen(**kwargs) -> dict[str, Any]:
+    """``kwargs`` as a dict shared by every call with equal (hashable) values: the keyword
+    arguments of a launch, passed to :meth:`Launcher.__call__`. Never change it."""
+    key = tuple(kwargs.items())
+    d = _FROZEN.get(key)
+    if d is None:
+        if len(_FROZEN) >= 4096:
+            _FROZEN.clear()
+        d = _FROZEN[key] = kwargs
+    return d
+
+
+def merged(base: dict[str, Any], **extra) -> dict[str, Any]:
+    """``{**base, **extra}`` shared by every call with the same ``base`` dict object (one a
+    cache returned: compared by identity, its values may be unhashable layouts) and equal
+    ``extra``. The cache keeps ``base`` alive, so its ``id`` is never reused while cached."""
+    key = (id(base), tuple(extra.items()))
+    hit = _MERGED.get(key)
+    if hit is None or hit[0] is not base:
+        if len(_MERGED) >= 4096:
+            _MERGED.clear()
+        hit = _MERGED[key] = (base, {**base, **extra})
+    return hit[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# TMA descriptors
+# ----------------------------------------------------------------------------------------------
+
+
+class TmaArg:
+    """A Gluon TMA descriptor argument, not built yet: ``tensor`` (its shape and strides are the
+    descriptor's), ``block_shape`` and ``layout`` (an ``NVMMASharedLayout``). ``kernel[grid]``
+    gets :meth:`descriptor` (a ``TensorDescriptor``); the direct path gets the encoded
+    ``CUtensorMap`` from :func:`_tma_map`, which caches the encoding, never the tensor."""
+
+    __slots__ = ("block_shape", "layout", "padding", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, block_shape: tuple, layout, padding: str = "zero"):
+        self.tensor = tensor
+        self.block_shape = tuple(block_shape)
+        self.layout = layout
+        self.padding = padding
+
+    def descriptor(self):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        t = self.tensor
+        return TensorDescriptor(
+            t, list(t.shape), list(t.stride()), list(self.block_shape), self.layout, self.padding
+        )
+
+
+# (meta, data_ptr, shape, strides, padding) -> the launcher's arguments for one descriptor:
+# (CUtensorMap, *shape, *strides). A PyCUtensorMap is 128 bytes of encoded descriptor that
+# holds no reference to the tensor (triton/backends/nvidia/driver.c): the cache keeps nothing
+# alive, and an entry whose memory was freed and reused at the same address with the same
+# shape and strides encodes the very same bytes. cuLaunchKernel copies parameters at launch
+# (and a graph node at capture), so sharing one map between launches is safe.
+_TMA_MAPS: dict[tuple, tuple] = {}
+
+
+def _tma_map(arg: TmaArg, meta: dict, meta_key: tuple, encode) -> tuple:
+    t = arg.tensor
+    key = (meta_key, t.data_ptr(), t.shape, t.stride(), arg.padding)
+    hit = _TMA_MAPS.get(key)
+    if hit is None:
+        # A miss builds the real TensorDescriptor: its checks (alignment, strides, block) run
+        # for every new (address, shape, strides), and the encoding is Triton's own.
+        hit = tuple(encode(arg.descriptor(), meta))
+        if len(_TMA_MAPS) >= MAX_TMA_MAPS:
+            _TMA_MAPS.clear()
+        _TMA_MAPS[key] = hit
+    return hit
+
+
+def _nvidia_encoder():
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    return make_tensordesc_arg
+
+
+# ----------------------------------------------------------------------------------------------
+# The launcher
+# ----------------------------------------------------------------------------------------------
+
+
+class _Entry:
+    __slots__ = ("function", "globals", "kwargs", "packed", "raw", "refs", "run", "tail", "tma")
+
+
+class Launcher:
+    """Launches of one ``@triton.jit`` / ``@gluon.jit`` kernel: ``launcher(grid, args,
+    kwargs)`` is ``kernel[grid](*args, **kwargs)`` (``TmaArg`` arguments become their
+    ``TensorDescriptor``), taken directly after the first launch of a key (module docstring).
+    ``kwargs`` must be a dict from :func:`frozen` or :func:`merged` (or another cache), never
+    changed after."""
+
+    def __init__(self, fn, *, encode_tma=None):
+        self.fn = fn
+        self._entries: dict[tuple, Any] = {}
+        self._encode_tma = encode_tma
+        # Not a JITFunction (a test's stand-in with only kernel[grid]): always kernel[grid].
+        self._plain = not hasattr(fn, "params")
+        params = getattr(fn, "params", ())
+        self._flags = tuple(
+            (p.is_constexpr, p.is_const, not p.do_not_specialize,
+             not p.do_not_specialize_on_alignment)
+            for p in params
+        )  # fmt: skip
+        self._gen: dict[Any, Any] = {}  # backend -> the generated key of the first call's types
+
+    # -- the key -------------------------------------------------------------------------------
+
+    def _generate_key(self, args, backend):
+        """:meth:`_key` as straight-line code for arguments of these types (a launch site passes
+        the same types every call): the same tuple, without the loop. It returns None when an
+        argument's type is not the one it was made for (then :meth:`_key` runs)."""
+        n = len(args)
+        if not 0 < n <= len(self._flags):
+            return None
+        guards, parts = [], []
+        shortcut = backend.supports_native_tensor_specialization
+        for i, (a, (is_cx, is_const, spec, align)) in enumerate(
+            zip(args, self._flags, strict=False)
+        ):
+            t = type(a)
+            if is_cx:
+                return None  # a positional constexpr (none here): :meth:`_key` checks its hash
+            if t is torch.Tensor and shortcut:
+                guards.append(f"type(a{i}) is not _T")
+                parts.append(f"(a{i}.dtype, not a{i}.data_ptr() & 15)")
+            elif t is TmaArg:
+                guards.append(f"type(a{i}) is not _TMA")
+                parts.append(f"(_TMA, a{i}.tensor.dtype, a{i}.block_shape, _id(a{i}.layout), "
+                             f"a{i}.padding)")  # fmt: skip
+            else:
+                parts.append(f"_ns(_B, a{i}, {is_const}, {spec}, {align})")
+        names = ", ".join(f"a{i}" for i in range(n))
+        src = (
+            f"def key(args):\n"
+            f"    if len(args) != {n}:\n        return None\n"
+            f"    {names}, = args\n"
+            + (f"    if {' or '.join(guards)}:\n        return None\n" if guards else "")
+            + f"    try:\n        return ({', '.join(parts)},)\n"
+            f"    except Exception:\n        return None\n"
+        )
+        ns = {"_T": torch.Tensor, "_TMA": TmaArg, "_id": id, "_ns": native_specialize_impl,
+              "_B": backend}  # fmt: skip
+        exec(src, ns)  # code built above from this kernel's parameter flags only
+        return ns["key"]
+
+    def _key(self, args, native, backend) -> tuple | None:
+        """Each positional argument's part of the key (module docstring); None: not keyable."""
+        flags = self._flags
+        if len(args) > len(flags):
+            return None
+        tensor_shortcut = backend.supports_native_tensor_specialization
+        out = []
+        for a, (is_cx, is_const, spec, align) in zip(args, flags, strict=False):
+            t = type(a)
+            if is_cx:
+                try:
+                    hash(a)
+                except TypeError:
+                    return None
+                out.append(("cx", t, a))
+            elif t is torch.Tensor and tensor_shortcut:
+                out.append((a.dtype, not a.data_ptr() & 15))
+            elif t is TmaArg:
+                out.append((TmaArg, a.tensor.dtype, a.block_shape, id(a.layout), a.padding))
+            else:
+                try:
+                    out.append(native(backend, a, is_const, spec, align))
+                except Exception:  # what the binder would raise on, it raises in kernel[grid]
+                    return None
+        return tuple(out)
+
+    # -- the calls -----------------------------------------------------------------------------
+
+    def __call__(self, grid, args: tuple, kwargs: dict):
+        fn = self.fn
+        if not _ENABLED[0] or self._plain or fn.pre_run_hooks or type(grid) is not tuple:
+            return self._slow(grid, args, kwargs, None)
+        rt = knobs.runtime
+        if not (_no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook)):
+            return self._slow(grid, args, kwargs, None)
+        drv = driver.active
+        device = drv.get_current_device()
+        backend = fn.device_caches[device][3]  # run()'s (kernel_cache, ..., backend, binder)
+        gen = self._gen.get(backend)
+        if gen is None:
+            gen = self._gen[backend] = self._generate_key(args, backend) or _no_key
+        spec = gen(args)
+        if spec is None:
+            spec = self._key(args, native_specialize_impl, backend)
+        if spec is None:
+            return self._slow(grid, args, kwargs, None)
+        key = (device, id(kwargs), fn.debug or rt.debug,
+               knobs.compilation.instrumentation_mode, spec)  # fmt: skip
+        e = self._entries.get(key)
+        if e is None:
+            return self._slow(grid, args, kwargs, key)
+        if e is _NOT_FAST or e.kwargs is not kwargs:
+            return self._slow(grid, args, kwargs, None)
+        for g, name, val in e.globals:
+            if g.get(name, _MISSING) is not val:  # rebound: Triton's check runs, then a new entry
+                return self._slow(grid, args, kwargs, key)
+        stream = drv.get_current_stream(device)
+        n = len(grid)
+        g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        _STATS["fast"] += 1
+        if e.tma is None:
+            e.run(g0, g1, g2, stream, e.function, e.packed, None, None, None, *args, *e.tail)
+            return None
+        metas, encode, coop, pdl = e.tma
+        flat = []
+        i = 0
+        for a in args:
+            if type(a) is TmaArg:
+                meta, meta_key = metas[i]
+                i += 1
+                flat.extend(_tma_map(a, meta, meta_key, encode))
+            else:
+                flat.append(a)
+        # CudaLauncher.__call__ with no scratch, then the launcher under wrap_handle_tensordesc.
+        e.raw(g0, g1, g2, stream, e.function, coop, pdl, None, None, e.packed, None, None, None,
+              *flat, *e.tail)  # fmt: skip
+        return None
+
+    def _slow(self, grid, args, kwargs, key):
+        """``kernel[grid]``; with a key, keep what it resolved for the direct path."""
+        _STATS["slow"] += 1
+        targs = [a.descriptor() if type(a) is TmaArg else a for a in args]
+        with runtime.compiling():  # it may compile: not while another thread interprets
+            kernel = self.fn[grid](*targs, **kwargs)
+        if key is None or kernel is None or not _ENABLED[0]:
+            return kernel
+        if hasattr(kernel, "result"):  # an async compile's future
+            kernel = kernel.result()
+        entry = self._entry(kernel, args, kwargs)
+        if entry is None:
+            self._entries.pop(key, None)
+            return kernel
+        if len(self._entries) >= MAX_ENTRIES:
+            self._entries.clear()
+        self._entries[key] = entry
+        return kernel
+
+    def _entry(self, kernel, args, kwargs):
+        params = self.fn.params
+        tail = []
+        for p in params[len(args) :]:
+            if not p.is_constexpr:
+                return _NOT_FAST  # a runtime argument by keyword or default: kernel[grid] keys it
+            if p.name in kwargs:
+                tail.append(kwargs[p.name])
+            elif p.default is not inspect.Parameter.empty:
+                tail.append(p.default)
+            else:
+                return _NOT_FAST
+        e = _Entry()
+        e.run = kernel.run  # the launcher (loads the binary if kernel[grid] did not)
+        e.function = kernel.function
+        e.packed = kernel.packed_metadata
+        e.tail = tuple(tail)
+        e.kwargs = kwargs
+        # Triton keeps a copy of each constexpr global the kernel read and compares it (!=) with
+        # the global on every run; that check just passed, so the objects the globals hold now
+        # pass it as long as they stay the same objects (checked by identity per call).
+        glob = []
+        for (name, _), (val, g) in self.fn.used_global_vals.items():
+            cur = g.get(name, _MISSING)
+            if cur is _MISSING or cur != val:
+                return None  # not kept: a later call tries again
+            glob.append((g, name, cur))
+        e.globals = tuple(glob)
+        e.refs = tuple(a.layout for a in args if type(a) is TmaArg)  # ids in the key stay valid
+        e.tma = None
+        e.raw = None
+        if e.refs:
+            tma = self._tma_launch(kernel, e.run, sum(1 for a in args if type(a) is TmaArg))
+            if tma is None:
+                return _NOT_FAST
+            e.raw, e.tma = tma
+        return e
+
+    def _tma_launch(self, kernel, run, count):
+        """(the launcher under Triton's descriptor wrapper, (per-descriptor meta, encoder,
+        cooperative, pdl)) for a kernel with TMA descriptor arguments; None when it does not
+        take them as CUtensorMap or needs scratch memory (kernel[grid] then runs it)."""
+        metas = getattr(kernel.metadata, "tensordesc_meta", None)
+        if not metas or len(metas) != count or not all(isinstance(m, dict) for m in metas):
+            return None  # (a None meta: the launcher takes that descriptor decomposed)
+        if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+            return None
+        wrapped = getattr(run, "launch", None)
+        code = getattr(wrapped, "__code__", None)
+        if code is None or not wrapped.__closure__ or "launcher" not in code.co_freevars:
+            return None
+        raw = wrapped.__closure__[code.co_freevars.index("launcher")].cell_contents
+        encode = self._encode_tma or _nvidia_encoder()
+        keyed = tuple((m, tuple(sorted((k, _hashable(v)) for k, v in m.items()))) for m in metas)
+        return raw, (keyed, encode, run.launch_cooperative_grid, run.launch_pdl)
+
+
+def _no_key(args):
+    return None
+
+
+def _no_hook(h) -> bool:
+    """Whether a launch hook does nothing: None, or Triton 3.6's default, an empty HookChain
+    (``kernel[grid]`` then builds launch metadata and the C launcher calls both chains, which
+    call nothing; the direct path passes None for the three, the same driver call)."""
+    return h is None or (type(h) is HookChain and not h.calls)
+
+
+def _hashable(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+# id(kernel) -> its Launcher, which holds the kernel (so the id stays its own). Not keyed by the
+# kernel: a JITFunction hashes its source hash string (~3 us a lookup).
+_LAUNCHERS: dict[int, Launcher] = {}
+
+
+def launcher(fn) -> Launcher:
+    """The :class:`Launcher` of kernel ``fn`` (one per kernel)."""
+    lau = _LAUNCHERS.get(id(fn))
+    if lau is None or lau.fn is not fn:
+        lau = _LAUNCHERS[id(fn)] = Launcher(fn)
+    return lau
