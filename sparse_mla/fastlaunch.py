@@ -428,6 +428,14 @@ def _hashable(v):
 _LAUNCHERS: dict[int, Launcher] = {}
 
 
+def clear() -> None:
+    """Forget every direct-launch entry: each key's next call goes through ``kernel[grid]``
+    again (for tests that count which path a call took: entries are per process)."""
+    for lau in _LAUNCHERS.values():
+        lau._entries.clear()
+        lau._gen.clear()
+
+
 def launcher(fn) -> Launcher:
     """The :class:`Launcher` of kernel ``fn`` (one per kernel)."""
     lau = _LAUNCHERS.get(id(fn))
