@@ -25,7 +25,7 @@ from .validation import _wants_value_check, validate_inputs
 
 __all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
 
-_LOG2E = 1.4426950408889634
+from ._consts import LOG2E as _LOG2E
 
 
 @triton.jit

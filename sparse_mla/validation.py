@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._consts import LOG2E as _LOG2E
 from ._env import getenv
 
 __all__ = ["ENV_VALIDATE", "Inputs", "check_indptr", "validate_inputs"]
@@ -29,7 +30,6 @@ ENV_VALIDATE = "SPARSE_MLA_VALIDATE"
 FLOAT_TYPES = (torch.float16, torch.bfloat16)
 INDEX_TYPES = (torch.int32, torch.int64)
 _FP32_MAX = 3.4028234663852886e38
-_LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .. import _consts
 from . import cdna4, hopper
 
-LOG2E = gl.constexpr(1.4426950408889634)
+LOG2E = gl.constexpr(_consts.LOG2E)
 LN2 = gl.constexpr(0.6931471805599453)
 
 

@@ -57,6 +57,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .. import _consts
+
 BLOCK_H = gl.constexpr(64)  # heads per program: the M of every wgmma
 BLOCK_K = gl.constexpr(64)  # slots per tile
 HEAD_DIM = gl.constexpr(512)
@@ -102,7 +104,7 @@ def _worker_regs(consumer_regs, producer_regs):
 M_INIT = gl.constexpr(
     -1.0e30
 )  # running max before any valid slot: finite, so 2^(m_old - m_new) is never NaN
-LOG2E = gl.constexpr(1.4426950408889634)
+LOG2E = gl.constexpr(_consts.LOG2E)
 
 # Barrier slots in the [NUM_BARS, 1] mbarrier array.
 READY = gl.constexpr(0)  # + 2 * buffer + half: a half tile has landed (producer's 128 lanes arrive)

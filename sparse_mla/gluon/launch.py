@@ -20,6 +20,7 @@ import triton
 from triton.experimental.gluon import language as gl
 
 from .. import fastlaunch, runtime
+from .._consts import LOG2E as _LOG2E
 from ..validation import _shares_memory, validate_inputs
 from . import cdna4, hopper, hopper_prefill, hopper_ws, hopper_ws_small
 from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
@@ -49,8 +50,6 @@ PE_DIM = 64
 DK = 64  # width of one Q/K chunk of S = Q K^T
 MAX_SPLITS = 16
 SMEM_LIMIT = 227 * 1024  # sm90 shared memory per block
-_LOG2E = 1.4426950408889634
-
 
 # ----------------------------------------------------------------------------------------------
 # Targets and their arch pieces

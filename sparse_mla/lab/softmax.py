@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from matplotlib.figure import Figure
 
+from .. import _consts
 from .figures import to_png
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
     "tile_stepper",
 ]
 
-LOG2E = 1.4426950408889634
+LOG2E = _consts.LOG2E
 
 
 @dataclass(frozen=True)
