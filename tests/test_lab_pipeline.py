@@ -292,3 +292,24 @@ def test_timeline_is_readable_at_the_output_width():
         b = t.get_window_extent()
         assert any(r.x0 - 1 <= b.x0 and b.x1 <= r.x1 + 1 and r.y0 - 1 <= b.y0 and b.y1 <= r.y1 + 1
                    for r in boxes), t.get_text()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "log,csv_name,read",
+    [
+        (LOG, "ws_probe_steps_h200.csv", pl.read_steps),
+        (VARIANT_LOG, "ws_variants_steps_h200.csv", pl.read_variant_runs),
+    ],
+)
+def test_the_step_csvs_notebook_07_reads_hold_what_their_logs_say(log, csv_name, read, tmp_path):
+    """Notebook 07 reads the step tables as CSV (scripts/steps_csv.py writes them from the
+    probes' logs): the committed CSV gives back every run of its log, times and ceilings
+    included, and a write / read round trip is exact."""
+    from_log = read(log)
+    assert from_log
+    assert pl.read_steps_csv(DATA / csv_name) == from_log, f"{csv_name} is stale: rerun steps_csv"
+    again = tmp_path / csv_name
+    pl.write_steps_csv(from_log, again)
+    assert pl.read_steps_csv(again) == from_log
+    nb = (DATA.parent.parent / "notebooks" / "07_warp_specialized_prefill.ipynb").read_text()
+    assert csv_name in nb and "read_steps(" not in nb and "read_variant_runs(" not in nb

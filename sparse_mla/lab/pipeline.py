@@ -27,6 +27,7 @@ Everything the pictures show comes from one place each, so they cannot drift fro
 from __future__ import annotations
 
 import ast
+import csv
 import inspect as pyinspect
 import re
 import statistics
@@ -67,6 +68,7 @@ __all__ = [
     "kernel_partitions",
     "partition_registers",
     "read_steps",
+    "read_steps_csv",
     "read_variant_runs",
     "schedule",
     "smem_buffers",
@@ -75,6 +77,7 @@ __all__ = [
     "steps_figure",
     "table_events",
     "timeline_figure",
+    "write_steps_csv",
 ]
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm90)
@@ -995,6 +998,39 @@ def read_steps(path: Path | str) -> list[StepRun]:
         elif (m := _CEIL.match(line)) and runs:
             runs[-1].matmul_tflops = float(m.group(1))
     return [r for r in runs if r.ms]
+
+
+STEP_FIELDS = ("step", "title", "variant", "workload", "provider", "ms", "matmul_tflops")
+
+
+def write_steps_csv(runs: list[StepRun], path: Path | str) -> None:
+    """``runs`` as tidy CSV rows, one per (run, workload, provider): what notebook 07 reads
+    (:func:`read_steps_csv`), written once from a probe's log by ``scripts/steps_csv.py``."""
+    with Path(path).open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=STEP_FIELDS)
+        w.writeheader()
+        for r in runs:
+            for workload, by_provider in r.ms.items():
+                for provider, ms in by_provider.items():
+                    w.writerow({
+                        "step": r.step, "title": r.title, "variant": r.variant or "",
+                        "workload": workload, "provider": provider, "ms": repr(ms),
+                        "matmul_tflops": "" if r.matmul_tflops is None else repr(r.matmul_tflops),
+                    })  # fmt: skip
+
+
+def read_steps_csv(path: Path | str) -> list[StepRun]:
+    """The runs of a :func:`write_steps_csv` file, in file order (a run is its consecutive
+    rows with the same step, title and variant)."""
+    runs: list[StepRun] = []
+    with Path(path).open(newline="") as f:
+        for row in csv.DictReader(f):
+            key = (int(row["step"]), row["title"], row["variant"] or None)
+            if not runs or (runs[-1].step, runs[-1].title, runs[-1].variant) != key:
+                tf = row["matmul_tflops"]
+                runs.append(StepRun(*key, matmul_tflops=float(tf) if tf else None))
+            runs[-1].ms.setdefault(row["workload"], {})[row["provider"]] = float(row["ms"])
+    return runs
 
 
 _RUN = re.compile(r"^## run (\d+): (.*)$")
