@@ -313,3 +313,18 @@ def test_the_step_csvs_notebook_07_reads_hold_what_their_logs_say(log, csv_name,
     assert pl.read_steps_csv(again) == from_log
     nb = (DATA.parent.parent / "notebooks" / "07_warp_specialized_prefill.ipynb").read_text()
     assert csv_name in nb and "read_steps(" not in nb and "read_variant_runs(" not in nb
+
+
+def test_the_partitions_name_their_barrier_slots():
+    """hopper_ws's partitions write a barrier slot by its name (READY_1R, FREE_0L, ...), never
+    as READY / FREE + a number by hand; the names are the slots the table above documents."""
+    import inspect as pyinspect
+    import re
+
+    src = pyinspect.getsource(hopper_ws)
+    assert not re.search(r"\b(READY|FREE) \+ \d", src), "a barrier slot written by hand"
+    for base in ("READY", "FREE"):
+        for buf in (0, 1):
+            for half, hl in enumerate("LR"):
+                slot = getattr(hopper_ws, f"{base}_{buf}{hl}").value
+                assert slot == getattr(hopper_ws, base).value + 2 * buf + half

@@ -112,6 +112,12 @@ FREE = gl.constexpr(4)  # + 2 * buffer + half: its last reader is done (one arri
 Q_READY = gl.constexpr(8)  # Q has landed
 Q_FREE = gl.constexpr(9)  # both consumers are past their last QK^T of a work item
 NUM_BARS = gl.constexpr(10)
+# The same slots by name, <buffer><half> (half L = D[0:256], R = D[256:512]), as the partitions
+# use them; READY / FREE + 2 * buffer + half stays for the loops and _qk_half.
+READY_0L, READY_0R = gl.constexpr(READY.value + 0), gl.constexpr(READY.value + 1)
+READY_1L, READY_1R = gl.constexpr(READY.value + 2), gl.constexpr(READY.value + 3)
+FREE_0L, FREE_0R = gl.constexpr(FREE.value + 0), gl.constexpr(FREE.value + 1)
+FREE_1L, FREE_1R = gl.constexpr(FREE.value + 2), gl.constexpr(FREE.value + 3)
 # Named (hardware) barriers between the two consumers, 256 threads each. NB_MAX and NB_L are
 # meeting points (both consumers bar.sync); at NB_P0 / NB_P1 the consumer that stored its P
 # arrives without waiting (bar.arrive) and the other waits. Each is used once per pair of tiles
@@ -289,18 +295,18 @@ def _producer(
             slot1 = _slots(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
             # In the order the consumers release them: 0L (consumer 0's own PV), 1R (consumer
             # 1's own PV), 0R (consumer 1's PV with P0), 1L (consumer 0's PV with P1).
-            mbarrier.wait(bars.index(FREE + 0), ph)
+            mbarrier.wait(bars.index(FREE_0L), ph)
             _gather_half(kv_smem.index(0).slice(0, HALF, dim=1), kv_ptr, slot0, stride_kvn, 0)
-            cp.mbarrier_arrive(bars.index(READY + 0), increment_count=False)
-            mbarrier.wait(bars.index(FREE + 3), ph)
+            cp.mbarrier_arrive(bars.index(READY_0L), increment_count=False)
+            mbarrier.wait(bars.index(FREE_1R), ph)
             _gather_half(kv_smem.index(1).slice(HALF, HALF, dim=1), kv_ptr, slot1, stride_kvn, HALF)
-            cp.mbarrier_arrive(bars.index(READY + 3), increment_count=False)
-            mbarrier.wait(bars.index(FREE + 1), ph)
+            cp.mbarrier_arrive(bars.index(READY_1R), increment_count=False)
+            mbarrier.wait(bars.index(FREE_0R), ph)
             _gather_half(kv_smem.index(0).slice(HALF, HALF, dim=1), kv_ptr, slot0, stride_kvn, HALF)
-            cp.mbarrier_arrive(bars.index(READY + 1), increment_count=False)
-            mbarrier.wait(bars.index(FREE + 2), ph)
+            cp.mbarrier_arrive(bars.index(READY_0R), increment_count=False)
+            mbarrier.wait(bars.index(FREE_1L), ph)
             _gather_half(kv_smem.index(1).slice(0, HALF, dim=1), kv_ptr, slot1, stride_kvn, 0)
-            cp.mbarrier_arrive(bars.index(READY + 2), increment_count=False)
+            cp.mbarrier_arrive(bars.index(READY_1L), increment_count=False)
         g0 += num_pairs
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
     # No copy may still be in flight when the program ends.
@@ -464,7 +470,7 @@ def _consumer0(
         s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
         if num_pairs > 0:
             zi = _opaque_zero(item)
-            s = _qk(q_smem.index(zi), kv_smem.index(zi), bars, 0, READY + 0, g0 & 1)
+            s = _qk(q_smem.index(zi), kv_smem.index(zi), bars, 0, READY_0L, g0 & 1)
         if num_pairs <= 1:
             _arrive(bars.index(Q_FREE))  # done with this item's Q
         for j in range(num_pairs):
@@ -489,7 +495,7 @@ def _consumer0(
             fence_async_shared()
             _bar_arrive(NB_P0)
             acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
-            _arrive(bars.index(FREE + 0))
+            _arrive(bars.index(FREE_0L))
 
             _bar_sync(NB_P1)
             pv = warpgroup_mma(p1_smem.index(z), buf1.slice(0, HALF, dim=1), acc, is_async=True)
@@ -499,16 +505,16 @@ def _consumer0(
                 valid = _valid_cols(idx_ptr, lo + (2 * j + 2) * BLOCK_K, hi, num_kv)
                 q_tile = q_smem.index(z)
                 s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
-                s = _qk_half(q_tile, buf0, bars, 0, READY + 0, ph ^ 1, s, False)
+                s = _qk_half(q_tile, buf0, bars, 0, READY_0L, ph ^ 1, s, False)
                 acc = warpgroup_mma_wait(1, deps=[pv])  # the PV (issued first) is done
-                _arrive(bars.index(FREE + 2))
-                s = _qk_half(q_tile, buf0, bars, 1, READY + 0, ph ^ 1, s, True)
+                _arrive(bars.index(FREE_1L))
+                s = _qk_half(q_tile, buf0, bars, 1, READY_0L, ph ^ 1, s, True)
                 s = warpgroup_mma_wait(0, deps=[s])
                 if j + 2 == num_pairs:
                     _arrive(bars.index(Q_FREE))
             else:
                 acc = warpgroup_mma_wait(0, deps=[pv])
-                _arrive(bars.index(FREE + 2))
+                _arrive(bars.index(FREE_1L))
         g0 += num_pairs
         _epilogue(
             acc, m_i, l_i, l_smem.index(2 * (it & 1)), l_smem.index(1 + 2 * (it & 1)), 0,
@@ -542,7 +548,7 @@ def _consumer1(
             buf1 = kv_smem.index(z + 1)
             q_tile = q_smem.index(z)
             valid = _valid_cols(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
-            s = _qk(q_tile, buf1, bars, 1, READY + 2, ph)
+            s = _qk(q_tile, buf1, bars, 1, READY_1L, ph)
             if j + 1 == num_pairs:
                 _arrive(bars.index(Q_FREE))  # done with this item's Q
             s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -565,9 +571,9 @@ def _consumer1(
             _bar_sync(NB_P0)
             acc = warpgroup_mma(p0_smem.index(z), buf0.slice(HALF, HALF, dim=1), acc, is_async=True)
             p_op = warpgroup_mma_wait(1, deps=[p_op])  # the PV with this warpgroup's P is done
-            _arrive(bars.index(FREE + 3))
+            _arrive(bars.index(FREE_1R))
             acc = warpgroup_mma_wait(0, deps=[acc])
-            _arrive(bars.index(FREE + 1))
+            _arrive(bars.index(FREE_0R))
         g0 += num_pairs
         _epilogue(
             acc, m_i, l_i, l_smem.index(1 + 2 * (it & 1)), l_smem.index(2 * (it & 1)),
