@@ -21,9 +21,11 @@ picks the kernel for a call; nothing inside a launcher decides which kernel runs
    refuses a call whose pool format is not the one it reads (:meth:`Kernel.why_not`).
 
 :func:`describe` says, for any shape, which kernel runs and why, and why each other kernel
-would or would not. Kernels join the registry with :func:`register` (the package's own are
-registered by :mod:`sparse_mla.prefill`, the module of the public entry). This module imports
-no kernel, so the dependencies run one way: entry -> dispatch -> configs, and entry -> kernels.
+would or would not. Kernels join the registry with :func:`register`; the package's own are
+registered by :mod:`sparse_mla.kernels`, which this module imports at its end, so the registry
+is whole once dispatch is imported. Their entries call into the kernels' modules
+(:mod:`sparse_mla.prefill`, :mod:`sparse_mla.fp8_prefill`) lazily, so the dependencies run one
+way at import: entry -> dispatch -> configs and kernels (-> the Gluon launch table).
 
 Adding a kernel: register a :class:`Kernel` beside the others (its ``run`` on validated
 inputs, ``resolve`` for its launch, ``unavailable`` for where it cannot run, ``compile_args``
@@ -99,56 +101,14 @@ class Kernel:
 
 
 class _Registry(dict):
-    """The kernel registry. The package's own kernels register when :mod:`sparse_mla.prefill`
-    is imported; ``import sparse_mla`` no longer imports it (it stays light: no torch), so the
-    first read of the registry imports it, and a caller that reached this module another way
-    (``from sparse_mla import bench, dispatch``) still sees them."""
-
-    _loaded = False
-
-    def _load(self) -> None:
-        if not _Registry._loaded:
-            _Registry._loaded = True
-            import importlib
-
-            importlib.import_module(f"{__package__}.prefill")
-            importlib.import_module(f"{__package__}.fp8_prefill")
-
-    def __getitem__(self, key):
-        self._load()
-        return super().__getitem__(key)
-
-    def __contains__(self, key) -> bool:
-        self._load()
-        return super().__contains__(key)
-
-    def __iter__(self):
-        self._load()
-        return super().__iter__()
-
-    def __len__(self) -> int:
-        self._load()
-        return super().__len__()
-
-    def get(self, key, default=None):
-        self._load()
-        return super().get(key, default)
-
-    def keys(self):
-        self._load()
-        return super().keys()
-
-    def values(self):
-        self._load()
-        return super().values()
-
-    def items(self):
-        self._load()
-        return super().items()
+    """The kernel registry: a dict whose changes (a kernel added or replaced, a test's spy
+    too) clear the per-call choice cache (:func:`clear_cache`), since they may change a
+    choice. The package's own kernels are in it once this module is imported
+    (:mod:`sparse_mla.kernels`, imported at the end of this module)."""
 
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)
-        clear_cache()  # a kernel added or replaced (a test's spy too) may change a choice
+        clear_cache()
 
     def __delitem__(self, key) -> None:
         super().__delitem__(key)
@@ -446,3 +406,7 @@ def choose_cached(
         call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
         c = by_bucket[bucket] = choose(call, config=config, root=root)
     return c
+
+
+# The package's kernels (last: sparse_mla.kernels registers them through this module).
+from . import kernels as _kernels  # noqa: E402, F401

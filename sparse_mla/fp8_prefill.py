@@ -389,29 +389,3 @@ def sparse_mla_prefill_fp8(
         return out
     run(q, cache, x.kv_indices, x.kv_indptr, x.softmax_scale, x.attn_sink, out, choice.launch)
     return out
-
-
-dispatch.register(
-    dispatch.Kernel(
-        NAME,
-        run=_run,
-        resolve=_resolve,
-        unavailable=_unavailable,
-        config_type="sparse_mla.configs:PrefillConfig",
-        to_dict=PrefillConfig.to_dict,
-        summary="Triton sparse prefill from the FP8 cache (fp8_prefill.py): gathers 576 + 8 "
-        "bytes a slot, dequantizes in registers; every target and the CPU interpreter",
-        targets=("*",),
-        knobs={
-            "BLOCK_H": (16, 32, 64),
-            "BLOCK_K": (16, 32, 64),
-            "num_warps": (4, 8),
-            "num_stages": (1, 2, 3, 4),
-            "EVEN_HD": (None, True, False),
-            "USE_EXP2": (True, False),
-            "PREFETCH_KV": (False, True),
-        },
-        compile_args=compile_args,
-        kv_format=KV_FORMAT,
-    )
-)

@@ -11,7 +11,6 @@ the end as a virtual column whose value vector is zero; a token with no valid sl
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -496,57 +495,6 @@ def _compile_gluon(name: str, target: str, **shape):
     from .gluon import launch as gluon_launch
 
     return gluon_launch.compile_args("prefill", target, name, **shape)
-
-
-dispatch.register(
-    dispatch.Kernel(
-        "triton",
-        run=_run_triton,
-        resolve=_resolve_triton,
-        unavailable=lambda call: None,
-        config_type="sparse_mla.configs:PrefillConfig",
-        to_dict=PrefillConfig.to_dict,
-        summary="Triton sparse prefill (this module): one program per (token, head block), "
-        "every target and the CPU interpreter",
-        targets=("*",),
-        knobs={
-            "BLOCK_H": (16, 32, 64),
-            "BLOCK_K": (16, 32, 64),
-            "num_warps": (4, 8),
-            "num_stages": (1, 2, 3, 4),
-            "EVEN_HD": (None, True, False),
-            "USE_EXP2": (True, False),
-            "PREFETCH_KV": (False, True),
-        },
-    )
-)
-
-
-def _register_gluon() -> None:
-    from .gluon import launch as gluon_launch
-
-    for spec in gluon_launch.KERNELS.values():
-        t = spec.config_type
-        dispatch.register(
-            dispatch.Kernel(
-                spec.name,
-                run=functools.partial(_run_gluon, spec.name),
-                resolve=functools.partial(_resolve_gluon, spec.name),
-                unavailable=functools.partial(_gluon_unavailable, spec.name),
-                # GluonConfig forces the shared algorithm; the wgmma ring shares its config
-                # class, so it is forced by name (dispatch.Choice) only.
-                config_type=None if spec.name == "gluon_wgmma" else f"{t.__module__}:{t.__name__}",
-                to_dict=asdict,
-                per_call_keys=("num_kv_splits",) if spec.splits else (),
-                summary=spec.summary,
-                targets=spec.targets,
-                knobs=dict(spec.knobs),
-                compile_args=functools.partial(_compile_gluon, spec.name),
-            )
-        )
-
-
-_register_gluon()
 
 
 def launch_constexprs(

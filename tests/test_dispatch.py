@@ -353,7 +353,11 @@ def test_dependencies_run_one_way():
     # whether a recorded kernel's own launch is one that kernel takes (one function).
     assert _package_imports(pkg / "configs.py", module_level=True) == set()
     assert _package_imports(pkg / "configs.py") == {"dispatch"}
-    assert _package_imports(pkg / "dispatch.py") == {"configs"}
+    # dispatch imports configs and, at its end, the registrations; those import no kernel's
+    # module at import (their callables import prefill / fp8_prefill on first use).
+    assert _package_imports(pkg / "dispatch.py") == {"configs", "kernels"}
+    regs = _package_imports(pkg / "kernels.py", module_level=True)
+    assert regs.isdisjoint({"prefill", "fp8_prefill", "op", "bench", "tune", "inspect"}), regs
     assert {"configs", "dispatch"} <= _package_imports(pkg / "prefill.py")
 
 
@@ -433,3 +437,27 @@ def test_ws_small_call_decision():
     assert hopper_ws.small_call(1, 1) and not hopper_ws.small_call(0, 132)
     # DSv4 CSA at H64 on 132 SMs: T=256 (about 200 slots a token) is small, T=16384 is not.
     assert hopper_ws.small_call(256 * 200, 132) and not hopper_ws.small_call(16384 * 600, 132)
+
+
+def test_the_registry_is_whole_whichever_module_comes_first():
+    """sparse_mla.kernels registers the package's kernels when dispatch is imported, whichever
+    module a process imports first (the entry imports dispatch, which imports the
+    registrations, whose callables import the entry lazily); the registry itself is a dict
+    whose only overrides clear the choice cache (no import on read)."""
+    import subprocess
+    import sys
+
+    from sparse_mla import fp8_prefill, kernels
+
+    names = {"gluon_mma", "gluon_wgmma", "gluon_ws", "gluon_ws_small", "triton", "triton_fp8"}
+    for first in ("sparse_mla.dispatch", "sparse_mla.prefill", "sparse_mla.fp8_prefill"):
+        code = (f"import {first}, sys; from sparse_mla import dispatch; "
+                "print(' '.join(sorted(dispatch.KERNELS)))")  # fmt: skip
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=300, cwd=ROOT)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert set(r.stdout.split()) == names, (first, r.stdout)
+    own = {n for n, v in vars(type(dispatch.KERNELS)).items() if callable(v)}
+    assert own == {"__setitem__", "__delitem__"}, own
+    assert kernels.FP8_NAME == fp8_prefill.NAME
+    assert dispatch.kernel("triton").run.__name__ == "prefill._run_triton"
