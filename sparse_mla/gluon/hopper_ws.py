@@ -605,6 +605,10 @@ def _prefill_ws_kernel(
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions."""
     dtype: gl.constexpr = q_desc.dtype
+    # Shared memory (2-byte dtype): Q 64 x 512 x 2 = 65,536 B; the two KV tiles 2 x 64 x 512 x 2
+    # = 131,072; P0 and P1 2 x 64 x 64 x 2 = 16,384; the row maxima and partial sums 6 x 64 x 4
+    # = 1,536; 10 mbarriers x 8 = 80: 214,608 B of the 232,448 a block may have (227 KiB; the
+    # compiler adds its scratch: 215,864 in all for sm90).
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
     kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
     # One allocation per buffer that one consumer writes and the other reads: the compiler's
