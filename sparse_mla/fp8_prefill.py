@@ -42,7 +42,7 @@ import triton.language as tl
 from . import dispatch, runtime
 from .configs import PrefillConfig
 from .fp8 import D_NOPE, HEAD_DIM, KV_FORMAT, NUM_TILES, ROW_BYTES, TILE, FP8Cache
-from .prefill import _LOG2E, _mma, _round_to, resolve_config
+from .prefill import _LOG2E, _fold_sink, _mma, _round_to, _softmax_tile, resolve_config
 from .prefill import default_config as prefill_default_config
 from .validation import _shares_memory, validate_inputs
 
@@ -180,37 +180,12 @@ def _sparse_mla_prefill_fp8_kernel(
         qk = _mma(q, tl.trans(kv), qk, INTERP_BF16) * qk_scale  # [BLOCK_H, BLOCK_K]
         qk = tl.where(valid[None, :], qk, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_H]
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if USE_EXP2:
-            alpha = tl.math.exp2(m_i - m_shift)
-            p = tl.math.exp2(qk - m_shift[:, None])
-        else:
-            alpha = tl.exp(m_i - m_shift)
-            p = tl.exp(qk - m_shift[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_i = _softmax_tile(qk, m_i, l_i, USE_EXP2)
         acc = acc * alpha[:, None]
         acc = _mma(_round_to(p, tl.bfloat16, INTERP_BF16), kv, acc, INTERP_BF16)  # [BLOCK_H, 512]
-        m_i = m_new
 
     if HAS_SINK:
-        # The sink is a virtual column with logit sink_h and a zero value vector.
-        if EVEN_HD:
-            sink = tl.load(sink_ptr + offs_h)
-        else:
-            sink = tl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=0.0)
-        if USE_EXP2:
-            sink = sink * 1.4426950408889634
-        has_slot = m_i > float("-inf")
-        m_fin = tl.where(has_slot, tl.maximum(m_i, sink), sink)
-        m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
-        if USE_EXP2:
-            alpha = tl.math.exp2(m_i - m_fin)
-            l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
-        else:
-            alpha = tl.exp(m_i - m_fin)
-            l_i = l_i * alpha + tl.exp(sink - m_fin)
-        acc = acc * alpha[:, None]
+        acc, l_i = _fold_sink(acc, m_i, l_i, sink_ptr, offs_h, num_heads, EVEN_HD, USE_EXP2)
     # A token with no valid slot has acc == 0; keep it 0 (not 0/0) with or without a sink.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = _round_to(acc / l_safe[:, None], tl.bfloat16, INTERP_BF16)

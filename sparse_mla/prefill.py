@@ -64,6 +64,49 @@ def _load_tile(
     return kv, valid
 
 
+@triton.jit
+def _softmax_tile(qk, m_i, l_i, USE_EXP2: tl.constexpr):
+    """One tile's online-softmax step over logits ``qk`` [BLOCK_H, BLOCK_K] (-inf where a slot
+    is absent): (p, alpha, l_i, m_i) after it; the caller rescales its accumulator by alpha and
+    adds p V. Shared by the bf16 and the FP8-cache Triton kernels."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_H]
+    # A row with no valid slot so far keeps m = -inf; shift by 0 so exp() sees -inf, not NaN.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if USE_EXP2:
+        alpha = tl.math.exp2(m_i - m_shift)
+        p = tl.math.exp2(qk - m_shift[:, None])
+    else:
+        alpha = tl.exp(m_i - m_shift)
+        p = tl.exp(qk - m_shift[:, None])
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
+def _fold_sink(acc, m_i, l_i, sink_ptr, offs_h, num_heads, EVEN_HD: tl.constexpr,
+               USE_EXP2: tl.constexpr):  # fmt: skip
+    """Fold the sink, a virtual column with logit sink_h and a zero value vector, into the
+    final (acc, l_i). Shared by the bf16 and the FP8-cache Triton kernels."""
+    if EVEN_HD:
+        sink = tl.load(sink_ptr + offs_h)
+    else:
+        sink = tl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=0.0)
+    if USE_EXP2:
+        sink = sink * 1.4426950408889634  # LOG2E (sparse_mla._consts)
+    has_slot = m_i > float("-inf")
+    m_fin = tl.where(has_slot, tl.maximum(m_i, sink), sink)
+    # An empty token with a sink of -inf (or one that overflows to -inf once scaled) keeps
+    # m = -inf: shift by 0 so alpha is 0, not exp(-inf + inf) = NaN.
+    m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+    if USE_EXP2:
+        alpha = tl.math.exp2(m_i - m_fin)
+        l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
+    else:
+        alpha = tl.exp(m_i - m_fin)
+        l_i = l_i * alpha + tl.exp(sink - m_fin)
+    # An empty token's acc is 0 and stays 0 whatever the sink (a NaN sink makes alpha NaN).
+    return acc * tl.where(has_slot, alpha, 0.0)[:, None], l_i
+
+
 @triton.jit(do_not_specialize=["nnz"])
 def _sparse_mla_prefill_kernel(
     q_ptr,  # [T, H, D]
@@ -140,41 +183,12 @@ def _sparse_mla_prefill_kernel(
         qk = _mma(q, tl.trans(kv), qk, INTERP_BF16) * qk_scale  # [BLOCK_H, BLOCK_K]
         qk = tl.where(valid[None, :], qk, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_H]
-        # A row with no valid slot so far keeps m = -inf; shift by 0 so exp() sees -inf, not NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if USE_EXP2:
-            alpha = tl.math.exp2(m_i - m_shift)
-            p = tl.math.exp2(qk - m_shift[:, None])
-        else:
-            alpha = tl.exp(m_i - m_shift)
-            p = tl.exp(qk - m_shift[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_i = _softmax_tile(qk, m_i, l_i, USE_EXP2)
         acc = acc * alpha[:, None]
         acc = _mma(_round_to(p, kv.dtype, INTERP_BF16), kv, acc, INTERP_BF16)  # [BLOCK_H, BLOCK_D]
-        m_i = m_new
 
     if HAS_SINK:
-        # The sink is a virtual column with logit sink_h and a zero value vector.
-        if EVEN_HD:
-            sink = tl.load(sink_ptr + offs_h)
-        else:
-            sink = tl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=0.0)
-        if USE_EXP2:
-            sink = sink * 1.4426950408889634
-        has_slot = m_i > float("-inf")
-        m_fin = tl.where(has_slot, tl.maximum(m_i, sink), sink)
-        # An empty token with a sink of -inf (or one that overflows to -inf once scaled) keeps
-        # m = -inf: shift by 0 so alpha is 0, not exp(-inf + inf) = NaN.
-        m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
-        if USE_EXP2:
-            alpha = tl.math.exp2(m_i - m_fin)
-            l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
-        else:
-            alpha = tl.exp(m_i - m_fin)
-            l_i = l_i * alpha + tl.exp(sink - m_fin)
-        # An empty token's acc is 0 and stays 0 whatever the sink (a NaN sink makes alpha NaN).
-        acc = acc * tl.where(has_slot, alpha, 0.0)[:, None]
+        acc, l_i = _fold_sink(acc, m_i, l_i, sink_ptr, offs_h, num_heads, EVEN_HD, USE_EXP2)
     # A token with no valid slot has acc == 0; keep it 0 (not 0/0) with or without a sink.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]

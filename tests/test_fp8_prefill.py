@@ -118,6 +118,27 @@ def test_matches_reference(block_size, num_blocks, H, sink, index_dtype):
     _check(case, out=torch.full_like(case.q, float("nan")))
 
 
+@pytest.mark.parametrize("use_exp2", [True, False])
+def test_nan_sink_leaves_empty_tokens_zero(use_exp2):
+    """A sink that is NaN on some heads: every empty token is zeros on every head (DESIGN.md
+    section 2), as in the bf16 kernels; the heads with a finite sink match the reference."""
+    case = make_fp8_case(12, 8, num_blocks=3, block_size=64, seed=5)
+    empty = (case.kv_indptr[1:] == case.kv_indptr[:-1]).nonzero().flatten()
+    assert empty.numel() > 0
+    sink = case.attn_sink.clone()
+    nan_heads = [0, 3, 7]
+    sink[nan_heads] = float("nan")
+    out = torch.full_like(case.q, float("nan"))
+    sparse_mla_prefill(*case.args(), attn_sink=sink, out=out, config={"USE_EXP2": use_exp2})
+    assert torch.all(out[empty] == 0), "an empty token with a NaN sink is not zeros"
+    keep = [h for h in range(8) if h not in nan_heads]
+    rep = check_against_reference(
+        out[:, keep], case.q[:, keep], F.dequantize(case.cache), case.kv_indices,
+        case.kv_indptr, case.softmax_scale, attn_sink=sink[keep],
+    )  # fmt: skip
+    assert rep.ok, str(rep)
+
+
 @pytest.mark.parametrize("cfg", [{"USE_EXP2": False}, {"PREFETCH_KV": True, "BLOCK_K": 16}])
 def test_launch_variants(cfg):
     case = make_fp8_case(4, 16, num_blocks=4, block_size=4, seed=7)
