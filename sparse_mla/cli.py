@@ -247,16 +247,7 @@ def _isa_kernel(args: argparse.Namespace, target) -> int:
     print(res.label)
     print(f"compiled in {res.compile_seconds:.2f} s" if not res.from_cache else
           "from the in-memory cache")  # fmt: skip
-    print()
-    print(res.resources)
-    print()
-    print(si._table(["instructions", "count"], [[k, v] for k, v in res.mix.items()]))
-    if args.by_line:
-        print()
-        print(si.by_line_table(res, top=args.by_line_top))
-    if args.asm:
-        print()
-        print(res.isa if args.asm == "isa" else res.asm[args.asm])
+    _print_compile(si, res, args)
     if other is not None:
         _, res_b = si.compile_kernel(name, target, config=other, **kw)
         d = si.diff(res_b, res)
@@ -292,6 +283,21 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                      out_dir=args.out)  # fmt: skip
     print(prof.profile_table(p, top=args.top))
     return 0
+
+
+def _print_compile(si, res, args) -> None:
+    """``isa``'s report of one compile after its first lines: resources, instruction mix, the
+    by-line view and the assembly when asked."""
+    print()
+    print(res.resources)
+    print()
+    print(si._table(["instructions", "count"], [[k, v] for k, v in res.mix.items()]))
+    if args.by_line:
+        print()
+        print(si.by_line_table(res, top=args.by_line_top))
+    if args.asm:
+        print()
+        print(res.isa if args.asm == "isa" else res.asm[args.asm])
 
 
 def _print_table(rows: list[dict], cols: list[str]) -> None:
@@ -623,16 +629,7 @@ def _cmd_isa(args: argparse.Namespace) -> int:
         print(f"from the in-memory cache (first compile took {res.compile_seconds:.2f} s)")
     else:
         print(f"compiled in {res.compile_seconds:.2f} s")
-    print()
-    print(res.resources)
-    print()
-    print(si._table(["instructions", "count"], [[k, v] for k, v in res.mix.items()]))
-    if args.by_line:
-        print()
-        print(si.by_line_table(res, top=args.by_line_top))
-    if args.asm:
-        print()
-        print(res.isa if args.asm == "isa" else res.asm[args.asm])
+    _print_compile(si, res, args)
     if args.diff_against:
         other_cfg = replace(cfg, **other_kw)
         other = si.compile_prefill(target, other_cfg, options={**opts, **other_opts}, **shape)

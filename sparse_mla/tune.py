@@ -591,13 +591,19 @@ def sweep(
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0):
         raise ValueError(f"jobs must be an int >= 0 or None, got {jobs!r}")
     rows = _plan(grid, shapes, targets, sample, seed, dtype, mode)
+    return _execute(rows, mode, workload, jobs, f"sweep ({mode})", progress)
+
+
+def _execute(rows, mode, workload, jobs, label, progress) -> list[dict[str, Any]]:
+    """Run a planned sweep's ``ok`` rows (compile, or check then time on ``workload``) behind
+    one progress bar, stamp and rank them: the tail of :func:`sweep` and :func:`sweep_kernel`."""
     todo = [r for r in rows if r["status"] == "ok"]
     if mode == "time":
         spec = {"name": workload} if isinstance(workload, str) else dict(workload)
         _check_time_targets(rows)
         for r in todo:
             r["_workload"] = spec
-    bar = _Progress(len(rows), f"sweep ({mode})", progress)
+    bar = _Progress(len(rows), label, progress)
     for r in rows:
         if r["status"] != "ok":
             bar.update(r["status"])
@@ -1441,25 +1447,7 @@ def sweep_kernel(
                 row.update(d, status="ok", reason="", launch=d)
                 row["_kernel"], row["_launch"] = name, launch
                 rows.append(row)
-    todo = [r for r in rows if r["status"] == "ok"]
-    if mode == "time":
-        spec = {"name": workload} if isinstance(workload, str) else dict(workload)
-        _check_time_targets(rows)
-        for r in todo:
-            r["_workload"] = spec
-    bar = _Progress(len(rows), f"sweep {name} ({mode})", progress)
-    for r in rows:
-        if r["status"] != "ok":
-            bar.update(r["status"])
-    try:
-        if mode == "compile":
-            _run_compile(todo, jobs, bar)
-        else:
-            _run_time(todo, jobs, bar)
-    finally:
-        bar.close()
-    _stamp(rows, mode)
-    return _rank(rows)
+    return _execute(rows, mode, workload, jobs, f"sweep {name} ({mode})", progress)
 
 
 def _row_launch(r: Mapping[str, Any]) -> dict[str, Any]:
