@@ -227,9 +227,9 @@ def _recorded(entry: configs.ConfigEntry, c: configs.KernelChoice) -> str:
 # where one of them can run: it measured 1.1-20x slower there.
 RULE: dict[str, tuple[tuple[int | None, int | None, tuple[str, ...]], ...]] = {
     "sm90": (
-        (32, None, ("gluon_ws_small", "gluon_ws", "gluon_mma")),
-        (64, 127, ("gluon_ws_small", "gluon_ws", "gluon_mma")),
-        (None, None, ("gluon_ws", "gluon_wgmma", "gluon_mma")),
+        (32, None, ("gluon_ws_small", "gluon_ws", "gluon_mma", "gluon_ws_small_fp8")),
+        (64, 127, ("gluon_ws_small", "gluon_ws", "gluon_mma", "gluon_ws_small_fp8")),
+        (None, None, ("gluon_ws", "gluon_wgmma", "gluon_mma", "gluon_ws_small_fp8")),
     ),
 }
 

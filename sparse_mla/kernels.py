@@ -101,5 +101,31 @@ def _register_all() -> None:
         )
     )
 
+    dispatch.register(
+        dispatch.Kernel(
+            "gluon_ws_small_fp8",
+            run=_lazy("gluon.launch_fp8", "run"),
+            resolve=_lazy("gluon.launch_fp8", "resolve"),
+            unavailable=_lazy("gluon.launch_fp8", "unavailable"),
+            config_type="sparse_mla.gluon.launch_fp8:FP8SmallConfig",
+            to_dict=asdict,
+            summary=(
+                "sm90 warp-specialised sparse prefill from the FP8 cache (hopper_fp8.py): the "
+                "heads-on-N kernel's consumer, a producer that loads 576 + 7 bytes a slot into "
+                "registers and dequantizes them into the bf16 tile, persistent"
+            ),
+            targets=("sm90",),
+            knobs={
+                "HEAD_GROUPS": (1, 2),
+                "STAGES": (2, 3),
+                "PRODUCERS": (1, 2, 3),
+                "PRODUCER_REGS": (112, 120, 128, 136, 224, 256),
+                "PIPELINE": (False, True),
+            },
+            compile_args=_lazy("gluon.launch_fp8", "compile_args"),
+            kv_format=FP8_FORMAT,
+        )
+    )
+
 
 _register_all()

@@ -449,7 +449,15 @@ def test_the_registry_is_whole_whichever_module_comes_first():
 
     from sparse_mla import fp8_prefill, kernels
 
-    names = {"gluon_mma", "gluon_wgmma", "gluon_ws", "gluon_ws_small", "triton", "triton_fp8"}
+    names = {
+        "gluon_mma",
+        "gluon_wgmma",
+        "gluon_ws",
+        "gluon_ws_small",
+        "triton",
+        "triton_fp8",
+        "gluon_ws_small_fp8",
+    }
     for first in ("sparse_mla.dispatch", "sparse_mla.prefill", "sparse_mla.fp8_prefill"):
         code = (f"import {first}, sys; from sparse_mla import dispatch; "
                 "print(' '.join(sorted(dispatch.KERNELS)))")  # fmt: skip

@@ -4,7 +4,7 @@ dequantized rows (CPU interpreter), its dispatch, its errors and its cross-compi
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -183,8 +183,13 @@ def test_dispatch_chooses_the_fp8_kernel_and_the_others_refuse():
     assert dispatch.choose(call, config={"BLOCK_K": 16}).kernel == "triton_fp8"
     assert dispatch.choose(call, config=dispatch.Choice("triton_fp8")).kernel == "triton_fp8"
     for name, k in dispatch.KERNELS.items():
-        if name != "triton_fp8":
+        if k.kv_format != F.KV_FORMAT:
             assert "not an FP8 KV cache" in k.why_not(call)
+        elif name != "triton_fp8":  # an FP8 Gluon kernel: no GPU here
+            assert "need a GPU" in k.why_not(call)
+    sm90 = dispatch.Call("sm90", 16, 512, torch.bfloat16, kv_format=F.KV_FORMAT)
+    assert dispatch.choose(sm90).kernel == "gluon_ws_small_fp8"
+    assert dispatch.choose(replace(sm90, arch="gfx950")).kernel == "triton_fp8"
     with pytest.raises(ValueError, match="triton kernel cannot run this call: reads a dense"):
         sparse_mla_prefill(*case.args(), config=dispatch.Choice("triton"))
     dense = torch.randn(8, 512).bfloat16()
@@ -309,26 +314,59 @@ def test_cache_moved_inside_a_larger_buffer():
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
+# Every registered kernel that reads the FP8 cache and the default choice: the GPU tests run
+# each (config=Choice(name)); a kernel the GPU cannot run is skipped with its reason.
+FP8_KERNELS = sorted(n for n, k in dispatch.KERNELS.items() if k.kv_format == F.KV_FORMAT)
+
+
+def _gpu_config(kernel):
+    if kernel is None:
+        return {}
+    arch = runtime.arch(0)
+    why = dispatch.kernel(kernel).why_not(
+        dispatch.Call(arch, 16, 512, torch.bfloat16, kv_format=F.KV_FORMAT)
+    )
+    if why:
+        pytest.skip(f"{kernel} on {arch}: {why}")
+    return {"config": dispatch.Choice(kernel)}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("H", [1, 8, 16, 32, 64, 128])
-@pytest.mark.parametrize("block_size", [2, 64, 256])
-def test_gpu_matches_reference(H, block_size):
+@pytest.mark.parametrize("kernel", [None, *FP8_KERNELS])
+@pytest.mark.parametrize("H", [1, 8, 16, 17, 32, 64, 128])
+@pytest.mark.parametrize("block_size", [2, 3, 64, 256])
+def test_gpu_matches_reference(kernel, H, block_size):
+    kw = _gpu_config(kernel)
     for index_dtype, sink in ((torch.int32, True), (torch.int64, False)):
         case = make_fp8_case(40, H, num_blocks=max(3, 1200 // block_size), block_size=block_size,
                              max_slots=300, index_dtype=index_dtype, sink=sink,
                              seed=7 * H + block_size)  # fmt: skip
         case = _on(case, "cuda")
-        first = _check(case, out=torch.full_like(case.q, float("nan")))
-        again = sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink)
+        first = _check(case, out=torch.full_like(case.q, float("nan")), **kw)
+        again = sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink, **kw)
         assert torch.equal(first.view(torch.int16), again.view(torch.int16)), "bitwise repeats"
 
 
 @pytest.mark.gpu
-def test_gpu_long_lists_and_a_cache_past_2gib():
+@pytest.mark.parametrize("kernel", FP8_KERNELS)
+def test_gpu_long_lists_and_a_cache_past_2gib(kernel):
+    kw = _gpu_config(kernel)
     # T of 1-3 with long lists (decode-like calls), the cache starting past byte 2**31.
     for T in (1, 2, 3):
         case = make_fp8_case(T, 16, num_blocks=80, block_size=64, max_slots=4000,
                              index_dtype=torch.int64, seed=T)  # fmt: skip
-        _check(_on(case, "cuda"), out=None)
+        _check(_on(case, "cuda"), out=None, **kw)
     case = make_fp8_case(6, 64, num_blocks=8, block_size=64, max_slots=400, seed=9)
-    _check(_on(case, "cuda", lead_bytes=2**31 + 4096), out=None)
+    _check(_on(case, "cuda", lead_bytes=2**31 + 4096), out=None, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", FP8_KERNELS)
+def test_gpu_out_views_and_empty_tokens(kernel):
+    kw = _gpu_config(kernel)
+    case = _on(make_fp8_case(33, 20, num_blocks=40, block_size=64, max_slots=200, seed=5), "cuda")
+    big = torch.full((33, 24, 600), float("nan"), dtype=torch.bfloat16, device="cuda")
+    view = big[:, 2:22, 40:552]  # strided rows, offset columns
+    _check(case, out=view, **kw)
+    assert torch.isnan(big[:, :2]).all() and torch.isnan(big[:, 22:]).all(), "wrote outside out"
+    assert torch.isnan(big[..., :40]).all() and torch.isnan(big[..., 552:]).all()

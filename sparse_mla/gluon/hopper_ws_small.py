@@ -266,9 +266,14 @@ def _consumer(
 
 
 @gluon.jit
-def _shared_state(dtype: gl.constexpr, HEAD_GROUPS: gl.constexpr = 1, STAGES: gl.constexpr = None):
+def _shared_state(
+    dtype: gl.constexpr, HEAD_GROUPS: gl.constexpr = 1, STAGES: gl.constexpr = None,
+    READY_COUNT: gl.constexpr = 128,
+):  # fmt: skip
     """Q [16 HEAD_GROUPS, 512], the KV ring, P^T [64, 16 HEAD_GROUPS] and the barriers
-    (initialised), as every partition sees them."""
+    (initialised), as every partition sees them. ``READY_COUNT``: arrivals that mark a tile
+    landed (128: the producer's lanes, by cp.async; 1: a producer that stores the tile itself,
+    :mod:`hopper_fp8`)."""
     heads: gl.constexpr = BLOCK_H * HEAD_GROUPS
     q_smem = gl.allocate_shared_memory(dtype, [1, heads, HEAD_DIM], SMEM)
     stages: gl.constexpr = ring_stages(HEAD_GROUPS, STAGES)
@@ -276,7 +281,7 @@ def _shared_state(dtype: gl.constexpr, HEAD_GROUPS: gl.constexpr = 1, STAGES: gl
     p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_K, heads], smem_p(heads))
     bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(stages):
-        mbarrier.init(bars.index(READY + i), count=128)  # the producer's lanes, via cp.async
+        mbarrier.init(bars.index(READY + i), count=READY_COUNT)
         mbarrier.init(bars.index(FREE + i), count=1)
     mbarrier.init(bars.index(Q_READY), count=128)
     mbarrier.init(bars.index(Q_FREE), count=1)

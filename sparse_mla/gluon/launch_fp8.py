@@ -1,0 +1,180 @@
+"""Launch of the sm90 Gluon kernels that read the FP8 KV cache (:mod:`hopper_fp8`), and what the
+dispatch registry needs to know about them (``gluon_ws_small_fp8``; :mod:`sparse_mla.kernels`
+registers it with ``kv_format`` "fp8_model1").
+
+The launch mirrors the bf16 heads-on-N kernel's (:func:`launch._launch_persistent`): persistent,
+one program per SM over R x cdiv(H, 16 x HEAD_GROUPS) work items, 4 warps in the default
+partition (the consumer) + 4 in the producer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import dispatch, fastlaunch, runtime
+from .._consts import LOG2E
+from ..fp8 import HEAD_DIM, KV_FORMAT, FP8Cache
+from . import hopper_fp8, hopper_ws_small
+from .launch import SMEM_LIMIT, _no_sink, _num_compute_units, _regs_field, get_target
+
+NAME = "gluon_ws_small_fp8"  # its name in the registry (sparse_mla/kernels.py)
+
+
+@dataclass(frozen=True)
+class FP8SmallConfig:
+    """Launch of ``gluon_ws_small_fp8``: ``HEAD_GROUPS`` and ``STAGES`` as in
+    :class:`~sparse_mla.gluon.launch.SmallWSConfig` (the same shared-memory tiles);
+    ``PRODUCERS``: producer warpgroups, taking the ring's tiles round-robin (each holds one
+    tile's bytes in registers, so this is how many tiles a program has in flight);
+    ``PRODUCER_REGS``: each one's registers a thread (:func:`hopper_fp8.register_split`);
+    ``PIPELINE`` (one producer only): it issues the next tile's loads before it dequantizes
+    the current one."""
+
+    HEAD_GROUPS: int = 1
+    STAGES: int | None = None
+    PRODUCERS: int = 2
+    PRODUCER_REGS: int = hopper_fp8.PRODUCER_REGS.value
+    PIPELINE: bool = False
+
+    def stages(self) -> int:
+        return hopper_ws_small.ring_stages(self.HEAD_GROUPS, self.STAGES)
+
+    def smem_bytes(self) -> int:
+        """Q, the bf16 KV ring, P^T and the barriers, as the kernel allocates."""
+        heads = hopper_ws_small.BLOCK_H.value * self.HEAD_GROUPS
+        return (2 * (heads * HEAD_DIM + self.stages() * 64 * HEAD_DIM + 64 * heads)
+                + 8 * hopper_ws_small.NUM_BARS.value)  # fmt: skip
+
+    def validate(self) -> None:
+        if type(self.HEAD_GROUPS) is not int or self.HEAD_GROUPS not in (1, 2):
+            raise ValueError(f"config: HEAD_GROUPS must be 1 or 2, got {self.HEAD_GROUPS!r}")
+        if self.STAGES is not None and (type(self.STAGES) is not int or self.STAGES not in (2, 3)):
+            raise ValueError(f"config: STAGES must be 2 or 3 (or None), got {self.STAGES!r}")
+        _regs_field("PRODUCER_REGS", self.PRODUCER_REGS)
+        if type(self.PRODUCERS) is not int or self.PRODUCERS not in (1, 2, 3):
+            raise ValueError(f"config: PRODUCERS must be 1, 2 or 3, got {self.PRODUCERS!r}")
+        try:
+            hopper_fp8.register_split(self.PRODUCERS, self.PRODUCER_REGS, self.HEAD_GROUPS)
+        except ValueError as e:
+            raise ValueError(f"config: {e}") from None
+        if type(self.PIPELINE) is not bool:
+            raise ValueError(f"config: PIPELINE must be True or False, got {self.PIPELINE!r}")
+        if self.PIPELINE and self.PRODUCERS != 1:
+            raise ValueError("config: PIPELINE needs PRODUCERS=1")
+        if self.smem_bytes() > SMEM_LIMIT:
+            raise ValueError(
+                f"config: {self.stages()} KV tiles at HEAD_GROUPS={self.HEAD_GROUPS} take "
+                f"{self.smem_bytes()} bytes of shared memory, more than the {SMEM_LIMIT} a "
+                "block may have (fewer STAGES)"
+            )
+
+
+def default_config(num_heads: int) -> FP8SmallConfig:
+    """One head group up to 16 heads, two above (more heads: several items a token); two
+    producers."""
+    return FP8SmallConfig(HEAD_GROUPS=1 if num_heads <= 16 else 2)
+
+
+def resolve(launch: Any, call: dispatch.Call) -> FP8SmallConfig:
+    """The launch (None: :func:`default_config`; a dict of its fields; the config), checked."""
+    if launch is None:
+        cfg = default_config(call.num_heads)
+    elif isinstance(launch, FP8SmallConfig):
+        cfg = launch
+    elif isinstance(launch, dict):
+        unknown = sorted(set(launch) - set(FP8SmallConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(
+                f"config: unknown field(s) {unknown} for {NAME}; it takes "
+                f"{sorted(FP8SmallConfig.__dataclass_fields__)}"
+            )
+        cfg = FP8SmallConfig(**launch)
+    else:
+        raise TypeError(f"{NAME} takes an FP8SmallConfig or a dict, got {type(launch).__name__}")
+    cfg.validate()
+    return cfg
+
+
+def unavailable(call: dispatch.Call) -> str | None:
+    """Why the kernel cannot run ``call`` (None: it can): an sm90 GPU, head_dim 512, bf16 q,
+    a cache whose rows start 16-byte aligned."""
+    if call.arch is None or (call.kv is not None and call.kv.device.type == "cpu"):
+        return "Gluon kernels need a GPU (they do not run in the interpreter)"
+    if call.arch != "sm90":
+        return f"needs sm90 (wgmma, warp specialisation), the target is {call.arch}"
+    if call.head_dim != HEAD_DIM:
+        return f"needs head_dim {HEAD_DIM} (448 NoPE + 64 RoPE), got {call.head_dim}"
+    if call.dtype is not None and call.dtype != torch.bfloat16:
+        return f"takes bf16 queries, got {call.dtype}"
+    cache = call.kv
+    if isinstance(cache, FP8Cache) and cache.num_blocks > 0:
+        if cache.as_bytes().data_ptr() % 16 or cache.block_stride % 16:
+            return "the cache's blocks do not start 16-byte aligned"
+        if cache.num_slots >= 2**31:
+            return f"slots are int32 in the kernel; the cache has {cache.num_slots}"
+    return None
+
+
+def _constexprs(cfg: FP8SmallConfig, block_size: int) -> dict[str, Any]:
+    return {
+        "HEAD_GROUPS": cfg.HEAD_GROUPS,
+        "STAGES": cfg.STAGES,
+        "PRODUCERS": cfg.PRODUCERS,
+        "PRODUCER_REGS": cfg.PRODUCER_REGS,
+        "POW2": block_size & (block_size - 1) == 0,
+        "PIPELINE": cfg.PIPELINE,
+    }
+
+
+def run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+    """Launch on validated inputs (T > 0, at least one block)."""
+    R, H, _ = q.shape
+    if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8 or q.stride(2) != 1:
+        q = q.contiguous()  # the producer copies Q rows with 16-byte cp.async
+    sink = _no_sink(H, q.device) if attn_sink is None else attn_sink.contiguous()
+    heads = hopper_ws_small.BLOCK_H.value * cfg.HEAD_GROUPS
+    items = R * runtime.cdiv(H, heads)
+    grid = (min(items, _num_compute_units(q.device.index or 0)),)
+    bs = cache.block_size
+    kwargs = fastlaunch.frozen(**_constexprs(cfg, bs), num_warps=4, num_stages=1)
+    dst = out
+    if out.stride(2) != 1 or out.data_ptr() % 16 or out.stride(0) % 8 or out.stride(1) % 8:
+        dst = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    fastlaunch.launcher(hopper_fp8._prefill_ws_small_fp8_kernel)(
+        grid,
+        (q, cache.as_bytes(), kv_indices, kv_indptr, sink, dst, q.stride(0), q.stride(1),
+         cache.block_stride, dst.stride(0), dst.stride(1), H, cache.num_slots,
+         kv_indices.numel(), float(softmax_scale) * LOG2E, items, bs,
+         int(math.log2(bs)) if bs & (bs - 1) == 0 else 0),
+        kwargs,
+    )  # fmt: skip
+    if dst is not out:
+        out.copy_(dst)
+    return out
+
+
+def compile_args(target: str, *, num_heads: int = 16, config=None, index_dtype=torch.int32,
+                 block_size: int = 64, **_ignored):  # fmt: skip
+    """(kernel, signature, constexprs, options) to cross-compile the kernel for ``target`` as a
+    launch at ``num_heads`` would (:func:`sparse_mla.inspect.compile_kernel`)."""
+    t = get_target(target)
+    call = dispatch.Call(t.name, num_heads, HEAD_DIM, kv_format=KV_FORMAT)
+    why = unavailable(call)
+    if why and call.arch is not None:
+        raise ValueError(f"{NAME} cannot compile for {t.name}: {why}")
+    cfg = resolve(config, call)
+    ix = "*i64" if index_dtype == torch.int64 else "*i32"
+    sig = {
+        "q_ptr": "*bf16", "cache_ptr": "*u8", "idx_ptr": ix, "indptr_ptr": ix,
+        "sink_ptr": "*fp32", "out_ptr": "*bf16", "stride_qr": "i32", "stride_qh": "i32",
+        "stride_block": "i64", "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32",
+        "num_slots": "i32", "nnz": "i32", "qk_scale": "fp32", "num_items": "i32",
+        "block_size": "i32", "block_shift": "i32",
+    }  # fmt: skip
+    consts = _constexprs(cfg, block_size)
+    sig.update({k: "constexpr" for k in consts})
+    return hopper_fp8._prefill_ws_small_fp8_kernel, sig, consts, {"num_warps": 4, "num_stages": 1}
