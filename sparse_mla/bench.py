@@ -14,6 +14,9 @@ GPU's time, not the host's: a small call's Python and launch cost is not in it).
   off a GPU, a head count it does not serve) is skipped;
 - ``default``: exactly what ``sparse_mla_prefill(..., config=None)`` runs (the kernel that
   :func:`sparse_mla.dispatch.choose` picks for the call); its config names the kernel;
+- ``default_dense``: ``config=None`` on the dense form of the same lists (``kv_indices`` [T, K],
+  ``kv_indptr=None``), the -1-padded index matrix the FlashMLA provider receives (K the longest
+  list rounded up to 128; built outside the timing); its config names the kernel and K;
 - ``torch``: :func:`torch_gather_prefill`, a plain PyTorch gather and two batched matmuls;
 - peers, when importable (their code is never part of the package; ``../shared/peers/``):
   ``flashmla``, DeepSeek's ``flash_mla.flash_mla_sparse_fwd`` (H 64 or 128; fewer heads are
@@ -138,7 +141,7 @@ DEFAULT_WORKLOADS = (
     "glm_h16_topk2048",
 )
 # The providers of a default run besides the package's registered kernels (provider_names()).
-PROVIDERS = ("default", "torch", "flashmla", "aiter")
+PROVIDERS = ("default", "default_dense", "torch", "flashmla", "aiter")
 # The grid (run_grid): CSA at every H x T, top-k 1024 from GRID_TOPK1024_FROM_H heads (V4-Pro's
 # 128 heads and the head counts between it and V4-Flash's 64), GLM full top-k 2048 at a few H.
 GRID_HEADS = (1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128)
@@ -660,6 +663,30 @@ def _default(w, device: torch.device) -> Prepared:
     return Prepared("default", call, cfg)
 
 
+def _default_dense(w, device: torch.device) -> Prepared:
+    """``sparse_mla_prefill(..., config=None)`` on dense ids: the [T, K] int32 matrix, -1
+    padded, that :func:`_flashmla` passes FlashMLA (:func:`_dense_topk`), with
+    ``kv_indptr=None``."""
+    import dataclasses
+
+    from . import dispatch
+    from .prefill import sparse_mla_prefill
+
+    q, kv, idx, indptr, scale = w.args()
+    kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
+    dense, _ = _dense_topk(idx, indptr, kv2.shape[0], 128)
+    call_info = dataclasses.replace(_dispatch_call(w, device), nnz=dense.numel())
+    choice = dispatch.choose(call_info)
+    reads = "as they are" if dispatch.kernel(choice.kernel).dense_ids else "as CSR"
+    cfg = {"kernel": choice.kernel, "ids": f"dense [T, {dense.shape[1]}] {reads}",
+           **choice.launch_dict()}  # fmt: skip
+
+    def call(out):
+        return sparse_mla_prefill(q, kv, dense, None, scale, attn_sink=w.attn_sink, out=out)
+
+    return Prepared("default_dense", call, cfg)
+
+
 def _torch(w, device: torch.device) -> Prepared:
     q, kv, idx, indptr, scale = w.args()
     H, D = q.shape[1], q.shape[2]
@@ -681,6 +708,8 @@ def _provider(name: str, w, device: torch.device, peers: Peers | None = None) ->
 
     if name == "default":
         return _default(w, device)
+    if name == "default_dense":
+        return _default_dense(w, device)
     if name == "torch":
         return _torch(w, device)
     if name in _FLASHMLA_NAMES:
@@ -905,11 +934,11 @@ def _aiter_candidates(w, device: torch.device, mod) -> list[Prepared]:
 
 
 def provider_names() -> tuple[str, ...]:
-    """Every provider name: the package's registered kernels, ``default``, ``torch`` and the
-    peers (FlashMLA, aiter)."""
+    """Every provider name: the package's registered kernels, ``default``, ``default_dense``,
+    ``torch`` and the peers (FlashMLA, aiter)."""
     from . import dispatch
 
-    return (*dispatch.KERNELS, "default", "torch", "flashmla", "aiter")
+    return (*dispatch.KERNELS, "default", "default_dense", "torch", "flashmla", "aiter")
 
 
 def _token_slices(num_tokens: int, check_tokens: int) -> list[tuple[int, int]]:
@@ -1410,11 +1439,12 @@ def grid_points(
 
 
 def grid_providers() -> tuple[str, ...]:
-    """A grid run's default providers: every registered package kernel, ``default`` and
-    FlashMLA (``torch`` and ``aiter`` only when asked for: they are slow to time)."""
+    """A grid run's default providers: every registered package kernel, ``default``,
+    ``default_dense`` (config=None on FlashMLA's dense ids) and FlashMLA (``torch`` and
+    ``aiter`` only when asked for: they are slow to time)."""
     from . import dispatch
 
-    return (*dispatch.KERNELS, "default", "flashmla")
+    return (*dispatch.KERNELS, "default", "default_dense", "flashmla")
 
 
 def run_grid(
@@ -1514,7 +1544,7 @@ def _point_summary(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str]) -> 
         shown = f"{r['provider']} {r['ms']:.4g}" if r.get("ok") and r.get("ms") else (
             f"{r['provider']} FAIL")  # fmt: skip
         cfg = r.get("config")
-        if prov == "default" and isinstance(cfg, Mapping) and cfg.get("kernel"):
+        if prov in ("default", "default_dense") and isinstance(cfg, Mapping) and cfg.get("kernel"):
             shown += f" ({cfg['kernel']})"
         parts.append(shown)
     floor = next((r["floor_ms"] for r in rows if r.get("floor_ms")), None)

@@ -91,6 +91,10 @@ class Kernel:
     # compile_args(target, **shape) -> (kernel, signature, constexprs, options), for inspect
     compile_args: Callable[..., Any] | None = None
     kv_format: str = "dense"  # the pool format it reads (FORMATS)
+    # Slot lists in the dense [T, K] form (kv_indptr None): True, ``run`` takes them as they
+    # are (row t at t x K, no kv_indptr load); False, the entry passes ``run`` their CSR form,
+    # built on the device (sparse_mla.validation.dense_as_csr: one arange, no host sync).
+    dense_ids: bool = False
 
     def why_not(self, call: Call) -> str | None:
         """Why it cannot run ``call`` (None: it can): a pool of another format, else

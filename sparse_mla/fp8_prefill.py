@@ -44,7 +44,7 @@ from .configs import PrefillConfig
 from .fp8 import D_NOPE, HEAD_DIM, KV_FORMAT, NUM_TILES, ROW_BYTES, TILE, FP8Cache
 from .prefill import _LOG2E, _fold_sink, _mma, _round_to, _softmax_tile, resolve_config
 from .prefill import default_config as prefill_default_config
-from .validation import _shares_memory, validate_inputs
+from .validation import _shares_memory, dense_as_csr, validate_inputs
 
 __all__ = ["NAME", "compile_args", "default_config", "sparse_mla_prefill_fp8"]
 
@@ -326,8 +326,9 @@ def sparse_mla_prefill_fp8(
     Args:
         q: [T, H, 512] bf16 (448 NoPE + 64 RoPE).
         cache: the FP8 cache; slot s is valid iff 0 <= s < num_blocks x block_size.
-        the rest: as :func:`sparse_mla.sparse_mla_prefill` (same CSR, sink, ``out=``,
-            validation; ``config`` a PrefillConfig / dict / ``dispatch.Choice``).
+        the rest: as :func:`sparse_mla.sparse_mla_prefill` (CSR, or dense [T, K] ids with
+            ``kv_indptr=None``; sink, ``out=``, validation; ``config`` a PrefillConfig / dict /
+            ``dispatch.Choice``).
 
     Returns:
         out [T, H, 512] bf16: attention over the dequantized rows (:func:`sparse_mla.fp8.
@@ -362,5 +363,8 @@ def sparse_mla_prefill_fp8(
     if cache.num_slots == 0:
         out.zero_()
         return out
-    run(q, cache, x.kv_indices, x.kv_indptr, x.softmax_scale, x.attn_sink, out, choice.launch)
+    ids, ptr = x.kv_indices, x.kv_indptr
+    if ptr is None and not dispatch.kernel(choice.kernel).dense_ids:
+        ids, ptr = dense_as_csr(ids)  # dense [T, K] ids: their CSR form, on the device
+    run(q, cache, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
     return out

@@ -63,6 +63,7 @@ def _register_all() -> None:
             "every target and the CPU interpreter",
             targets=("*",),
             knobs=dict(TRITON_KNOBS),
+            dense_ids=True,
         )
     )
     for spec in gluon_launch.KERNELS.values():
@@ -82,6 +83,7 @@ def _register_all() -> None:
                 targets=spec.targets,
                 knobs=dict(spec.knobs),
                 compile_args=functools.partial(_lazy("prefill", "_compile_gluon"), spec.name),
+                dense_ids=spec.dense_ids,
             )
         )
     dispatch.register(

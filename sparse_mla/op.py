@@ -16,6 +16,9 @@ launch) happens in the real kernel, :func:`sparse_mla.prefill._prefill_impl`, at
 per config object; under ``torch.compile`` a trace-time constant, so a new config recompiles);
 the real kernel turns it back into the object the caller passed (:func:`config_object`).
 
+Dense slot lists (``kv_indices`` [T, K], ``kv_indptr=None``) take the same operator: its
+``kv_indptr`` is optional (``Tensor?``), and the fake kernel, which writes nothing, is the same.
+
 ``validate`` under compile: the operator's real kernel runs at run time with real tensors, so
 ``validate=True`` (or ``SPARSE_MLA_VALIDATE=1``) checks ``kv_indptr``'s values there, outside
 the traced graph, exactly as in eager mode (a host sync on a GPU). Inside a CUDA-graph capture
@@ -37,7 +40,7 @@ __all__ = ["LIB", "NAMESPACE", "SCHEMA", "config_object", "config_spec", "prefil
 
 NAMESPACE = "sparse_mla"
 SCHEMA = (
-    "prefill(Tensor q, Tensor kv, Tensor kv_indices, Tensor kv_indptr, float softmax_scale, "
+    "prefill(Tensor q, Tensor kv, Tensor kv_indices, Tensor? kv_indptr, float softmax_scale, "
     "Tensor? attn_sink, Tensor(a!) out, str? config=None, bool? validate=None) -> ()"
 )
 

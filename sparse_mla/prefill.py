@@ -1,7 +1,8 @@
 """Triton sparse MLA prefill: kernel -> launch config -> input validation -> public entry ->
 the kernels the entry can run (registered with :mod:`sparse_mla.dispatch`, which picks one).
 
-One program owns one token and a block of BLOCK_H heads. It walks the token's slot list BLOCK_K
+One program owns one token and a block of BLOCK_H heads. It walks the token's slot list (its CSR
+range, or under ``DENSE_IDS`` row t of the dense [T, K] ids, with no kv_indptr load) BLOCK_K
 slots at a time: load the slot ids (the next tile's ids are fetched one iteration ahead), gather
 the KV rows masked by validity, S = Q K^T, online softmax (running max ``m_i``, denominator
 ``l_i``, fp32 accumulator ``acc``), P cast to the KV dtype for P V. The sink joins the softmax at
@@ -20,7 +21,7 @@ import triton.language as tl
 from . import configs, dispatch, fastlaunch, op, runtime
 from .configs import PrefillConfig
 from .fp8 import FP8Cache
-from .validation import _wants_value_check, validate_inputs
+from .validation import _wants_value_check, dense_as_csr, validate_inputs
 
 __all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
 
@@ -111,8 +112,8 @@ def _fold_sink(acc, m_i, l_i, sink_ptr, offs_h, num_heads, EVEN_HD: tl.constexpr
 def _sparse_mla_prefill_kernel(
     q_ptr,  # [T, H, D]
     kv_ptr,  # [N, D]
-    idx_ptr,  # [nnz] int32 | int64
-    indptr_ptr,  # [T + 1]
+    idx_ptr,  # [nnz] int32 | int64 (DENSE_IDS: [T, ids_per_row], contiguous)
+    indptr_ptr,  # [T + 1] (unused under DENSE_IDS)
     sink_ptr,  # [H] fp32 (unused without HAS_SINK)
     out_ptr,  # [T, H, D]
     stride_qt,
@@ -125,6 +126,7 @@ def _sparse_mla_prefill_kernel(
     num_kv,
     nnz,  # kv_indices.numel(): each token's CSR range is clamped to [0, nnz]
     qk_scale,  # softmax_scale, times log2(e) under USE_EXP2
+    ids_per_row,  # DENSE_IDS: K, the dense ids' row length (CSR: 0, unused)
     BLOCK_H: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -133,6 +135,7 @@ def _sparse_mla_prefill_kernel(
     USE_EXP2: tl.constexpr,
     PREFETCH_KV: tl.constexpr,
     INTERP_BF16: tl.constexpr,
+    DENSE_IDS: tl.constexpr = False,
 ):
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
@@ -148,12 +151,17 @@ def _sparse_mla_prefill_kernel(
         mask_hd = (offs_h[:, None] < num_heads) & (offs_d[None, :] < head_dim)
         q = tl.load(q_ptrs, mask=mask_hd, other=0.0)
 
-    # Clamped so that no kv_indptr, checked or not, reads outside kv_indices: a decreasing pair
-    # or a range past nnz leaves the token the in-bounds part of its list (possibly nothing).
-    start = tl.load(indptr_ptr + pid_t).to(tl.int64)
-    end = tl.load(indptr_ptr + pid_t + 1).to(tl.int64)
-    start = tl.minimum(tl.maximum(start, 0), nnz)
-    end = tl.minimum(tl.maximum(end, start), nnz)
+    if DENSE_IDS:
+        # Dense ids: token t's list is row t of [T, K], known without a load.
+        start = pid_t * ids_per_row
+        end = start + ids_per_row
+    else:
+        # Clamped so that no kv_indptr, checked or not, reads outside kv_indices: a decreasing
+        # pair or a range past nnz leaves the token the in-bounds part of its list (or nothing).
+        start = tl.load(indptr_ptr + pid_t).to(tl.int64)
+        end = tl.load(indptr_ptr + pid_t + 1).to(tl.int64)
+        start = tl.minimum(tl.maximum(start, 0), nnz)
+        end = tl.minimum(tl.maximum(end, start), nnz)
     num_slots = (end - start).to(tl.int32)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -256,15 +264,17 @@ def sparse_mla_prefill(
     q: torch.Tensor,
     kv: torch.Tensor,
     kv_indices: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    softmax_scale: float,
+    kv_indptr: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
     *,
     attn_sink: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: PrefillConfig | dict[str, Any] | None = None,
     validate: bool | None = None,
 ) -> torch.Tensor:
-    """Sparse MLA prefill attention: each token attends to its own CSR list of pool slots.
+    """Sparse MLA prefill attention: each token attends to its own list of pool slots, given as
+    CSR (``kv_indices`` [nnz] + ``kv_indptr`` [T+1]) or dense (``kv_indices`` [T, K],
+    ``kv_indptr=None``).
 
     Args:
         q: [T, H, D] fp16 or bf16 (any strides; a last dim with stride != 1 is copied).
@@ -275,10 +285,20 @@ def sparse_mla_prefill(
             kernel reads it (:mod:`sparse_mla.fp8_prefill`).
         kv_indices: [nnz] int32 or int64 slot ids, used in the dtype given. A slot s is valid
             iff 0 <= s < N; any other value is absent and its row is never read.
+            Or the dense form, ``kv_indptr=None``: [T, K] int32 or int64, token t's list is
+            ``kv_indices[t, :]`` (an engine's top-k output, -1 padded: -1 and any other id
+            outside [0, N) are absent, as in CSR). K = 0 and all-absent rows give zeros. A
+            view with other strides (e.g. ``topk_buf[:, :K]``) is copied to contiguous first.
+            Every row is walked to its end: padding past a row's last valid id costs its tiles
+            (no row is gathered for them), so pass the narrowest K that holds the lists.
+            The kernels that read the dense form themselves (``dispatch.Kernel.dense_ids``)
+            load a token's ids at row t x K with no kv_indptr hop; the others get the CSR form
+            built on the device (:func:`sparse_mla.validation.dense_as_csr`, no host sync).
         kv_indptr: [T+1] int32 or int64: token t uses kv_indices[kv_indptr[t]:kv_indptr[t+1]].
             Entries must satisfy 0 <= kv_indptr[0] <= ... <= kv_indptr[T] <= nnz (the first
-            may be above 0: the tokens use a window of kv_indices).
+            may be above 0: the tokens use a window of kv_indices). None: the dense form.
         softmax_scale: logits = (q_h · kv_s) * softmax_scale; finite, and finite in fp32.
+            Required (it defaults to None only so that ``kv_indptr`` may be left out).
         attn_sink: optional [H] fp32 per-head sink logit, added to the softmax denominator only.
         out: optional [T, H, D] buffer with q's dtype and device and last-dim stride 1; it must
             not overlap an input (``out=q``, the same view, computes in place).
@@ -287,7 +307,8 @@ def sparse_mla_prefill(
             (:mod:`sparse_mla.dispatch`). Given, it forces a kernel and launch: a PrefillConfig
             or a dict of its fields (Triton), a ``GluonConfig`` (Gluon), or a
             ``dispatch.Choice`` naming any registered kernel.
-        validate: check kv_indptr's values on the host. None (default): for CPU tensors, and
+        validate: check kv_indptr's values on the host (the dense form has none to check).
+            None (default): for CPU tensors, and
             for GPU tensors only when ``SPARSE_MLA_VALIDATE=1`` (checking them costs a sync).
             Under ``torch.compile`` the check runs when the graph runs (inside the op), never
             at trace time; inside a CUDA-graph capture it is skipped (:mod:`sparse_mla.op`).
@@ -308,6 +329,8 @@ def sparse_mla_prefill(
     lo = clamp(kv_indptr[t], 0, nnz), hi = clamp(kv_indptr[t+1], lo, nnz), so such a token
     attends to the in-bounds part of its list, or gets zeros when that is empty.
     """
+    if softmax_scale is None:
+        raise TypeError("sparse_mla_prefill: softmax_scale is required (e.g. head_dim ** -0.5)")
     if isinstance(kv, FP8Cache):  # its own checks, then the dispatch's FP8 kernels
         from .fp8_prefill import sparse_mla_prefill_fp8
 
@@ -334,7 +357,8 @@ def _op_args(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out) -> boo
     T = torch.Tensor
     return (
         isinstance(q, T) and isinstance(kv, T) and isinstance(kv_indices, T)
-        and isinstance(kv_indptr, T) and (attn_sink is None or isinstance(attn_sink, T))
+        and (kv_indptr is None or isinstance(kv_indptr, T))
+        and (attn_sink is None or isinstance(attn_sink, T))
         and (out is None or isinstance(out, T)) and isinstance(softmax_scale, (int, float))
         and not isinstance(softmax_scale, bool) and _fits_float(softmax_scale)
         and q.device.type in ("cpu", "cuda")  # meta and others: refused by name, not faked
@@ -376,13 +400,16 @@ def _prefill_impl(
         key = (config, id(conf))
     choice = dispatch.choose_cached(_arch_of(q), H, D, q.dtype, kv2, T, x.kv_indices.numel(),
                                     config=conf, config_key=key)  # fmt: skip
-    run = dispatch.kernel(choice.kernel).run
+    k = dispatch.kernel(choice.kernel)
     if out.numel() == 0:
         return
     if kv2.shape[0] == 0:
         out.zero_()  # every slot is invalid: every token is empty
         return
-    run(q, kv2, x.kv_indices, x.kv_indptr, x.softmax_scale, x.attn_sink, out, choice.launch)
+    ids, ptr = x.kv_indices, x.kv_indptr
+    if ptr is None and not k.dense_ids:  # dense ids for a kernel that reads CSR only
+        ids, ptr = dense_as_csr(ids)
+    k.run(q, kv2, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
 
 
 op.register_impl(_prefill_impl)
@@ -394,17 +421,22 @@ def _arch_of(q: torch.Tensor) -> str | None:
 
 
 def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg: PrefillConfig):
-    """Launch the Triton kernel on validated, non-empty inputs (``kv2`` is [N, D])."""
+    """Launch the Triton kernel on validated, non-empty inputs (``kv2`` is [N, D]); CSR, or
+    dense [T, K] ids with ``kv_indptr`` None (``DENSE_IDS``: row t at t x K, no indptr load)."""
     T, H, D = q.shape
     interpret = runtime.runs_interpreted(q)
     has_sink = attn_sink is not None
-    kw = _triton_launch(cfg, H, D, has_sink, interpret and q.dtype == torch.bfloat16, interpret)
+    dense = kv_indptr is None
+    kw = _triton_launch(cfg, H, D, has_sink, interpret and q.dtype == torch.bfloat16, interpret,
+                        dense)  # fmt: skip
     qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
     sink = attn_sink if has_sink else _no_sink(q.device)
     grid = (T, runtime.cdiv(H, cfg.BLOCK_H))
     (qs0, qs1, _), (os0, os1, _) = q.stride(), out.stride()
-    args = (q, kv2, kv_indices, kv_indptr, sink, out, qs0, qs1, kv2.stride(0), os0, os1,
-            H, D, kv2.shape[0], kv_indices.numel(), qk_scale)  # fmt: skip
+    # Dense: kv_indices stands in for the unused kv_indptr pointer; ids_per_row is K.
+    ptr, per_row = (kv_indices, kv_indices.shape[1]) if dense else (kv_indptr, 0)
+    args = (q, kv2, kv_indices, ptr, sink, out, qs0, qs1, kv2.stride(0), os0, os1,
+            H, D, kv2.shape[0], kv_indices.numel(), qk_scale, per_row)  # fmt: skip
     if interpret:
         runtime.launch(_sparse_mla_prefill_kernel, grid, *args, interpret=True, **kw)
     else:  # kw is _triton_launch's cached dict: the direct launch keys on its identity
@@ -414,15 +446,17 @@ def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cf
 
 @functools.lru_cache(maxsize=1024)
 def _triton_launch(cfg: PrefillConfig, H: int, D: int, has_sink: bool, interp_bf16: bool,
-                   interpret: bool) -> dict[str, Any]:  # fmt: skip
-    """The constexprs and options of a Triton launch (cached: they depend on no tensor)."""
+                   interpret: bool, dense: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The constexprs and options of a Triton launch (cached: they depend on no tensor).
+    ``DENSE_IDS`` is passed only when set, so a CSR launch is the kernel it always was."""
     block_d = triton.next_power_of_2(D)
     even_hd = _even_hd_ok(cfg, H, D, block_d) if cfg.EVEN_HD is None else cfg.EVEN_HD
     options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
     return {
         "BLOCK_H": cfg.BLOCK_H, "BLOCK_K": cfg.BLOCK_K, "BLOCK_D": block_d,
         "HAS_SINK": has_sink, "EVEN_HD": even_hd, "USE_EXP2": cfg.USE_EXP2,
-        "PREFETCH_KV": cfg.PREFETCH_KV, "INTERP_BF16": interp_bf16, **options,
+        "PREFETCH_KV": cfg.PREFETCH_KV, "INTERP_BF16": interp_bf16,
+        **({"DENSE_IDS": True} if dense else {}), **options,
     }  # fmt: skip
 
 

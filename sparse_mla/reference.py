@@ -4,7 +4,8 @@
 b attends to the pool slots kv_indices[kv_indptr[b]:kv_indptr[b+1]]; logits = (q_nope·kv_c +
 q_pe·k_pe) * sm_scale, and the output is P·kv_c (the latent row is the value).
 
-``sparse_mla_prefill_ref`` defines the operator of DESIGN.md §2. It is vectorised over tokens
+``sparse_mla_prefill_ref`` defines the operator of DESIGN.md §2, for CSR slot lists and for the
+dense [T, K] form (``kv_indptr=None``: row t is token t's list). It is vectorised over tokens
 and chunked so that a 16k-token call fits in memory: each chunk gathers its tokens' slots into a
 padded ``[chunk, L, D]`` block, where ``L`` is the longest slot list in the chunk.
 
@@ -47,6 +48,13 @@ def _slot_matrix(kv_indices, kv_indptr, t0, t1, num_kv):
     return torch.where(valid, slots, torch.zeros_like(slots)), valid
 
 
+def _slot_matrix_dense(kv_indices, t0, t1, num_kv):
+    """:func:`_slot_matrix` of the dense form: row t of kv_indices [T, K] is token t's list."""
+    slots = kv_indices[t0:t1].to(torch.int64)
+    valid = (slots >= 0) & (slots < num_kv)
+    return torch.where(valid, slots, torch.zeros_like(slots)), valid
+
+
 def _softmax_with_sink(logits, valid, sink):
     """Softmax over the valid columns of logits [t, H, L] plus an optional [H] sink column (in
     the denominator only). Returns (p [t, H, L], row_max [t, H, 1], denom [t, H, 1]); a row
@@ -70,7 +78,7 @@ def sparse_mla_prefill_ref(
     q: torch.Tensor,
     kv: torch.Tensor,
     kv_indices: torch.Tensor,
-    kv_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor | None,
     softmax_scale: float,
     *,
     attn_sink: torch.Tensor | None = None,
@@ -83,7 +91,8 @@ def sparse_mla_prefill_ref(
         q: [T, H, D] queries.
         kv: [N, D] (or [N, 1, D]) latent KV pool; K and V are the same row.
         kv_indices: [nnz] slot ids; a slot s is valid iff 0 <= s < N, else it is absent.
-        kv_indptr: [T+1] CSR offsets into kv_indices.
+            Or, with ``kv_indptr=None``, the dense form [T, K]: row t is token t's list.
+        kv_indptr: [T+1] CSR offsets into kv_indices; None for the dense form.
         softmax_scale: multiplies q·k before the softmax.
         attn_sink: optional [H] fp32 sink logits, added to the denominator only.
         upcast: True (default) computes in fp32 and returns fp32: the reference. False computes
@@ -103,13 +112,22 @@ def sparse_mla_prefill_ref(
     if T == 0 or N == 0:
         return out
     sink = None if attn_sink is None else attn_sink.to(device=q.device, dtype=torch.float32)
+    dense = kv_indptr is None
+    if dense and kv_indices.dim() != 2:
+        raise ValueError(f"kv_indptr=None needs dense kv_indices [T, K], got {kv_indices.shape}")
     if chunk_tokens is None:
-        lengths = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
-        longest = max(int(lengths.max()), 1)
+        if dense:
+            longest = max(kv_indices.shape[1], 1)
+        else:
+            lengths = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
+            longest = max(int(lengths.max()), 1)
         chunk_tokens = max(1, _CHUNK_ELEMENTS // (longest * max(D, H)))
     for t0 in range(0, T, chunk_tokens):
         t1 = min(T, t0 + chunk_tokens)
-        slots, valid = _slot_matrix(kv_indices, kv_indptr, t0, t1, N)
+        if dense:
+            slots, valid = _slot_matrix_dense(kv_indices, t0, t1, N)
+        else:
+            slots, valid = _slot_matrix(kv_indices, kv_indptr, t0, t1, N)
         if slots.shape[1] == 0:
             continue
         rows = kv[slots].to(dtype)  # [t, L, D]
@@ -194,14 +212,15 @@ def check_against_reference(
     q: torch.Tensor,
     kv: torch.Tensor,
     kv_indices: torch.Tensor,
-    kv_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor | None,
     softmax_scale: float,
     *,
     attn_sink: torch.Tensor | None = None,
     factor: float = 2.0,
     atol: float = 1e-5,
 ) -> ErrorReport:
-    """Error report of a prefill output against the fp32 reference (2x-PyTorch rule)."""
+    """Error report of a prefill output against the fp32 reference (2x-PyTorch rule); CSR or,
+    with ``kv_indptr=None``, dense [T, K] ids."""
     kwargs = dict(attn_sink=attn_sink)
     ref = sparse_mla_prefill_ref(q, kv, kv_indices, kv_indptr, softmax_scale, **kwargs)
     base = sparse_mla_prefill_ref(

@@ -6,6 +6,11 @@ tensors contiguous (a strided view such as ``sinks[:, layer]`` is copied, a cont
 passed through untouched), ``q`` with a unit last stride. Every rejection is a ``TypeError`` or
 ``ValueError`` that names the argument, raised before anything is written.
 
+Two forms of the slot lists: CSR (``kv_indices`` [nnz] with ``kv_indptr`` [T+1]) and dense
+(``kv_indices`` [T, K] with ``kv_indptr=None``: token t's list is ``kv_indices[t, :]``, -1 or any
+other id outside [0, N) absent, as an engine's top-k output is). :func:`dense_as_csr` turns the
+dense form into CSR on its device (no host sync) for a kernel that reads only CSR.
+
 ``kv_indptr`` values are checked on the host when that costs no device sync: always for CPU
 tensors, and for GPU tensors with ``validate=True`` or ``SPARSE_MLA_VALIDATE=1`` in the
 environment (read per call). The kernels also clamp each token's CSR range to
@@ -24,7 +29,7 @@ import torch
 from ._consts import LOG2E as _LOG2E
 from ._env import getenv
 
-__all__ = ["ENV_VALIDATE", "Inputs", "check_indptr", "validate_inputs"]
+__all__ = ["ENV_VALIDATE", "Inputs", "check_indptr", "dense_as_csr", "validate_inputs"]
 
 ENV_VALIDATE = "SPARSE_MLA_VALIDATE"
 FLOAT_TYPES = (torch.float16, torch.bfloat16)
@@ -38,8 +43,8 @@ class Inputs:
 
     q: torch.Tensor  # [T, H, D], last-dim stride 1
     kv: torch.Tensor  # [N, D], last-dim stride 1 (when N > 0)
-    kv_indices: torch.Tensor  # [nnz], contiguous
-    kv_indptr: torch.Tensor  # [T + 1], contiguous
+    kv_indices: torch.Tensor  # [nnz] (CSR) or [T, K] (dense: kv_indptr None), contiguous
+    kv_indptr: torch.Tensor | None  # [T + 1], contiguous; None: kv_indices is dense [T, K]
     softmax_scale: float
     attn_sink: torch.Tensor | None  # [H] fp32, contiguous
     out: torch.Tensor | None  # the caller's buffer, as given
@@ -132,7 +137,8 @@ def _layout_key(q, kv, kv_indices, kv_indptr, attn_sink, out, head_dim) -> tuple
     return (
         head_dim, q.shape, q.stride(), q.dtype, q.device, kv.shape, kv.stride(), kv.dtype,
         kv.device, kv_indices.shape, kv_indices.stride(), kv_indices.dtype, kv_indices.device,
-        kv_indptr.shape, kv_indptr.stride(), kv_indptr.dtype, kv_indptr.device,
+        None if kv_indptr is None else (kv_indptr.shape, kv_indptr.stride(), kv_indptr.dtype,
+                                        kv_indptr.device),
         None if s is None else (s.shape, s.stride(), s.dtype, s.device),
         None if out is None else (out.shape, out.stride(), out.dtype, out.device),
     )  # fmt: skip
@@ -153,10 +159,11 @@ def _record_layout(key, x: Inputs, q, kv, kv_indices, kv_indptr, attn_sink, out)
         return
     if len(_LAYOUTS) >= _LAYOUTS_MAX:
         _LAYOUTS.clear()
-    inputs = (kv, kv_indices, kv_indptr) + (() if attn_sink is None else (attn_sink,))
+    inputs = (kv, kv_indices, kv_indptr, attn_sink)
     out_ext = 0 if out is None else _extent(out)
     same_strides = out is not None and out.stride() == q.stride()
-    _LAYOUTS[key] = (out_ext, _extent(q), same_strides, tuple(_extent(t) for t in inputs))
+    exts = tuple(0 if t is None else _extent(t) for t in inputs)
+    _LAYOUTS[key] = (out_ext, _extent(q), same_strides, exts)
 
 
 def _overlaps_known(layout, q, kv, kv_indices, kv_indptr, attn_sink, out) -> bool:
@@ -169,8 +176,8 @@ def _overlaps_known(layout, q, kv, kv_indices, kv_indptr, attn_sink, out) -> boo
         q0 = q.data_ptr()
         if not (same_strides and q0 == o0) and o0 < q0 + q_ext and q0 < o1:
             return True
-    for t, e in zip((kv, kv_indices, kv_indptr, attn_sink), exts, strict=False):
-        if e:
+    for t, e in zip((kv, kv_indices, kv_indptr, attn_sink), exts, strict=True):
+        if e:  # 0: empty or absent (a dense call's kv_indptr, no sink)
             t0 = t.data_ptr()
             if o0 < t0 + e and t0 < o1:
                 return True
@@ -194,7 +201,8 @@ def validate_inputs(
 
     Args:
         q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out: as in
-            :func:`sparse_mla.sparse_mla_prefill`.
+            :func:`sparse_mla.sparse_mla_prefill` (``kv_indptr=None``: ``kv_indices`` is the
+            dense [T, K] form; it has no values to check).
         head_dim: the only head dim the kernel serves (Gluon: 512); None: any D >= 1.
         validate: check ``kv_indptr``'s values on the host (True), never (False), or when it
             costs no device sync (None: CPU tensors, or ``SPARSE_MLA_VALIDATE=1`` for GPU ones).
@@ -211,7 +219,8 @@ def validate_inputs(
     T = torch.Tensor
     plain = (
         names is None and type(q) is T and type(kv) is T and type(kv_indices) is T
-        and type(kv_indptr) is T and (attn_sink is None or type(attn_sink) is T)
+        and (kv_indptr is None or type(kv_indptr) is T)
+        and (attn_sink is None or type(attn_sink) is T)
         and (out is None or type(out) is T) and type(softmax_scale) is float
     )  # fmt: skip
     key = None
@@ -225,7 +234,7 @@ def validate_inputs(
             and (out is None or not layout[0]
                  or not _overlaps_known(layout, q, kv, kv_indices, kv_indptr, attn_sink, out))
         ):  # fmt: skip
-            if _wants_value_check(validate, q.device):
+            if kv_indptr is not None and _wants_value_check(validate, q.device):
                 check_indptr(kv_indptr, kv_indices.numel())
             return Inputs(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out)
     x = _validate_inputs(
@@ -307,13 +316,22 @@ def _validate_inputs(
             f"{nkv} must have a contiguous last dim (stride 1), got strides {kv.stride()} "
             "(copying the pool per call would cost more than the kernel)"
         )
-    for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1:
-            raise ValueError(f"{name} must be a 1-D tensor, got {_desc(t)}")
-        if t.dtype not in INDEX_TYPES:
-            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
-    if kv_indptr.numel() != T + 1:
-        raise ValueError(f"kv_indptr must have T+1 = {T + 1} entries, got {kv_indptr.numel()}")
+    if kv_indptr is None:
+        _check_dense_ids(kv_indices, T)
+    else:
+        if isinstance(kv_indices, torch.Tensor) and kv_indices.dim() == 2:
+            raise ValueError(
+                f"kv_indices is 2-D {tuple(kv_indices.shape)} (the dense [T, K] form) but a "
+                "kv_indptr was given: pass kv_indptr=None for the dense form, or a 1-D "
+                "kv_indices with kv_indptr (CSR)"
+            )
+        for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 1:
+                raise ValueError(f"{name} must be a 1-D tensor, got {_desc(t)}")
+            if t.dtype not in INDEX_TYPES:
+                raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+        if kv_indptr.numel() != T + 1:
+            raise ValueError(f"kv_indptr must have T+1 = {T + 1} entries, got {kv_indptr.numel()}")
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"{nscale} must be a float, got {type(softmax_scale).__name__}")
     try:
@@ -334,7 +352,9 @@ def _validate_inputs(
             raise ValueError(
                 f"attn_sink must have shape [H] = ({H},), got {tuple(attn_sink.shape)}"
             )
-    named = [(nkv, kv), ("kv_indices", kv_indices), ("kv_indptr", kv_indptr)]
+    named = [(nkv, kv), ("kv_indices", kv_indices)]
+    if kv_indptr is not None:
+        named.append(("kv_indptr", kv_indptr))
     if attn_sink is not None:
         named.append(("attn_sink", attn_sink))
     if out is not None:
@@ -354,13 +374,50 @@ def _validate_inputs(
             )
     if out is not None and out.numel():
         _check_out_memory(out, q, named[:-1], nq)
+    # Dense [T, K] ids of any other strides (a column slice of a wider top-k buffer, a
+    # transposed view) are copied, as a strided 1-D list is: the kernels read row t at t * K.
     kv_indices = kv_indices.contiguous()
-    kv_indptr = kv_indptr.contiguous()
+    if kv_indptr is not None:
+        kv_indptr = kv_indptr.contiguous()
     if attn_sink is not None:
         attn_sink = attn_sink.contiguous()
-    if _wants_value_check(validate, q.device):
+    if kv_indptr is not None and _wants_value_check(validate, q.device):
         check_indptr(kv_indptr, kv_indices.numel())
     return Inputs(q, kv, kv_indices, kv_indptr, float(softmax_scale), attn_sink, out)
+
+
+def _check_dense_ids(kv_indices, T: int) -> None:
+    """The dense form's kv_indices (kv_indptr None): [T, K] int32/int64."""
+    if not isinstance(kv_indices, torch.Tensor) or kv_indices.dim() != 2:
+        if isinstance(kv_indices, torch.Tensor) and kv_indices.dim() == 1:
+            raise ValueError(
+                f"kv_indptr is None, so kv_indices must be the dense [T, K] form, got a 1-D "
+                f"tensor of shape {tuple(kv_indices.shape)} (a CSR list needs its kv_indptr)"
+            )
+        raise ValueError(
+            f"kv_indices must be a 1-D tensor with kv_indptr, or a [T, K] tensor with "
+            f"kv_indptr=None, got {_desc(kv_indices)}"
+        )
+    if kv_indices.dtype not in INDEX_TYPES:
+        raise TypeError(f"kv_indices must be int32 or int64, got {kv_indices.dtype}")
+    if kv_indices.shape[0] != T:
+        raise ValueError(
+            f"kv_indices (dense, kv_indptr=None) must have T = {T} rows, one per token, got "
+            f"shape {tuple(kv_indices.shape)}"
+        )
+
+
+def dense_as_csr(kv_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CSR form of validated dense ids [T, K] (contiguous): (kv_indices flattened, a view;
+    kv_indptr = [0, K, 2K, ..., T K], built on their device by one ``arange``, no host sync).
+    kv_indptr is int64 when T K does not fit int32, else in kv_indices' dtype."""
+    T, K = kv_indices.shape
+    dtype = kv_indices.dtype if T * K < 2**31 else torch.int64
+    if K == 0:
+        ptr = torch.zeros(T + 1, dtype=dtype, device=kv_indices.device)
+    else:
+        ptr = torch.arange(0, (T + 1) * K, K, dtype=dtype, device=kv_indices.device)
+    return kv_indices.reshape(-1), ptr
 
 
 def _check_out_memory(out, q, inputs, nq) -> None:

@@ -146,7 +146,7 @@ def test_cli_cpu_end_to_end(capsys, tmp_path):
     assert others and all(f"  {k}: skipped" in text for k in others)
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [r["provider"] for r in rows] == ["triton", "default", "torch"]
+    assert [r["provider"] for r in rows] == ["triton", "default", "default_dense", "torch"]
     for r in rows:
         assert r["ok"] == "True" and r["workload"] == "csa_h8_topk512"
         assert (r["T"], r["H"], r["D"]) == ("8", "8", "512")
@@ -157,6 +157,10 @@ def test_cli_cpu_end_to_end(capsys, tmp_path):
     assert json.loads(rows[0]["config"])["BLOCK_H"] >= 16
     # default: what config=None runs, Triton in the interpreter, with its launch.
     assert json.loads(rows[1]["config"]) == {"kernel": "triton", **json.loads(rows[0]["config"])}
+    # default_dense: the same on FlashMLA's dense ids (K: the longest list rounded up to 128).
+    ids = "dense [T, 128] as they are"
+    want = {"kernel": "triton", "ids": ids, **json.loads(rows[0]["config"])}
+    assert json.loads(rows[2]["config"]) == want
     assert "flashmla: skipped" in text and "aiter: skipped" in text
 
 

@@ -22,6 +22,12 @@ program runs 12 warps in three partitions:
 - The output: each consumer normalises its O half and writes it with TMA, four [64, 64] blocks
   through its P buffer (free by then), so no thread issues the 64 KiB of global stores per item.
 
+Dense ids (``DENSE_IDS``: kv_indices [R, K], no kv_indptr, an engine's top-k output as FlashMLA
+takes it): an item's range is row r, [r K, (r + 1) K), so its slot ids load at once, without
+the kv_indptr round trip before them (the last small-call gap to FlashMLA, PERF_NOTES "No
+cliffs" step 5). Under ``DENSE_IDS`` = False the kernel is instruction for instruction the CSR
+one (SASS diffed); ``ids_per_row`` is then 0 and unused.
+
 The producer and the consumers hand over through mbarriers (``ready`` / ``free`` per half, Q's
 ``Q_READY`` / ``Q_FREE``); each is used once per pair of tiles (Q's once per item), so its phase
 is the parity of the pair's count over all of the program's items (a producer's first wait on
@@ -173,10 +179,14 @@ def small_call(nnz: int, programs: int) -> bool:
 
 
 @gluon.jit
-def _item_range(item, indptr_ptr, nnz, num_heads, HEADS: gl.constexpr):
+def _item_range(
+    item, indptr_ptr, nnz, num_heads, HEADS: gl.constexpr, ids_per_row, DENSE_IDS: gl.constexpr
+):  # fmt: skip
     """Work item ``item``'s token, head block and CSR slot range [lo, hi) with its tile count.
     The range is clamped to [0, nnz] (nnz = kv_indices.numel()): no kv_indptr, checked or not,
     reads outside kv_indices (a decreasing pair or a range past nnz keeps the in-bounds part).
+    ``DENSE_IDS``: kv_indices is dense [R, ids_per_row] (contiguous) and token r's range is
+    row r, [r x ids_per_row, (r + 1) x ids_per_row), known without a load.
 
     Items are (token, block of HEADS heads) with a token's blocks adjacent; the persistent programs
     take them round-robin, so the programs that gather the same rows run at the same time and
@@ -184,10 +194,14 @@ def _item_range(item, indptr_ptr, nnz, num_heads, HEADS: gl.constexpr):
     num_hb = (num_heads + HEADS - 1) // HEADS
     pid_h = item % num_hb
     pid_r = (item // num_hb).to(gl.int64)
-    lo = gl.load(indptr_ptr + pid_r).to(gl.int64)
-    hi = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
-    lo = gl.minimum(gl.maximum(lo, 0), nnz)
-    hi = gl.minimum(gl.maximum(hi, lo), nnz)
+    if DENSE_IDS:
+        lo = pid_r * ids_per_row
+        hi = lo + ids_per_row
+    else:
+        lo = gl.load(indptr_ptr + pid_r).to(gl.int64)
+        hi = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
+        lo = gl.minimum(gl.maximum(lo, 0), nnz)
+        hi = gl.minimum(gl.maximum(hi, lo), nnz)
     num_tiles = ((hi - lo + BLOCK_K - 1) // BLOCK_K).to(gl.int32)
     return pid_r, pid_h, lo, hi, num_tiles
 
@@ -265,8 +279,8 @@ def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h):
 def _producer(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
-    num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
-    SMALL: gl.constexpr,
+    num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
+    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr,
 ):  # fmt: skip
     if SMALL:
         _prefetch_ids(idx_ptr, nnz)
@@ -279,12 +293,16 @@ def _producer(
             # wait for), the others' after them, as in a large call.
             if it == 0:
                 _load_q(q_desc, q_smem, bars, it, (item // num_hb).to(gl.int64), item % num_hb)
-            pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
+            pid_r, pid_h, lo, hi, num_tiles = _item_range(
+                item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
+            )
             if it > 0:
                 _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
         else:
             # The range's loads first: in flight while the consumers finish the previous item.
-            pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
+            pid_r, pid_h, lo, hi, num_tiles = _item_range(
+                item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
+            )
             _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
 
         num_pairs = (num_tiles + 1) // 2
@@ -440,9 +458,11 @@ def _load_sink(sink_ptr, pid_h, num_heads):
 
 
 @gluon.jit
-def _consumer_item(item, indptr_ptr, nnz, num_heads):
+def _consumer_item(item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS: gl.constexpr):
     """A consumer's start of a work item: its range, pairs of tiles and fresh softmax state."""
-    pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
+    pid_r, pid_h, lo, hi, num_tiles = _item_range(
+        item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
+    )
     m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
@@ -453,8 +473,8 @@ def _consumer_item(item, indptr_ptr, nnz, num_heads):
 def _consumer0(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
-    num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
-    SMALL: gl.constexpr,
+    num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
+    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr,
 ):  # fmt: skip
     """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair."""
     dtype: gl.constexpr = q_desc.dtype
@@ -462,7 +482,7 @@ def _consumer0(
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
-            item, indptr_ptr, nnz, num_heads
+            item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS
         )
         valid = _valid_cols(idx_ptr, lo, hi, num_kv)
         mbarrier.wait(bars.index(Q_READY), it & 1)
@@ -527,8 +547,8 @@ def _consumer0(
 def _consumer1(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
-    num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
-    SMALL: gl.constexpr,
+    num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
+    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr,
 ):  # fmt: skip
     """Odd tiles' S, O[:, 256:512]."""
     dtype: gl.constexpr = q_desc.dtype
@@ -536,7 +556,7 @@ def _consumer1(
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
-            item, indptr_ptr, nnz, num_heads
+            item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS
         )
         mbarrier.wait(bars.index(Q_READY), it & 1)
         if num_pairs == 0:
@@ -586,8 +606,8 @@ def _consumer1(
 def _prefill_ws_kernel(
     q_desc,  # TMA descriptor of q [R, H, 512]: boxes [1, BLOCK_H, Q_BLOCK], Q_SMEM
     kv_ptr,  # [N, 512]
-    idx_ptr,  # [nnz] int32 | int64
-    indptr_ptr,  # [R + 1]
+    idx_ptr,  # [nnz] int32 | int64 (DENSE_IDS: [R, ids_per_row], contiguous)
+    indptr_ptr,  # [R + 1] (unused under DENSE_IDS)
     sink_ptr,  # [H] fp32 sink logits (-inf: no sink)
     out_desc,  # TMA descriptor of out [R, H, 512]: boxes [1, BLOCK_H, OUT_BLOCK], OUT_SMEM
     stride_qr,  # q's strides: unused (the descriptor holds them), kept for the shared launch
@@ -598,9 +618,11 @@ def _prefill_ws_kernel(
     nnz,  # kv_indices.numel(): each item's CSR range is clamped to [0, nnz]
     qk_scale,  # sm_scale * log2(e)
     num_items,  # R * cdiv(H, 64) work items (token, head block)
+    ids_per_row,  # DENSE_IDS: K of the dense [R, K] ids (CSR: 0, unused)
     SMALL: gl.constexpr = False,  # small_call(nnz, programs): the small-call order
     CONSUMER_REGS: gl.constexpr = None,  # consumer 1's registers (None: CONSUMER_REGS)
     PRODUCER_REGS: gl.constexpr = None,  # the producer's registers (None: PRODUCER_REGS)
+    DENSE_IDS: gl.constexpr = False,  # kv_indices is dense [R, ids_per_row]; no kv_indptr
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions."""
@@ -631,7 +653,8 @@ def _prefill_ws_kernel(
     args = (
         q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
         stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
-        num_items, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, SMALL,
+        num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem,
+        bars, SMALL, DENSE_IDS,
     )  # fmt: skip
     gl.warp_specialize(
         [(_consumer0, args), (_consumer1, args), (_producer, args)],

@@ -42,7 +42,9 @@ Shared memory (bf16/fp16; the limit is 227 KiB = 232,448 bytes a block):
 
 Absent slots (< 0, >= N, past the list's end) copy nothing and are zero-filled, and their
 logits are -inf, so the pool is never read for them and NaN cannot reach the output. The CSR
-range is clamped to [0, nnz] as in every kernel of the package.
+range is clamped to [0, nnz] as in every kernel of the package. Dense ids (``DENSE_IDS``,
+kv_indices [R, K], no kv_indptr): an item's range is row r, known without a load
+(``hopper_ws._item_range``).
 """
 
 from __future__ import annotations
@@ -160,8 +162,8 @@ NUM_BARS = gl.constexpr(8)
 def _producer(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
-    num_items, q_smem, kv_smem, p_smem, bars, HEAD_GROUPS: gl.constexpr = 1,
-    STAGES: gl.constexpr = None,
+    num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, HEAD_GROUPS: gl.constexpr = 1,
+    STAGES: gl.constexpr = None, DENSE_IDS: gl.constexpr = False,
 ):  # fmt: skip
     heads: gl.constexpr = BLOCK_H * HEAD_GROUPS  # per item
     stages: gl.constexpr = ring_stages(HEAD_GROUPS, STAGES)
@@ -170,7 +172,9 @@ def _producer(
     g = 0  # tiles gathered so far over all items: ring slot and phase
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, heads)
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(
+            item, indptr_ptr, nnz, num_heads, heads, ids_per_row, DENSE_IDS
+        )
         mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
         _copy_q(q_smem.index(0), q_ptr, pid_r, pid_h * heads + offs_hq, offs_c, stride_qr,
                 stride_qh, num_heads)  # fmt: skip
@@ -195,8 +199,8 @@ def _producer(
 def _consumer(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
-    num_items, q_smem, kv_smem, p_smem, bars, HEAD_GROUPS: gl.constexpr = 1,
-    STAGES: gl.constexpr = None,
+    num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, HEAD_GROUPS: gl.constexpr = 1,
+    STAGES: gl.constexpr = None, DENSE_IDS: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     heads: gl.constexpr = BLOCK_H * HEAD_GROUPS  # per item: wgmma's N
@@ -207,7 +211,9 @@ def _consumer(
     g = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, heads)
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(
+            item, indptr_ptr, nnz, num_heads, heads, ids_per_row, DENSE_IDS
+        )
         m_i = gl.full([heads], M_INIT, gl.float32, layout=col)
         # The denominator per (slot row, head), summed over the slots once at the end: one
         # cross-warp reduction per tile (the max) instead of two.
@@ -292,8 +298,8 @@ def _shared_state(
 def _prefill_ws_small_kernel(
     q_ptr,  # [R, H, 512]
     kv_ptr,  # [N, 512]
-    idx_ptr,  # [nnz] int32 | int64
-    indptr_ptr,  # [R + 1]
+    idx_ptr,  # [nnz] int32 | int64 (DENSE_IDS: [R, ids_per_row], contiguous)
+    indptr_ptr,  # [R + 1] (unused under DENSE_IDS)
     sink_ptr,  # [H] fp32 sink logits (-inf: no sink)
     out_ptr,  # [R, H, 512]
     stride_qr,
@@ -306,9 +312,11 @@ def _prefill_ws_small_kernel(
     nnz,  # kv_indices.numel(): every CSR range is clamped to [0, nnz]
     qk_scale,  # sm_scale * log2(e)
     num_items,  # R * cdiv(H, 16 * HEAD_GROUPS)
+    ids_per_row,  # DENSE_IDS: K of the dense [R, K] ids (CSR: 0, unused)
     HEAD_GROUPS: gl.constexpr = 1,  # heads per item / 16 (wgmma's N / 16): 1 or 2
     STAGES: gl.constexpr = None,  # KV tiles in the ring (None: ring_stages' default)
     PRODUCER_REGS: gl.constexpr = None,  # the producer's registers (None: PRODUCER_REGS)
+    DENSE_IDS: gl.constexpr = False,  # kv_indices is dense [R, ids_per_row]; no kv_indptr
 ):
     """Persistent: grid (min(items, SMs),); launched with num_warps=4: 4 warps here (the
     consumer) + 4 (the producer)."""
@@ -321,12 +329,14 @@ def _prefill_ws_small_kernel(
             (_consumer, (
                 q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
                 stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz,
-                qk_scale, num_items, q_smem, kv_smem, p_smem, bars, groups, STAGES,
+                qk_scale, num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, groups, STAGES,
+                DENSE_IDS,
             )),
             (_producer, (
                 q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
                 stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz,
-                qk_scale, num_items, q_smem, kv_smem, p_smem, bars, groups, STAGES,
+                qk_scale, num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, groups, STAGES,
+                DENSE_IDS,
             )),
         ],
         [4],

@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 
 from .. import fastlaunch, runtime
 from .._consts import LOG2E as _LOG2E
-from ..validation import _shares_memory, validate_inputs
+from ..validation import _shares_memory, dense_as_csr, validate_inputs
 from . import cdna4, hopper, hopper_prefill, hopper_ws, hopper_ws_small
 from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
 from .hopper_prefill import _prefill_wgmma_kernel
@@ -265,7 +265,9 @@ class GluonKernel:
 
     ``why_not(cfg, target, has_pe=, num_splits=, write_lse=)`` says why it cannot take a launch
     (None: it can); ``default(num_heads, target)`` is its launch when none is given;
-    ``splits``: whether it runs KV splits with a reduce step (and an LSE)."""
+    ``splits``: whether it runs KV splits with a reduce step (and an LSE); ``dense_ids``:
+    whether it reads dense [R, K] ids itself (``DENSE_IDS``: row r at r x K, no kv_indptr
+    load); the others get the CSR form built on the device (:func:`run_validated`)."""
 
     name: str
     summary: str
@@ -276,6 +278,7 @@ class GluonKernel:
     why_not: Any
     splits: bool
     knobs: dict[str, tuple] = field(default_factory=dict)
+    dense_ids: bool = False
 
 
 KERNELS: dict[str, GluonKernel] = {
@@ -301,6 +304,7 @@ KERNELS: dict[str, GluonKernel] = {
             "blocks clipped at H), one producer and two consumers, persistent",
             ("prefill",), ("sm90",), WSConfig, lambda h, t: WSConfig(), _why_not_ws, False,
             {"CONSUMER_REGS": (200, 208, 216, 224), "PRODUCER_REGS": (24, 32, 40, 48, 56)},
+            dense_ids=True,
         ),
         GluonKernel(
             "gluon_ws_small",
@@ -308,6 +312,7 @@ KERNELS: dict[str, GluonKernel] = {
             "producer and one consumer, heads on wgmma's N = 16 x HEAD_GROUPS, persistent",
             ("prefill",), ("sm90",), SmallWSConfig, _default_ws_small, _why_not_ws_small, False,
             {"HEAD_GROUPS": (1, 2), "STAGES": (2, 3), "PRODUCER_REGS": (24, 32, 48, 64)},
+            dense_ids=True,
         ),
     )
 }  # fmt: skip
@@ -480,7 +485,8 @@ def compile_args(
         **shape: num_heads (default 64), dtype (torch.bfloat16), index_dtype (torch.int32),
             has_sink (prefill: True), num_splits (1), return_lse (decode: True), use_buffer
             (True: pool below 2 GiB), config (the kernel's launch; default its own default),
-            small (``gluon_ws``: the small-call order, ``hopper_ws.small_call``; False).
+            small (``gluon_ws``: the small-call order, ``hopper_ws.small_call``; False), dense
+            (``gluon_ws``, ``gluon_ws_small``: dense [R, K] ids, ``DENSE_IDS``; False).
 
     Returns:
         (kernel, signature, constexprs, options): signature maps every parameter to its
@@ -492,7 +498,7 @@ def compile_args(
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
     target = get_target(target_name)
     known = {"num_heads", "dtype", "index_dtype", "has_sink", "num_splits", "return_lse",
-             "use_buffer", "config", "small"}  # fmt: skip
+             "use_buffer", "config", "small", "dense"}  # fmt: skip
     unknown = sorted(set(shape) - known)
     if unknown:
         raise ValueError(f"compile_args: unknown shape key(s) {unknown}; expected {sorted(known)}")
@@ -532,9 +538,11 @@ def compile_args(
             **q_sig, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
             "sink_ptr": "*fp32", "stride_qr": "i32", "stride_qh": "i32", "stride_kvn": "i32",
             **out_sig, "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
-            "num_items": "i32",
+            "num_items": "i32", "ids_per_row": "i32",
         }  # fmt: skip
         constexprs = _ws_constexprs(cfg)
+        if shape.get("dense", False):
+            constexprs["DENSE_IDS"] = True  # only when set: a CSR launch passes none
         if hasattr(module, "small_call"):
             # The small-call order (hopper_ws.small_call): shape key ``small`` (default: the
             # large-call kernel, the one every long prefill runs).
@@ -736,8 +744,11 @@ def mla_gluon(
         kv_c: [N, 512] (or [N, 1, 512]) latent KV pool in q's dtype; K and V of the 512 part.
         k_pe: [N, 64] RoPE keys (decode); None when ``has_pe=False``.
         kv_indices: [nnz] int32/int64 pool slots (page size 1); s is valid iff 0 <= s < N,
-            any other slot is absent and its rows are never read.
-        kv_indptr: [R+1] CSR offsets: row r uses kv_indices[kv_indptr[r]:kv_indptr[r+1]].
+            any other slot is absent and its rows are never read. Or dense [R, K] with
+            ``kv_indptr=None``: row r's list is kv_indices[r, :] (``gluon_ws`` and
+            ``gluon_ws_small`` read it as it is, the others get its CSR form).
+        kv_indptr: [R+1] CSR offsets: row r uses kv_indices[kv_indptr[r]:kv_indptr[r+1]];
+            None for dense kv_indices.
         sm_scale: logits = (q_nope·kv_c + q_pe·k_pe) * sm_scale.
         has_pe: True: MLA decode; False: sparse prefill (the operator of DESIGN.md §2).
         attn_sink: optional [H] fp32 sink logit, in the softmax denominator only.
@@ -802,6 +813,8 @@ def run_validated(
     R, H, _ = q_nope.shape
     cfg = _checked_launch(name, config, H, tgt, has_pe, return_lse, num_kv_splits)
     N = kv2.shape[0]
+    if kv_indptr is None and not (name in _WS and KERNELS[name].dense_ids):
+        kv_indices, kv_indptr = dense_as_csr(kv_indices)  # on the device, no host sync
     if out is None:
         out = torch.empty(R, H, HEAD_DIM, dtype=q_nope.dtype, device=q_nope.device)
     lse = torch.empty(R, H, dtype=torch.float32, device=q_nope.device) if return_lse else None
@@ -920,7 +933,9 @@ def _launch_persistent(
     is written through a contiguous buffer and copied. ``q_tma``: the kernel reads Q by TMA
     (``hopper_ws``) and takes a descriptor of ``q`` (boxes [1, heads_per_item, Q_BLOCK]) in
     place of its pointer (q rows 16-byte aligned, as for the cp.async copies). ``small_call(nnz,
-    programs)``: the kernel has a ``SMALL`` constexpr, set from it (``hopper_ws.small_call``)."""
+    programs)``: the kernel has a ``SMALL`` constexpr, set from it (``hopper_ws.small_call``).
+    ``kv_indptr`` None: ``kv_indices`` is dense [R, K] (contiguous): ``DENSE_IDS`` and
+    ``ids_per_row`` = K, kv_indices standing in for the unused kv_indptr pointer."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     qs0, qs1, _ = q.stride()
@@ -932,6 +947,10 @@ def _launch_persistent(
     items = R * runtime.cdiv(H, heads_per_item)
     grid = (min(items, _num_compute_units(dev)),)
     extra = {} if small_call is None else {"SMALL": small_call(kv_indices.numel(), grid[0])}
+    per_row = 0
+    if kv_indptr is None:  # dense ids (DENSE_IDS is passed only when set: CSR is unchanged)
+        extra["DENSE_IDS"] = True
+        kv_indptr, per_row = kv_indices, kv_indices.shape[1]
     # One dict per (constexprs, SMALL): the direct launch keys on its identity.
     kwargs = fastlaunch.frozen(**(constexprs or {}), **extra, num_warps=4, num_stages=1)
     # TMA descriptors as TmaArg: built (TensorDescriptor) only when kernel[grid] runs; the
@@ -942,7 +961,7 @@ def _launch_persistent(
             q, (1, heads_per_item, hopper_ws.Q_BLOCK.value), hopper_ws.Q_SMEM.value
         )
     common = (q_arg, kv2, kv_indices, kv_indptr, sink)
-    tail = (H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E, items)
+    tail = (H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E, items, per_row)
     launch = fastlaunch.launcher(kernel)
     if not out_tma:
         os0, os1, _ = out.stride()
