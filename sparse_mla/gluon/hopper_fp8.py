@@ -237,6 +237,12 @@ def _store_tile(tile, x0, e0, x1, e1, x2, e2, rope):
 
 
 @gluon.jit
+def _csr_range(item, indptr_ptr, nnz, num_heads, HEADS: gl.constexpr):
+    """:func:`hopper_ws._item_range` of a CSR launch (this kernel takes CSR lists only)."""
+    return _item_range(item, indptr_ptr, nnz, num_heads, HEADS, 0, False)
+
+
+@gluon.jit
 def _producer(
     q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block, num_heads,
     num_slots, nnz, num_items, block_size, block_shift, q_smem, kv_smem, bars,
@@ -254,16 +260,16 @@ def _producer(
     it = 0
     if PIPELINE:
         # (NPROD == 1) The first item's first tile; each tile then loads the one after it.
-        _, _, lo0, hi0, _ = _item_range(gl.program_id(0), indptr_ptr, nnz, num_heads, heads)
+        _, _, lo0, hi0, _ = _csr_range(gl.program_id(0), indptr_ptr, nnz, num_heads, heads)
         x0, e0, x1, e1, x2, e2, rope = _load_tile(
             cache_ptr, idx_ptr, lo0, hi0, num_slots, block_size, block_shift, stride_block, POW2
         )
     for item in range(gl.program_id(0), num_items, nprog):
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(item, indptr_ptr, nnz, num_heads, heads)
+        pid_r, pid_h, lo, hi, num_tiles = _csr_range(item, indptr_ptr, nnz, num_heads, heads)
         if PIPELINE:
             # The next item's range: its first tile loads during this item's last.
             nxt = gl.minimum(item + nprog, num_items - 1)
-            _, _, nlo, nhi, _ = _item_range(nxt, indptr_ptr, nnz, num_heads, heads)
+            _, _, nlo, nhi, _ = _csr_range(nxt, indptr_ptr, nnz, num_heads, heads)
             nhi = gl.where(item + nprog < num_items, nhi, nlo)
         if PID == 0:
             mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
@@ -344,7 +350,9 @@ def _prefill_ws_small_fp8_kernel(
     groups: gl.constexpr = _head_groups(HEAD_GROUPS)
     pipe: gl.constexpr = _check_pipeline(PIPELINE, PRODUCERS)
     regs: gl.constexpr = _worker_regs(PRODUCERS, PRODUCER_REGS, groups)
-    # READY: one arrival (a producer warpgroup's, after its stores), not cp.async's 128. The
+    # CSR lists only (the entry turns dense ids into CSR for this kernel: ids_per_row 0,
+    # DENSE_IDS False). READY: one arrival (a producer warpgroup's, after its stores), not
+    # cp.async's 128. The
     # partitions' arguments written out in each call: a tuple assigned to a name would turn
     # its constexprs into tensors.
     q_smem, kv_smem, p_smem, bars = _shared_state(gl.bfloat16, groups, STAGES, 1)
@@ -354,7 +362,7 @@ def _prefill_ws_small_fp8_kernel(
             (_consumer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
                 stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale,
-                num_items, q_smem, kv_smem, p_smem, bars, groups, STAGES,
+                num_items, 0, q_smem, kv_smem, p_smem, bars, groups, STAGES, False,
             )),
             (_producer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block,
@@ -371,7 +379,7 @@ def _prefill_ws_small_fp8_kernel(
             (_consumer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
                 stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale,
-                num_items, q_smem, kv_smem, p_smem, bars, groups, STAGES,
+                num_items, 0, q_smem, kv_smem, p_smem, bars, groups, STAGES, False,
             )),
             (_producer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block,
@@ -393,7 +401,7 @@ def _prefill_ws_small_fp8_kernel(
             (_consumer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
                 stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale,
-                num_items, q_smem, kv_smem, p_smem, bars, groups, STAGES,
+                num_items, 0, q_smem, kv_smem, p_smem, bars, groups, STAGES, False,
             )),
             (_producer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block,
