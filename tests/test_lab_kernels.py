@@ -144,3 +144,19 @@ def test_the_process_exiting_marks_the_panel_stale(panel):
     assert panel.phase == "stale" and "kernel stopped" in panel.status_text()
     assert "data-state='stale'" in panel.status.value
     assert "sml-stale" in panel.resources._dom_classes
+
+
+def test_notebook_05_compiles_every_kernel_the_explorer_offers():
+    """Notebook 05's table: every kernel of kernels_for(target), at the launch it runs there;
+    a kernel that cannot take the shape is listed with why, not dropped silently."""
+    from sparse_mla.lab import gluon as lab
+
+    done, skipped = lab.compile_kernels("gfx950", 16)
+    assert set(done) | set(skipped) == set(kernels_for("gfx950")) and not skipped, skipped
+    for name, res in done.items():
+        assert res.mix["total"] > 0 and res.resources.occupancy > 0, name
+        assert res.options["num_warps"] == tune.base_launch(name, "gfx950", 16)[0].num_warps
+    table = lab.modes_table(done)
+    assert all(len(row) == 1 + len(done) for row in table)
+    done, skipped = lab.compile_kernels("gfx950", 16, head_dim=256)  # FP8 and Gluon need 512
+    assert list(done) == ["triton"] and "head_dim" in skipped["triton_fp8"]
