@@ -779,13 +779,39 @@ def by_line(res: CompileResult) -> LineMap:
             in_loop[loc] += 1
     lines = []
     for (file, line), instrs in sorted(groups.items()):
-        src = linecache.getline(paths.get(file, file), line).strip() if line else ""
+        if line:
+            src = linecache.getline(paths.get(file, file), line).strip()
+        else:
+            src = _no_line_note(instrs, backend)
         lines.append(SourceLine(file, line, src, _mix_of(instrs, backend), in_loop[(file, line)]))
     out = LineMap(backend, lines, loop, listing)
     if res.key:
         with _cache_lock:
             _line_maps[res.key] = out
     return out
+
+
+# What the compiler's own instructions (no source line) usually are, by opcode prefix.
+_NO_LINE_KINDS = (
+    ("s_or_b64", "exec-mask joins"),
+    ("s_or_b32", "exec-mask joins"),
+    ("v_accvgpr", "AGPR copies"),
+    ("v_mov", "copies"),
+    ("s_mov", "copies"),
+)
+
+
+def _no_line_note(instrs: list[str], backend: str) -> str:
+    """The source column of the "(no line)" row: what those instructions are (the code the
+    compiler adds with line 0: exec-mask restores where control flow joins, register copies
+    between AGPRs and VGPRs, moves; LLVM also gives line 0 to an instruction merged from two
+    lines), as their most common opcodes."""
+    ops = Counter(_opcode(i, backend) for i in instrs)
+    named = []
+    for op, n in ops.most_common(4):
+        what = next((w for prefix, w in _NO_LINE_KINDS if op.startswith(prefix)), "")
+        named.append(f"{op} {n}" + (f" ({what})" if what else ""))
+    return "compiler-made: " + ", ".join(named)
 
 
 def _statement_starts(path: str) -> dict[int, int]:

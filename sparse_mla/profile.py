@@ -4,10 +4,12 @@
 ``sparse_mla_prefill(config=Choice(kernel, launch))`` on a DSv4 CSA workload, then the profiled
 call) under ``ncu`` with the source counters (``--section SourceCounters --section
 WarpStateStats``, the stall-reason sampling group, ``--import-source yes``), then reads the
-report back twice as CSV: ``--page source --print-source cuda`` (per source line: warp-stall
-samples and instructions issued; Triton and Gluon compile with line info, so the lines are
-those of ``prefill.py`` / ``gluon/hopper_ws.py``) and ``--page raw`` (the kernel's stall
-samples by reason). For a warp-specialised kernel the producer's and the consumers' lines are
+report back as CSV in base units: ``--page source --print-source cuda,sass`` (per source line:
+warp-stall samples and instructions executed; Triton and Gluon compile with line info, so the
+lines are those of ``prefill.py`` / ``gluon/hopper_ws.py``; without line info the ``sass`` view,
+per instruction) and ``--page raw`` (the kernel's stall samples by reason; else the source
+page's per-reason columns summed). Each page is kept beside the report (``source.csv``,
+``raw.csv``). For a warp-specialised kernel the producer's and the consumers' lines are
 different, so "which partition waits, on what" has a measured answer.
 
 Without ``ncu`` on PATH (or ``$SPARSE_MLA_NCU``) or without a GPU, :func:`unavailable` says so
@@ -41,13 +43,14 @@ __all__ = [
     "parse_source_csv",
     "profile",
     "profile_table",
+    "stalls_of_lines",
     "unavailable",
 ]
 
 NCU_ENV = "SPARSE_MLA_NCU"
 # The kernel's stall samples by reason (Nsight Compute's metric group on sm70+).
 STALL_GROUP = "group:smsp__pcsamp_warp_stall_reasons"
-_STALL_RE = re.compile(r"smsp__pcsamp_warps_issue_stalled_(\w+?)(?:_not_issued)?$")
+_STALL_RE = re.compile(r"smsp__pcsamp_warps_issue_stalled_(\w+?)(_not_issued)?(?:\.\w+)?$")
 
 
 def ncu_path() -> str | None:
@@ -108,10 +111,18 @@ def _pick(metrics: dict[str, float], keys: tuple[str, ...]) -> float:
     return 0.0
 
 
+# Thousands separators ncu may print (a comma, or a locale's space: NBSP, narrow NBSP, thin).
+_THOUSANDS = re.compile(r"(?<=\d)[,\u00a0\u202f\u2009'](?=\d{3}(?:\D|$))")
+
+
 def _number(text: str) -> float | None:
-    t = text.strip().replace(",", "")
+    """A CSV cell as a number: quotes, thousands separators and a trailing ``%`` dropped; None
+    for an empty cell, ``-``, ``n/a`` or any text."""
+    t = _THOUSANDS.sub("", text.strip().strip('"').strip())
     if t.endswith("%"):
-        t = t[:-1]
+        t = t[:-1].strip()
+    if not t or t.lower() in ("-", "n/a", "nan"):
+        return None
     try:
         return float(t)
     except ValueError:
@@ -121,69 +132,159 @@ def _number(text: str) -> float | None:
 def _csv_rows(text: str) -> list[list[str]]:
     """The CSV part of ncu's output (its own ``==PROF==`` / ``==WARNING==`` lines dropped)."""
     body = "\n".join(ln for ln in text.splitlines() if ln.strip() and not ln.startswith("=="))
-    return [r for r in csv.reader(io.StringIO(body)) if r]
+    return [r for r in csv.reader(io.StringIO(body)) if any(c.strip() for c in r)]
+
+
+# The source page's column names, as Nsight Compute versions spell them (lower case).
+_LINE_COLS = ("line no", "line", "line number", "#", "# line")
+_ADDRESS_COLS = ("address", "# address")
+# Rows that name what follows ("File Path","/x/hopper_ws.py"; "Kernel Name","k"; ...).
+_CONTEXT_ROWS = ("file path", "file", "kernel name", "function name")
+
+
+def _header(cells: list[str]) -> dict[str, Any] | None:
+    """The column positions of a source-page header row (None: not a header): the line number,
+    the address and the Source columns (``cuda,sass`` has two: the source's, the SASS's)."""
+    low = [c.strip().lower() for c in cells]
+    sources = [i for i, c in enumerate(low) if c == "source"]
+    line = next((i for i, c in enumerate(low) if c in _LINE_COLS), None)
+    addr = next((i for i, c in enumerate(low) if c in _ADDRESS_COLS), None)
+    if not sources or (line is None and addr is None):
+        return None
+    names = [c.strip() for c in cells]
+    skip = {line, addr, *sources}
+    return {"line": line, "addr": addr, "sources": sources, "names": names,
+            "metrics": [i for i in range(len(names)) if i not in skip and names[i]]}  # fmt: skip
+
+
+def _cell(row: list[str], i: int | None) -> str:
+    return row[i].strip() if i is not None and i < len(row) else ""
 
 
 def parse_source_csv(text: str, default_file: str = "") -> list[ProfileLine]:
-    """Per source line counters from ``ncu --page source --csv --print-source cuda``.
+    """Per source line counters from ``ncu --import R --csv --page source --print-source V``.
 
-    The header row names a line column (``#`` / ``Line``) and a ``Source`` column; a row of
-    one cell naming a file (``File: path``, or a path ending in ``.py``) starts that file's
-    lines. Every other column whose cells are numbers becomes a metric. Lines without any
-    non-zero metric are dropped."""
-    rows = _csv_rows(text)
-    out: list[ProfileLine] = []
-    header: list[str] | None = None
-    file = default_file
-    for r in rows:
+    Nsight Compute writes, per kernel and file, context rows (``"File Path","/x/hopper_ws.py"``,
+    ``"Kernel Name","k"``, ``"Function Name","k"``; older: one cell ``File: path``), a header
+    row, optionally a units row, then data rows. The header names a line column (``Line No``;
+    ``#`` / ``Line`` in other versions) and/or an address column (``Address`` / ``# Address``)
+    and one ``Source`` column, or two for ``cuda,sass`` (the source line's text, then the SASS
+    text: taken by position). Views:
+
+    - ``cuda``: one row per source line, its counters;
+    - ``cuda,sass``: a source line's row (line number, no address; its counters are the sum of
+      its instructions') followed by its instructions' rows (address, no line number); the
+      line's own row is used, else the sum of its instructions' rows (never both);
+    - ``sass``: one row per instruction, no line number: each becomes a line of file
+      ``(sass)`` numbered by its address, its text as the source.
+
+    Numbers may be quoted, with thousands separators or a ``%``; a units row, ``...`` rows
+    (collapsed listing) and cells of ``-`` / ``n/a`` are skipped. Every other column whose
+    cells are numbers becomes a metric, named by the header. Lines without a non-zero metric are
+    dropped."""
+    out: dict[tuple[str, int], ProfileLine] = {}
+    from_sass: dict[tuple[str, int], dict[str, float]] = {}
+    own: set[tuple[str, int]] = set()  # lines whose own row carried counters
+    h: dict[str, Any] | None = None
+    file, line = default_file, None
+    for r in _csv_rows(text):
         cells = [c.strip() for c in r]
-        if len([c for c in cells if c]) == 1 and (
-            cells[0].lower().startswith("file") or cells[0].endswith(".py")
-        ):
-            file = Path(cells[0].split(":", 1)[-1].strip() if ":" in cells[0] and not
-                        cells[0].startswith("/") else cells[0]).name  # fmt: skip
+        first = cells[0].lower()
+        filled = [c for c in cells if c]
+        if first in _CONTEXT_ROWS and len(filled) <= 2:
+            if first.startswith("file") and len(cells) > 1:
+                file, line = Path(cells[1]).name, None
             continue
-        lower = [c.lower() for c in cells]
-        if header is None or ("source" in lower and any(c in ("#", "line") for c in lower)):
-            if "source" in lower:
-                header = cells
+        if len(filled) == 1 and (first.startswith("file:") or cells[0].endswith(".py")):
+            file, line = Path(cells[0].split(":", 1)[-1].strip() if first.startswith("file:")
+                              else cells[0]).name, None  # fmt: skip
             continue
-        row = dict(zip(header, cells, strict=False))
-        line_key = next((h for h in header if h.lower() in ("#", "line", "line number")), None)
-        if line_key is None:
+        hdr = _header(cells)
+        if hdr is not None:
+            h = hdr
             continue
-        n = _number(row.get(line_key, ""))
-        if n is None:
+        if h is None:
             continue
+        n = _number(_cell(cells, h["line"]))
+        addr = _cell(cells, h["addr"])
         metrics = {}
-        for h in header:
-            if h in (line_key, "Source", "Address") or h.lower() in ("source", "address"):
-                continue
-            v = _number(row.get(h, ""))
+        for i in h["metrics"]:
+            v = _number(_cell(cells, i))
             if v is not None:
-                metrics[h] = v
-        if not any(metrics.values()):
+                metrics[h["names"][i]] = v
+        if n is not None and float(n).is_integer() and not addr.lower().startswith("0x"):
+            line = int(n)
+            key = (file, line)
+            src = _cell(cells, h["sources"][0])
+            pl = out.setdefault(key, ProfileLine(file, line, src, {}))
+            pl.source = pl.source or src
+            if metrics:
+                pl.metrics = metrics
+                own.add(key)
             continue
-        out.append(ProfileLine(file, int(n), row.get("Source", "").strip(), metrics))
-    return out
+        if not addr.lower().startswith("0x"):
+            continue  # a units row, a collapsed "..." row, or text
+        sass = _cell(cells, h["sources"][-1])
+        if h["line"] is None:  # the sass view: each instruction is a "line"
+            key = ("(sass)", int(addr, 16))
+            out[key] = ProfileLine("(sass)", key[1], sass, metrics)
+            own.add(key)
+            continue
+        if line is None:
+            continue
+        acc = from_sass.setdefault((file, line), {})
+        for k, v in metrics.items():
+            acc[k] = acc.get(k, 0.0) + v
+    for key, pl in out.items():
+        if key not in own and key in from_sass:
+            pl.metrics = from_sass[key]
+    return [pl for pl in out.values() if any(pl.metrics.values())]
+
+
+def stalls_of_lines(lines: list[ProfileLine]) -> dict[str, float]:
+    """The kernel's stall samples by reason summed over the source page's per-reason columns
+    (``smsp__pcsamp_warps_issue_stalled_<reason>``, or ``stall_<reason>`` in some versions;
+    the ``_not_issued`` ones left out), largest first: the raw page's answer when that page
+    gave none."""
+    out: dict[str, float] = {}
+    for pl in lines:
+        for name, v in pl.metrics.items():
+            reason = _stall_reason(name)
+            if reason and v:
+                out[reason] = out.get(reason, 0.0) + v
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _stall_reason(name: str) -> str | None:
+    n = name.strip()
+    m = _STALL_RE.search(n)
+    if m:
+        return None if m.group(2) else m.group(1)
+    m = re.match(r"^stall_(\w+?)(_not_issued)?$", n, re.IGNORECASE)
+    if m and not m.group(2):
+        return m.group(1).lower()
+    return None
 
 
 def parse_raw_csv(text: str) -> dict[str, float]:
     """The kernel's warp-stall samples by reason from ``ncu --page raw --csv`` (summed over
-    the profiled launches), largest first; reasons with no sample are dropped."""
+    the profiled launches), largest first; reasons with no sample are dropped. The header is
+    the first row naming a stall metric (``smsp__pcsamp_warps_issue_stalled_<reason>``, with or
+    without a ``.sum``-like suffix); a units row and rows of another width are skipped."""
     rows = _csv_rows(text)
-    if len(rows) < 2:
+    at = next((i for i, r in enumerate(rows) if any(_stall_reason(c) for c in r)), None)
+    if at is None:
         return {}
-    header = rows[0]
-    data = [r for r in rows[1:] if len(r) == len(header) and _number(r[-1]) is not None]
+    header = [c.strip() for c in rows[at]]
+    cols = [(i, reason) for i, c in enumerate(header) if (reason := _stall_reason(c))]
     out: dict[str, float] = {}
-    for i, name in enumerate(header):
-        m = _STALL_RE.search(name.strip())
-        if not m or name.strip().endswith("_not_issued"):
+    for r in rows[at + 1 :]:
+        if len(r) != len(header):
             continue
-        total = sum(v for r in data if (v := _number(r[i])) is not None)
-        if total:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + total
+        for i, reason in cols:
+            v = _number(r[i])
+            if v:
+                out[reason] = out.get(reason, 0.0) + v
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
@@ -239,18 +340,25 @@ def profile(
         tail = (done.stdout + done.stderr)[-2000:]
         raise RuntimeError(f"ncu failed (exit {done.returncode}): {tail}")
 
-    def page(*extra: str) -> str:
-        r = subprocess.run([ncu, "--import", report, "--csv", *extra], capture_output=True,
-                           text=True, timeout=timeout)  # fmt: skip
+    def page(name: str, *extra: str) -> str:
+        """One page of the report as CSV (base units: no "K"/"M" scaling), kept beside the
+        report as ``<name>.csv`` so a parse can be checked against what ncu wrote."""
+        r = subprocess.run([ncu, "--import", report, "--csv", "--print-units", "base", *extra],
+                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
         if r.returncode != 0:
             raise RuntimeError(f"ncu --import {' '.join(extra)} failed: {r.stderr[-1000:]}")
+        (folder / f"{name}.csv").write_text(r.stdout)
         return r.stdout
 
-    lines = parse_source_csv(page("--page", "source", "--print-source", "cuda"))
+    # The source lines with their instructions (cuda,sass), else the instructions alone.
+    lines = parse_source_csv(page("source", "--page", "source", "--print-source", "cuda,sass"))
+    if not lines:
+        lines = parse_source_csv(page("source_sass", "--page", "source", "--print-source", "sass"))
     for pl in lines:
-        if not pl.source:
+        if not pl.source and pl.file != "(sass)":
             pl.source = linecache.getline(_source_path(pl.file), pl.line).strip()
-    stalls = parse_raw_csv(page("--page", "raw", "--metrics", STALL_GROUP))
+    stalls = parse_raw_csv(page("raw", "--page", "raw", "--metrics", STALL_GROUP))
+    stalls = stalls or stalls_of_lines(lines)
     shape = {"H": num_heads, "D": head_dim, "T": num_tokens}
     return Profile(kernel, launch_dict, shape, lines, stalls, report, cmd)
 
@@ -305,9 +413,14 @@ def _run(args: dict[str, Any]) -> None:
     call = dispatch.Call(runtime.arch(), int(args["H"]), int(args["D"]))
     launch = k.resolve(dict(args["launch"]), call) if name != dispatch.FALLBACK else None
     config = dispatch.Choice(name, launch) if name != dispatch.FALLBACK else args["launch"]
-    out = torch.empty_like(w.q)
+    q, kv, idx, indptr, scale = w.args()
+    if k.kv_format == "fp8_model1":  # an FP8-cache kernel reads the pool quantized
+        from .fp8 import quantize
+
+        kv = quantize(kv, 64)
+    out = torch.empty_like(q)
     for _ in range(2):
-        sparse_mla_prefill(*w.args(), **w.kwargs(), out=out, config=config)
+        sparse_mla_prefill(q, kv, idx, indptr, scale, **w.kwargs(), out=out, config=config)
     torch.cuda.synchronize()
 
 

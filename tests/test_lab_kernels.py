@@ -10,13 +10,14 @@ import pytest
 from sparse_mla import configs, dispatch, tune
 from sparse_mla import inspect as si
 from sparse_mla.lab import figures
-from sparse_mla.lab.explorer import ExplorerPanel, kernels_for
+from sparse_mla.lab.explorer import POOL_FEEDS, ExplorerPanel, kernels_for, uses_triton_controls
 
-# One target each kernel of a dense pool compiles for (the panel's inputs), and a shape its
-# default launch serves.
+# One target each kernel compiles for whose pool the panel can feed (dense, or the FP8 cache
+# quantized from it), and a shape its default launch serves.
 DENSE = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "dense"]
+FED = [n for n, k in dispatch.KERNELS.items() if k.kv_format in POOL_FEEDS]
 CASES = [(name, tune.kernel_targets(name)[0], 64 if name in ("gluon_ws", "gluon_wgmma")
-          else 16) for name in DENSE]  # fmt: skip
+          else 16) for name in FED]  # fmt: skip
 
 
 @pytest.fixture
@@ -28,19 +29,22 @@ def panel():
 
 def test_the_selector_offers_the_kernels_that_compile_for_the_target(panel):
     assert list(panel.w_kernel.options) == kernels_for("sm90")
-    assert set(kernels_for("sm90")) == {n for n in DENSE
+    assert set(kernels_for("sm90")) == {n for n in FED
                                         if "sm90" in tune.kernel_targets(n)}  # fmt: skip
-    assert kernels_for("gfx942") == ["triton"]
+    assert kernels_for("gfx942")[0] == "triton" and "gluon_ws_small" not in kernels_for("gfx942")
+    assert "triton_fp8" in kernels_for("gfx942")  # the FP8-cache kernel: every target
     panel.set(kernel="gluon_ws_small")
     panel.wait()
     panel.w_target.value = "gfx942"  # the Gluon sm90 kernels are not offered there
     panel.wait()
-    assert panel.w_kernel.value == "triton" and list(panel.w_kernel.options) == ["triton"]
+    assert panel.w_kernel.value == "triton"
+    assert list(panel.w_kernel.options) == kernels_for("gfx942")
 
 
 @pytest.mark.parametrize("name,target,H", CASES, ids=[c[0] for c in CASES])
 def test_selecting_each_kernel_shows_its_knobs_and_the_same_views(panel, name, target, H):
-    panel.run_errors = name != "triton"  # on CPU: "not run" (no interpreter for Gluon)
+    # on CPU: Gluon kernels say "not run" (no interpreter); the FP8-cache Triton kernel runs
+    panel.run_errors = name != "triton"
     panel.set(target=target, H=H)
     panel.w_kernel.value = name  # the widget, as a user picks it
     panel.wait()
@@ -48,7 +52,7 @@ def test_selecting_each_kernel_shows_its_knobs_and_the_same_views(panel, name, t
     state = panel.state()
     assert state.kernel == name and panel.result.kernel_name
     want, _ = tune.base_launch(name, target, H)
-    if name == "triton" and want.EVEN_HD is None:  # the checkbox shows what "auto" picks
+    if uses_triton_controls(name) and want.EVEN_HD is None:  # the checkbox shows what "auto" picks
         import torch
 
         from sparse_mla.prefill import launch_constexprs
@@ -56,8 +60,10 @@ def test_selecting_each_kernel_shows_its_knobs_and_the_same_views(panel, name, t
         even = launch_constexprs(H, 512, torch.bfloat16, want, has_sink=True)["EVEN_HD"]
         want = dataclasses.replace(want, EVEN_HD=even)
     assert state.config == want  # the launch the kernel runs there was loaded
-    if name == "triton":
+    if uses_triton_controls(name):
         assert panel.knob_box.layout.display == "none" and panel.w_block_k.layout.display is None
+        if name != "triton":
+            assert panel.error is not None and panel.error.report.ok, panel.error_text.value
     else:
         assert panel.w_block_k.layout.display == "none" and panel.knob_box.layout.display is None
         assert set(panel.knob_widgets) == set(tune.knob_types(name))
@@ -138,3 +144,19 @@ def test_the_process_exiting_marks_the_panel_stale(panel):
     assert panel.phase == "stale" and "kernel stopped" in panel.status_text()
     assert "data-state='stale'" in panel.status.value
     assert "sml-stale" in panel.resources._dom_classes
+
+
+def test_notebook_05_compiles_every_kernel_the_explorer_offers():
+    """Notebook 05's table: every kernel of kernels_for(target), at the launch it runs there;
+    a kernel that cannot take the shape is listed with why, not dropped silently."""
+    from sparse_mla.lab import gluon as lab
+
+    done, skipped = lab.compile_kernels("gfx950", 16)
+    assert set(done) | set(skipped) == set(kernels_for("gfx950")) and not skipped, skipped
+    for name, res in done.items():
+        assert res.mix["total"] > 0 and res.resources.occupancy > 0, name
+        assert res.options["num_warps"] == tune.base_launch(name, "gfx950", 16)[0].num_warps
+    table = lab.modes_table(done)
+    assert all(len(row) == 1 + len(done) for row in table)
+    done, skipped = lab.compile_kernels("gfx950", 16, head_dim=256)  # FP8 and Gluon need 512
+    assert list(done) == ["triton"] and "head_dim" in skipped["triton_fp8"]

@@ -91,3 +91,77 @@ def test_profile_of_the_warp_specialised_kernel_on_the_gpu(tmp_path):
     assert ws and sum(pl.samples() for pl in ws) > 0, [(pl.file, pl.line) for pl in p.lines]
     print(prof.profile_table(p))
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# The layouts Nsight Compute writes for `--import R --csv --page source` (2023-2026 releases, as
+# parsed by public scripts that read real reports; issue 23: the H200's report parsed to no
+# line with the one-layout parser). cuda,sass: context rows, a header whose "Source" comes
+# twice, a source line's row (its counters: the sum of its instructions') then its
+# instructions' rows; a units row under the header.
+CUDA_SASS_CSV = """==PROF== Connected to process 77
+"File Path","/work/sparse_mla/gluon/hopper_ws.py"
+"Function Name","_prefill_ws_kernel"
+"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed","smsp__pcsamp_warps_issue_stalled_long_scoreboard","smsp__pcsamp_warps_issue_stalled_barrier_not_issued"
+"","","","","sample","sample","inst","sample","sample"
+"266","    mbarrier.wait(ready.index(s), phase)","","","1,520","1,400","2,048","1,200","700"
+"","","0x7f00a0","      SYNCS.PHASECHK.TRANS64 P0, [UR4], R2","1,500","1,390","1,024","1,190","690"
+"","","0x7f00b0","      @!P0 BRA 0x7f00a0","20","10","1,024","10","10"
+"267","    s = warpgroup_mma(q_smem, k.permute((1, 0)), s)","","","310","120","4096","0","0"
+"","","...","...","-","-","-","-","-"
+"300","    # no samples","","","0","0","0","0","0"
+"File Path","/work/sparse_mla/gluon/hopper.py"
+"Function Name","_prefill_ws_kernel"
+"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed","smsp__pcsamp_warps_issue_stalled_long_scoreboard","smsp__pcsamp_warps_issue_stalled_barrier_not_issued"
+"40","    return x","","","","","","",""
+"","","0x7f0100","      FFMA R1, R2, R3, R4","5","1","64","0","0"
+"","","0x7f0110","      FMUL R1, R1, R5","2","1","64","2","0"
+"""  # noqa: E501
+
+SASS_CSV = """"Kernel Name","_prefill_ws_kernel"
+"# Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","stall_long_sb","stall_barrier"
+"0x7f00a0","      SYNCS.PHASECHK.TRANS64 P0, [UR4], R2","1,500","1,390","1,190","0"
+"0x7f00b0","      @!P0 BRA 0x7f00a0","20","10","0","20"
+"0x7f00c0","      EXIT","0","0","0","0"
+"""  # noqa: E501
+
+RAW_UNITS_CSV = """==WARNING== some note
+"ID","Process ID","Kernel Name","smsp__pcsamp_warps_issue_stalled_long_scoreboard.sum","smsp__pcsamp_warps_issue_stalled_wait","smsp__pcsamp_warps_issue_stalled_wait_not_issued","dram__bytes.sum"
+"","","","sample","sample","sample","byte"
+"0","4242","_prefill_ws_kernel","1,234","56","50","n/a"
+"""  # noqa: E501
+
+
+def test_source_csv_of_the_cuda_sass_view():
+    lines = prof.parse_source_csv(CUDA_SASS_CSV)
+    got = {(pl.file, pl.line): pl for pl in lines}
+    assert sorted(got) == [("hopper.py", 40), ("hopper_ws.py", 266), ("hopper_ws.py", 267)]
+    ws = got[("hopper_ws.py", 266)]
+    # the line's own row, not the line plus its instructions (1,520, never 3,040)
+    assert ws.samples() == 1520.0 and ws.metrics["Instructions Executed"] == 2048.0
+    assert "mbarrier.wait" in ws.source  # the source column, not the SASS one
+    # a line row without counters: the sum of its instructions' rows
+    assert got[("hopper.py", 40)].samples() == 7.0
+    assert got[("hopper.py", 40)].metrics["Instructions Executed"] == 128.0
+    stalls = prof.stalls_of_lines(lines)
+    assert stalls == {"long_scoreboard": 1202.0}  # _not_issued left out
+    text = prof.profile_table(
+        prof.Profile("gluon_ws", {}, {"H": 64, "D": 512, "T": 1024}, lines, stalls, "r", [])
+    )
+    assert text.index("hopper_ws.py:266") < text.index("hopper_ws.py:267")
+
+
+def test_source_csv_of_the_sass_view_and_raw_csv_with_units():
+    lines = prof.parse_source_csv(SASS_CSV)
+    assert [(pl.file, pl.line, pl.samples()) for pl in lines] == [
+        ("(sass)", 0x7F00A0, 1500.0), ("(sass)", 0x7F00B0, 20.0)]  # fmt: skip
+    assert lines[0].source.startswith("SYNCS.PHASECHK")
+    assert prof.stalls_of_lines(lines) == {"long_sb": 1190.0, "barrier": 20.0}
+    assert prof.parse_raw_csv(RAW_UNITS_CSV) == {"long_scoreboard": 1234.0, "wait": 56.0}
+    assert prof.parse_raw_csv("") == {} and prof.parse_source_csv("") == []
+
+
+@pytest.mark.parametrize("cell,want", [("1,520", 1520.0), ('"12.5%"', 12.5), ("1\u00a0234", 1234.0),
+                                       ("-", None), ("n/a", None), ("", None), ("0.5", 0.5),
+                                       ("1,234,567", 1234567.0), ("abc", None)])  # fmt: skip
+def test_number_cells(cell, want):
+    assert prof._number(cell) == want

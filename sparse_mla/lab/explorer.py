@@ -1,9 +1,13 @@
 """Notebook 02's constexpr explorer: widgets -> recompile -> resources, mix, ISA, error, time.
 
-:class:`ExplorerPanel` holds one widget per launch choice of the Triton prefill kernel (target,
-``EVEN_HD``, ``USE_EXP2``, ``BLOCK_H``, ``BLOCK_K``, ``num_warps``, ``num_stages``, the AMD-only
-``kpack`` / ``waves_per_eu``, the NVIDIA-only register cap ``maxnreg``, and the shape H x D).
-Every change
+:class:`ExplorerPanel` has a kernel selector (every registered kernel that cross-compiles for
+the target and reads a pool format the panel can feed, :func:`kernels_for`: a dense pool, or the
+FP8 cache quantized from it, :data:`POOL_FEEDS`) and one widget per launch choice of the
+selected kernel: for the Triton kernels (a PrefillConfig launch: the bf16 one and the FP8-cache
+one) ``EVEN_HD``, ``USE_EXP2``, ``BLOCK_H``, ``BLOCK_K``, ``num_warps``, ``num_stages``, the
+AMD-only ``kpack`` / ``waves_per_eu`` and the NVIDIA-only register cap ``maxnreg``; for another
+kernel one widget per field of its config class. Target and shape H x D are widgets too.
+Notebook 05 shows the same panel opened on a Gluon kernel. Every change
 
 1. checks the combination at once (``PrefillConfig.validate``, the ``EVEN_HD`` rule,
    :func:`sparse_mla.targets.validate_options`) and says why an invalid one is invalid;
@@ -70,7 +74,7 @@ class PanelState:
     target: str
     num_heads: int
     head_dim: int
-    config: Any  # PrefillConfig for "triton", else the kernel's own launch (its config class)
+    config: Any  # the kernel's launch: a PrefillConfig (triton, triton_fp8) or its config class
     kernel: str = "triton"  # a name of sparse_mla.dispatch.KERNELS
 
     @property
@@ -86,8 +90,15 @@ class PanelState:
 
         return Choice(self.kernel, self.config)
 
+    @property
+    def kv_format(self) -> str:
+        """The pool format the kernel reads (a key of :data:`POOL_FEEDS`)."""
+        from ..dispatch import kernel
+
+        return kernel(self.kernel).kv_format
+
     def label(self) -> str:
-        if self.kernel != "triton":
+        if not isinstance(self.config, PrefillConfig):
             knobs = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(self.config).items())
             return f"{self.target} H={self.num_heads} D={self.head_dim}: {self.kernel} {knobs}"
         c = self.config
@@ -98,7 +109,8 @@ class PanelState:
             bits += [f"kpack={c.kpack}", f"waves_per_eu={c.waves_per_eu}"]
         elif c.maxnreg is not None:
             bits.append(f"maxnreg={c.maxnreg}")
-        return f"{self.target} H={self.num_heads} D={self.head_dim}: " + " ".join(bits)
+        name = "" if self.kernel == "triton" else f"{self.kernel} "
+        return f"{self.target} H={self.num_heads} D={self.head_dim}: {name}" + " ".join(bits)
 
 
 # Register caps offered on NVIDIA targets (ptxas takes 24..255 per thread).
@@ -108,8 +120,10 @@ MAXNREG = (64, 96, 128, 168, 200, 255)
 def check_state(state: PanelState) -> str | None:
     """Why this combination cannot compile (one sentence), or None when it can."""
     if state.kernel != "triton":
-        return _check_kernel_state(state)
-    cfg = state.config
+        why = _check_kernel_state(state)
+        if why or not isinstance(state.config, PrefillConfig):
+            return why
+    cfg = state.config  # Triton's launch (the bf16 or the FP8-cache kernel): Triton's checks
     try:
         cfg.validate()
     except ValueError as e:
@@ -142,8 +156,9 @@ def _check_kernel_state(state: PanelState) -> str | None:
 
     arch = targets.get_target(state.target).name
     try:
-        why = dispatch.kernel(state.kernel).unavailable(
-            dispatch.Call(arch, state.num_heads, state.head_dim)
+        k = dispatch.kernel(state.kernel)
+        why = k.unavailable(
+            dispatch.Call(arch, state.num_heads, state.head_dim, kv_format=k.kv_format)
         )
         if why:
             return f"{state.kernel} cannot run H={state.num_heads} D={state.head_dim}: {why}"
@@ -153,31 +168,69 @@ def _check_kernel_state(state: PanelState) -> str | None:
     return None
 
 
+# The pool formats the panel can feed a kernel (``Kernel.kv_format``, keys of
+# sparse_mla.dispatch.FORMATS): each turns the panel's random dense bf16 [N, D] pool into
+# (what the kernel reads, the [N', D] rows the fp32 reference reads for it). An FP8 cache is
+# the pool quantized (sparse_mla.fp8.quantize, FP8_BLOCK_SIZE tokens a block), its reference
+# rows the cache dequantized (exact; N' = whole blocks, slot s = row s, as the kernel reads).
+FP8_BLOCK_SIZE = 64
+
+
+def _dense_pool(kv: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    return kv, kv
+
+
+def _fp8_pool(kv: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    from .. import fp8
+
+    cache = fp8.quantize(kv.to(torch.bfloat16), FP8_BLOCK_SIZE)
+    return cache, fp8.dequantize(cache)
+
+
+POOL_FEEDS = {"dense": _dense_pool, "fp8_model1": _fp8_pool}
+
+
+def uses_triton_controls(name: str) -> bool:
+    """Whether kernel ``name``'s launch is a PrefillConfig (the Triton kernels: the bf16 one
+    and the FP8-cache one), shown with the panel's Triton widgets; other kernels get one widget
+    per field of their config class."""
+    from .. import dispatch
+
+    t = PrefillConfig
+    return name == dispatch.FALLBACK or dispatch.kernel(name).config_type == (
+        f"{t.__module__}:{t.__qualname__}"
+    )
+
+
 def kernels_for(target: str) -> list[str]:
-    """The registered kernels of a dense pool that cross-compile for ``target`` (Triton first:
-    every target). The panel's inputs are a dense [N, 512] pool; the FP8-cache kernels
-    (``kv_format`` other than dense) are not offered here yet."""
+    """The registered kernels that cross-compile for ``target`` and read a pool format the
+    panel can feed (:data:`POOL_FEEDS`: dense, and the FP8 cache made from the same random
+    pool); Triton first (every target)."""
     from .. import dispatch, tune
 
     arch = targets.get_target(target).name
     return [
         n
         for n, k in dispatch.KERNELS.items()
-        if k.kv_format == "dense" and (n == "triton" or arch in tune.kernel_targets(n))
-    ]
+        if k.kv_format in POOL_FEEDS
+        and (n == dispatch.FALLBACK or (k.compile_args is not None
+                                        and arch in tune.kernel_targets(n)))
+    ]  # fmt: skip
 
 
 def default_kernel_line(state: PanelState) -> str:
-    """Which kernel ``sparse_mla_prefill(..., config=None)`` runs for the state's target and
-    shape, and why (:func:`sparse_mla.dispatch.describe`); the panel's own knobs are Triton's."""
+    """Which kernel ``sparse_mla_prefill(..., config=None)`` runs for the state's target, shape
+    and the selected kernel's pool format, and why (:func:`sparse_mla.dispatch.describe`)."""
     from .. import dispatch
 
     arch = targets.get_target(state.target).name
+    fmt = state.kv_format
     try:
-        line = dispatch.describe(arch, state.num_heads, state.head_dim)
+        line = dispatch.describe(arch, state.num_heads, state.head_dim, kv_format=fmt)
     except Exception as e:  # a broken config file must not break the panel
         line = f"{arch}: unknown ({type(e).__name__}: {e})"
-    return "config=None runs, on " + line
+    pool = "" if fmt == "dense" else f" (with {dispatch.FORMATS[fmt]})"
+    return f"config=None runs{pool}, on " + line
 
 
 @dataclass(frozen=True)
@@ -196,7 +249,9 @@ def error_run(
     state: PanelState, *, tokens: int = 2, slots: int = 64, pool: int = 256, seed: int = 0
 ) -> ErrorRun:
     """Run the kernel with ``state.config`` on random inputs (10% invalid slots, a sink) at
-    [tokens, H, D]: on the GPU when there is one, else in Triton's interpreter."""
+    [tokens, H, D]: on the GPU when there is one, else in Triton's interpreter. The pool is
+    given in the kernel's format (:data:`POOL_FEEDS`: an FP8 kernel reads it quantized) and
+    the fp32 reference reads the rows that format holds (the FP8 cache dequantized)."""
     from ..workloads import flashmla_uniform
 
     device = "cuda" if runtime.has_gpu() else "cpu"
@@ -204,26 +259,34 @@ def error_run(
         tokens, state.num_heads, slots, pool, invalid_frac=0.1, D=state.head_dim, sink=True,
         seed=seed, device=device,
     )  # fmt: skip
-    out = torch.full_like(w.q, float("nan"))  # an unwritten tile shows as NaN
+    kv, rows = POOL_FEEDS[state.kv_format](w.kv)
+    q, _, idx, indptr, scale = w.args()
+    out = torch.full_like(q, float("nan"))  # an unwritten tile shows as NaN
     t0 = time.perf_counter()
-    sparse_mla_prefill(*w.args(), **w.kwargs(), out=out, config=state.run_config)
+    sparse_mla_prefill(q, kv, idx, indptr, scale, **w.kwargs(), out=out, config=state.run_config)
     seconds = time.perf_counter() - t0
-    ref = sparse_mla_prefill_ref(*w.args(), **w.kwargs())
-    base = sparse_mla_prefill_ref(*w.args(), **w.kwargs(), upcast=False)
+    ref = sparse_mla_prefill_ref(q, rows, idx, indptr, scale, **w.kwargs())
+    base = sparse_mla_prefill_ref(q, rows, idx, indptr, scale, **w.kwargs(), upcast=False)
     return ErrorRun(out.cpu(), ref.cpu(), base.cpu(), error_report(out, ref, base), device, seconds)
 
 
 def _why_not_run(state: PanelState) -> str | None:
-    """Why the panel does not run the state's kernel here (None: it runs it): a kernel other
-    than Triton runs on a GPU of its arch only (Triton's interpreter runs Triton only)."""
-    if state.kernel == "triton":
-        return None
-    from .. import tune
+    """Why the panel does not run the state's kernel here (None: it runs it): what the kernel
+    says of a call on this machine (CPU: Triton's interpreter, which runs the Triton kernels
+    only), and a GPU of another arch than the kernel's targets."""
+    from .. import dispatch, tune
 
-    arch = runtime.arch()
-    if arch is None:
-        return f"{state.kernel} runs on a GPU only (the CPU interpreter runs the triton kernel)"
-    if arch not in tune.kernel_targets(state.kernel):
+    if state.kernel == dispatch.FALLBACK:
+        return None
+    k = dispatch.kernel(state.kernel)
+    arch = runtime.arch() if runtime.has_gpu() else None
+    call = dispatch.Call(arch, state.num_heads, state.head_dim, kv_format=k.kv_format)
+    why = k.unavailable(call)
+    if why and arch is None:
+        return f"{state.kernel}: {why} (the CPU interpreter runs the Triton kernels only)"
+    if why:
+        return f"{state.kernel}: {why}"
+    if arch is not None and arch not in tune.kernel_targets(state.kernel):
         return f"{state.kernel} runs on {', '.join(tune.kernel_targets(state.kernel))}; " \
             f"this GPU is {arch}"  # fmt: skip
     return None
@@ -236,8 +299,11 @@ def _time_on_gpu(state: PanelState) -> float:
     from ..workloads import dsv4_csa
 
     w = dsv4_csa(4096, state.num_heads, D=state.head_dim, device="cuda", big_buffer=True)
-    out = torch.empty_like(w.q)
-    fn = lambda: sparse_mla_prefill(*w.args(), **w.kwargs(), out=out, config=state.run_config)  # noqa: E731
+    kv = POOL_FEEDS[state.kv_format](w.kv)[0]
+    q, _, idx, indptr, scale = w.args()
+    out = torch.empty_like(q)
+    fn = lambda: sparse_mla_prefill(q, kv, idx, indptr, scale, **w.kwargs(), out=out,  # noqa: E731
+                                    config=state.run_config)  # fmt: skip
     fn()
     return float(triton.testing.do_bench(fn, return_mode="median"))
 
@@ -299,6 +365,8 @@ class ExplorerPanel:
     Args:
         target: initial target name (``"local"`` is offered when a GPU is present).
         num_heads, head_dim: initial shape.
+        kernel: initial kernel, a name of :data:`sparse_mla.dispatch.KERNELS` that compiles
+            for ``target`` (:func:`kernels_for`); its launch is loaded as on a widget change.
         run_errors: run the kernel against fp32 after each compile.
         error_tokens, error_slots: size of that run (the interpreter costs ~30 ms per program
             per tile at D=512).
@@ -316,6 +384,7 @@ class ExplorerPanel:
         error_slots: int = 64,
         time_gpu: bool | None = None,
         start: bool = True,
+        kernel: str = "triton",
     ):
         import ipywidgets as W
 
@@ -343,6 +412,10 @@ class ExplorerPanel:
         choices = list(NAMED_TARGETS) + (["local"] if runtime.has_gpu() else [])
         if target not in choices:
             raise ValueError(f"target must be one of {choices}, got {target!r}")
+        if kernel not in kernels_for(target):
+            raise ValueError(
+                f"kernel must be one of {kernels_for(target)} on {target}, got {kernel!r}"
+            )
         cfg = default_config(num_heads, head_dim)
         style = {"description_width": "88px"}
 
@@ -377,10 +450,10 @@ class ExplorerPanel:
         self.w_maxnreg = W.Dropdown(options=[("off", 0)] + [(str(n), n) for n in MAXNREG],
                                     value=cfg.maxnreg or 0, description="maxnreg", style=style,
                                     layout=lay())  # fmt: skip
-        self.w_kernel = W.Dropdown(options=kernels_for(target), value="triton",
+        self.w_kernel = W.Dropdown(options=kernels_for(target), value=kernel,
                                    description="kernel", style=style, layout=lay())  # fmt: skip
         self.w_kernel.add_class("sml-kernel")
-        self.knob_widgets: dict[str, Any] = {}  # the selected non-Triton kernel's knobs
+        self.knob_widgets: dict[str, Any] = {}  # the knobs of a kernel without Triton's launch
         self.knob_box = W.VBox(layout=W.Layout(min_width="236px"))
         self.knob_box.add_class("sml-knobs")
         self._kernel_base: Any = None  # the launch the knob widgets were loaded from
@@ -486,7 +559,7 @@ class ExplorerPanel:
     def state(self) -> PanelState:
         """The widgets' current values as a PanelState."""
         name = self.w_kernel.value
-        if name != "triton":
+        if not uses_triton_controls(name):
             knobs = {f: w.value for f, w in self.knob_widgets.items()}
             launch = dataclasses.replace(self._kernel_base, **knobs)
             return PanelState(self.w_target.value, self.w_heads.value, self.w_dim.value, launch,
@@ -504,7 +577,7 @@ class ExplorerPanel:
             waves_per_eu=self.w_waves.value if amd else None,
             maxnreg=None if amd else (self.w_maxnreg.value or None),
         )
-        return PanelState(self.w_target.value, self.w_heads.value, self.w_dim.value, cfg)
+        return PanelState(self.w_target.value, self.w_heads.value, self.w_dim.value, cfg, name)
 
     def set(self, **values: Any) -> None:
         """Set several widgets at once with a single update, e.g. ``set(BLOCK_K=64,
@@ -515,7 +588,7 @@ class ExplorerPanel:
                 (self.w_target if k == "target" else self.w_kernel).value = v
         by_name = {w.description.split(" ")[0]: w for w in self.controls}
         by_name.update(H=self.w_heads, D=self.w_dim)
-        if self.w_kernel.value != "triton":
+        if not uses_triton_controls(self.w_kernel.value):
             by_name.update(self.knob_widgets)
         unknown = sorted(set(values) - set(by_name))
         if unknown:
@@ -546,7 +619,7 @@ class ExplorerPanel:
         except Exception as e:  # a broken config file must not break the panel
             launch, origin = None, f"not loaded ({type(e).__name__}: {e})"
         with self._hold():
-            if name == "triton" and launch is not None:
+            if uses_triton_controls(name) and launch is not None:
                 even = launch_constexprs(H, D, torch.bfloat16, launch, has_sink=True)["EVEN_HD"]
                 for w, v in ((self.w_block_h, launch.BLOCK_H), (self.w_block_k, launch.BLOCK_K),
                              (self.w_warps, launch.num_warps), (self.w_stages, launch.num_stages),
@@ -617,7 +690,7 @@ class ExplorerPanel:
                 self.w_prefetch]  # fmt: skip
 
     def _sync_visibility(self) -> None:
-        triton = self.w_kernel.value == "triton"
+        triton = uses_triton_controls(self.w_kernel.value)
         amd = targets.get_target(self.w_target.value).is_amd
         for w in self._triton_controls():
             w.layout.display = None if triton else "none"
@@ -634,7 +707,7 @@ class ExplorerPanel:
                 keep = self.w_kernel.value if self.w_kernel.value in offered else "triton"
                 self.w_kernel.options = offered
                 self.w_kernel.value = keep
-        if owner is self.w_kernel and self.w_kernel.value != "triton":
+        if owner is self.w_kernel and not uses_triton_controls(self.w_kernel.value):
             from .. import tune
 
             launch, _ = tune.base_launch(self.w_kernel.value, self.w_target.value,

@@ -168,14 +168,18 @@ def error_figure(
     ax1, ax2, ax3 = (fig.add_subplot(1, 3, i) for i in (1, 2, 3))
     e = relative_errors(out, ref)
     floor = 1e-9
-    ax1.hist(torch.log10(e.clamp_min(floor)).numpy(), bins=60, alpha=0.8, label="kernel")
+    bad = int((~torch.isfinite(e)).sum())  # NaN / inf (an unwritten tile): counted, not drawn
+    ax1.hist(torch.log10(e[torch.isfinite(e)].clamp_min(floor)).numpy(), bins=60, alpha=0.8,
+             label="kernel")  # fmt: skip
     if baseline is not None:
         eb = relative_errors(baseline, ref)
-        ax1.hist(torch.log10(eb.clamp_min(floor)).numpy(), bins=60, alpha=0.5,
-                 label="torch same dtype")  # fmt: skip
+        ax1.hist(torch.log10(eb[torch.isfinite(eb)].clamp_min(floor)).numpy(), bins=60,
+                 alpha=0.5, label="torch same dtype")  # fmt: skip
     ax1.set_xlabel("log10 |out - ref| / rms(ref)")
     ax1.set_ylabel("elements")
-    ax1.set_title("per-element relative error", fontsize=9)
+    bad_note = f"\n{bad} of {e.numel()} kernel elements NaN/inf (not drawn)" if bad else ""
+    ax1.set_title("per-element relative error" + bad_note, fontsize=9,
+                  color="#b00000" if bad else "black")  # fmt: skip
     heads = per_head_rel_l2(out, ref)
     xs = list(range(heads.numel()))
     ax2.plot(xs, heads.numpy(), "o-", ms=3, label="kernel")

@@ -5,8 +5,12 @@ which register. Triton turns every layout into a *linear layout*: bases for regi
 warp bits, whose XOR gives an element's coordinates. :func:`ownership` evaluates those bases
 for every (register, lane, warp) and :func:`layout_figure` draws the tile coloured by warp with
 each element's lane number, so the MFMA (gfx950) and mma.sync (Hopper) layouts the kernel uses
-can be compared at a glance. :func:`compile_modes` cross-compiles decode and prefill for a
-target and tabulates their resources.
+can be compared at a glance. :func:`compile_kernels` cross-compiles every registered kernel the
+explorer offers for a target (:func:`sparse_mla.lab.explorer.kernels_for`: the Gluon kernels and
+the Triton ones) at the launch it runs there, and :func:`modes_table` tabulates their resources
+side by side; :func:`compile_modes` does the same for the shared Gluon algorithm's decode and
+prefill modes. The knobs of one kernel are explored with notebook 02's panel
+(:class:`sparse_mla.lab.explorer.ExplorerPanel`, opened with ``kernel=``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-__all__ = ["compile_modes", "kernel_layouts", "layout_figure", "modes_table", "ownership"]
+__all__ = [
+    "compile_kernels", "compile_modes", "kernel_layouts", "layout_figure", "modes_table",
+    "ownership",
+]  # fmt: skip
 
 
 def _builder():
@@ -118,8 +125,39 @@ def compile_modes(target: str, num_heads: int = 16, modes=("decode", "prefill"))
     return {m: inspect.compile_gluon(m, target, num_heads=num_heads) for m in modes}
 
 
+def compile_kernels(
+    target: str, num_heads: int = 16, head_dim: int = 512
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Cross-compile every kernel the explorer offers for ``target`` at (H, D), each with the
+    launch it runs there (:func:`sparse_mla.tune.base_launch`: the tuned or recorded one, else
+    its default). Returns ({kernel: CompileResult}, {kernel: why it was not compiled}); a
+    kernel that cannot take the shape or whose compile fails is in the second dict."""
+    from .. import dispatch, tune
+    from .. import inspect as si
+    from .explorer import kernels_for
+
+    done: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    for name in kernels_for(target):
+        k = dispatch.kernel(name)
+        arch = si.get_target(target).name
+        why = k.unavailable(dispatch.Call(arch, num_heads, head_dim, kv_format=k.kv_format))
+        if why:
+            skipped[name] = why
+            continue
+        try:
+            launch, _ = tune.base_launch(name, target, num_heads, head_dim)
+            done[name] = si.compile_kernel(
+                name, target, num_heads=num_heads, head_dim=head_dim, config=launch
+            )[1]
+        except Exception as e:  # a kernel that does not compile here is a row to show
+            skipped[name] = si.failure_reason(e)
+    return done, skipped
+
+
 def modes_table(results: dict) -> list[list[Any]]:
-    """Rows [resource, <mode>...] over the compiled modes' resource rows and key mix counts."""
+    """Rows [resource, <column>...] over the compiles' resource rows and key mix counts (the
+    columns: modes of :func:`compile_modes` or kernels of :func:`compile_kernels`)."""
     modes = list(results)
     rows = [dict(results[m].resources.as_rows()) for m in modes]
     table = [[k, *[r.get(k) for r in rows]] for k in rows[0]]
