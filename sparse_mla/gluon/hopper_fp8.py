@@ -312,9 +312,14 @@ def _producer(
 
 
 @constexpr_function
-def _check_pipeline(pipeline, producers):
+def _check_pipeline(pipeline, producers, stages):
+    """PIPELINE needs one producer (it loads each tile's successor); a producer's wait for a
+    free tile is by phase parity, unambiguous only while no producer is more than a lap of the
+    ring ahead: PRODUCERS <= the ring's tiles."""
     if pipeline and producers != 1:
         raise ValueError("PIPELINE needs PRODUCERS=1 (one producer loads each tile's successor)")
+    if producers > stages:
+        raise ValueError(f"PRODUCERS={producers} needs at least as many ring tiles, got {stages}")
     return pipeline
 
 
@@ -348,7 +353,7 @@ def _prefill_ws_small_fp8_kernel(
     """Persistent: grid (min(items, SMs),); num_warps=4: the consumer here + 4 warps a
     producer."""
     groups: gl.constexpr = _head_groups(HEAD_GROUPS)
-    pipe: gl.constexpr = _check_pipeline(PIPELINE, PRODUCERS)
+    pipe: gl.constexpr = _check_pipeline(PIPELINE, PRODUCERS, ring_stages(groups, STAGES))
     regs: gl.constexpr = _worker_regs(PRODUCERS, PRODUCER_REGS, groups)
     # CSR lists only (the entry turns dense ids into CSR for this kernel: ids_per_row 0,
     # DENSE_IDS False). READY: one arrival (a producer warpgroup's, after its stores), not

@@ -65,6 +65,13 @@ class FP8SmallConfig:
             raise ValueError(f"config: PIPELINE must be True or False, got {self.PIPELINE!r}")
         if self.PIPELINE and self.PRODUCERS != 1:
             raise ValueError("config: PIPELINE needs PRODUCERS=1")
+        if self.stages() < self.PRODUCERS:
+            # A producer's wait on a tile's free barrier is by phase parity: it is unambiguous
+            # only while no producer runs more than a lap of the ring ahead of the consumer.
+            raise ValueError(
+                f"config: PRODUCERS={self.PRODUCERS} needs at least as many ring tiles, got "
+                f"{self.stages()} (STAGES)"
+            )
         if self.smem_bytes() > SMEM_LIMIT:
             raise ValueError(
                 f"config: {self.stages()} KV tiles at HEAD_GROUPS={self.HEAD_GROUPS} take "
