@@ -205,17 +205,23 @@ def _load_rope(cache_ptr, valid, row):
 
 
 @gluon.jit
-def _load_tile(cache_ptr, idx_ptr, pos0, hi, num_slots, block_size, block_shift, stride_block,
-               POW2: gl.constexpr):  # fmt: skip
-    """Every byte one tile of 64 slots needs, in registers (loads issued, not waited for)."""
-    valid, row, scl = _rows(
-        idx_ptr, pos0, hi, num_slots, block_size, block_shift, stride_block, POW2
-    )
+def _load_rows(cache_ptr, valid, row, scl):
+    """Every byte the rows of one tile need, in registers (loads issued, not waited for)."""
     x0, e0 = _load_nope(cache_ptr, valid, row, scl, 0, 4)
     x1, e1 = _load_nope(cache_ptr, valid, row, scl, 4, 2)
     x2, e2 = _load_nope(cache_ptr, valid, row, scl, 6, 1)
     rope = _load_rope(cache_ptr, valid, row)
     return x0, e0, x1, e1, x2, e2, rope
+
+
+@gluon.jit
+def _load_tile(cache_ptr, idx_ptr, pos0, hi, num_slots, block_size, block_shift, stride_block,
+               POW2: gl.constexpr):  # fmt: skip
+    """The slot ids at CSR positions pos0 .. pos0 + 63, then every byte their rows need."""
+    valid, row, scl = _rows(
+        idx_ptr, pos0, hi, num_slots, block_size, block_shift, stride_block, POW2
+    )
+    return _load_rows(cache_ptr, valid, row, scl)
 
 
 @gluon.jit
@@ -276,7 +282,13 @@ def _producer(
             _copy_q(q_smem.index(0), q_ptr, pid_r, pid_h * heads + offs_hq, offs_c, stride_qr,
                     stride_qh, num_heads)  # fmt: skip
             cp.mbarrier_arrive(bars.index(Q_READY), increment_count=False)
-        for t in range((PID + NPROD - g % NPROD) % NPROD, num_tiles, NPROD):
+        t0 = (PID + NPROD - g % NPROD) % NPROD  # this producer's first tile of the item
+        if not PIPELINE:
+            valid, row, scl = _rows(
+                idx_ptr, lo + t0 * BLOCK_K, hi, num_slots, block_size, block_shift,
+                stride_block, POW2,
+            )  # fmt: skip
+        for t in range(t0, num_tiles, NPROD):
             stage = (g + t) % stages
             ph = (((g + t) // stages) & 1) ^ 1  # a fresh barrier's previous phase is complete
             if PIPELINE:
@@ -288,9 +300,12 @@ def _producer(
                     stride_block, POW2,
                 )  # fmt: skip
             else:
-                x0, e0, x1, e1, x2, e2, rope = _load_tile(
-                    cache_ptr, idx_ptr, lo + t * BLOCK_K, hi, num_slots, block_size,
-                    block_shift, stride_block, POW2,
+                # This tile's ids came with the previous one; the next's go out now, so only
+                # the rows' bytes are a round trip on the way to the store.
+                x0, e0, x1, e1, x2, e2, rope = _load_rows(cache_ptr, valid, row, scl)
+                valid, row, scl = _rows(
+                    idx_ptr, lo + (t + NPROD) * BLOCK_K, hi, num_slots, block_size, block_shift,
+                    stride_block, POW2,
                 )  # fmt: skip
             mbarrier.wait(bars.index(FREE + stage), ph)
             _store_tile(kv_smem.index(stage), x0, e0, x1, e1, x2, e2, rope)
