@@ -36,6 +36,21 @@ run with one set of ceilings: the DSv4 CSA workload (top-k 512 + window 128, top
 :data:`GRID_TOKENS`, plus GLM-style full top-k 2048 at :data:`GRID_GLM_HEADS` and T 16384. Each
 point's workload is built once on the device, shared by its providers and freed before the next.
 
+FP8 cache
+---------
+:func:`run_fp8` (``sparse-mla bench --fp8``, rows in ``data/bench/<device-slug>_fp8.csv``)
+benches the FP8 KV cache (issue 25; :mod:`sparse_mla.fp8`) in one run: at the DSv4 CSA points of
+:func:`fp8_points` (T 16384 x H 8/16/32/64/128, top-k 1024 at H 128, plus T 256 and 1024 at
+H 16) the pool is quantized into a MODEL1 cache, and ``fp8_default`` (config=None on the
+cache), each registered FP8 kernel (``fp8_<name>``), peer (a) ``flashmla*_fp8ws`` (vLLM's way:
+:func:`gather_dequantize` of the referenced rows into a bf16 workspace, then FlashMLA's bf16
+prefill, timed together) and peer (c) ``bf16_default_dequant`` (the package's bf16 default on
+the dequantized pool) are checked against the fp32 reference over the dequantized rows and
+timed. Peer (b), FlashMLA's sparse FP8 decode kernel (``csrc/sm90/decode/sparse_fp8``), is not
+built by the peers' stand-in (sm90 sparse prefill only) and has no row. ``gather_tbs`` there is
+the bytes of rows each provider's kernel gathers (584 a slot from the cache, 1024 from a bf16
+pool; the config's ``slot_bytes``).
+
 Work model (per call, ``nnz`` = valid (token, slot) pairs)
 -----------------------------------------------------------
 - FLOPs = ``4 * nnz * H * D``: a multiply-add (2 FLOPs) per head, dim and slot in Q K^T and in
@@ -96,8 +111,16 @@ from . import runtime
 
 __all__ = [
     "AITER_MODULES",
+    "BF16_SLOT_BYTES",
     "CSV_COLUMNS",
     "DEFAULT_WORKLOADS",
+    "FP8_BLOCK_SIZE",
+    "FP8_HEADS",
+    "FP8_PEERS",
+    "FP8_SLOT_BYTES",
+    "FP8_SLOW_FACTOR",
+    "FP8_SMALL_POINTS",
+    "FP8_TOKENS",
     "GATHER_POOL_BYTES",
     "GRID_GLM_HEADS",
     "GRID_GLM_TOKENS",
@@ -116,6 +139,10 @@ __all__ = [
     "flashmla_heads",
     "floor_ms",
     "format_table",
+    "fp8_kernels",
+    "fp8_points",
+    "fp8_provider_names",
+    "gather_dequantize",
     "gather_sum",
     "git_commit",
     "grid_points",
@@ -125,6 +152,7 @@ __all__ = [
     "provider_names",
     "read_rows",
     "run_bench",
+    "run_fp8",
     "run_grid",
     "run_summary",
     "time_budget",
@@ -1691,3 +1719,470 @@ def _best_of(candidates: list[Prepared], w, device, check_tokens, quick, say, *,
     ms = _time(best.run, torch.empty_like(w.q), device, quick, budget_ms)
     cfg = {**best.config, "tried": len(candidates), "passed": len(passed)}
     return {"provider": best.name, "ok": True, "rel_l2": rel, "ms": ms, "config": cfg}
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 KV cache (issue 25): the FP8 kernels and their peers on the same cache, one run
+# ----------------------------------------------------------------------------------------------
+
+FP8_BLOCK_SIZE = 64  # tokens a block of the MODEL1 cache (FlashMLA's sparse FP8 block size)
+FP8_HEADS = (8, 16, 32, 64, 128)
+FP8_TOKENS = (16384,)
+FP8_SMALL_POINTS = ((1024, 16), (256, 16))  # (T, H): short calls, run last
+FP8_SLOW_FACTOR = 10.0  # a provider whose one call takes more than this x the fastest: not timed
+BF16_SLOT_BYTES = 1024  # a slot's bf16 row: 512 x 2 bytes
+FP8_SLOT_BYTES = 584  # a slot in the MODEL1 cache: 576 bytes of [NoPE | RoPE] + 8 scale bytes
+# The peers of an FP8 run besides the package's FP8 kernels (fp8_provider_names()).
+FP8_PEERS = ("flashmla_fp8ws", "bf16_default_dequant")
+
+
+def gather_dequantize(cache, slots: torch.Tensor, *, out: torch.Tensor | None = None):
+    """The bf16 rows of ``slots`` read from an FP8 cache: a vLLM-style workspace fill.
+
+    Only the listed slots' bytes are read (576 bytes of [NoPE | RoPE] and 7 scale bytes each),
+    decoded as :func:`sparse_mla.fp8.dequantize` decodes them (e4m3fn x ue8m0 in fp32, rounded
+    to bf16: the same bits), on the slots' device, with no host sync. An invalid slot (< 0 or
+    >= the cache's slots) gives a zero row.
+
+    Args:
+        cache: a :class:`sparse_mla.fp8.FP8Cache`.
+        slots: [n] int32/int64 slot ids.
+        out: optional [n, 512] bf16 buffer with a unit last stride (the workspace).
+
+    Returns:
+        out [n, 512] bf16: row i is ``dequantize(cache)[slots[i]]``, or zeros.
+    """
+    from . import fp8
+
+    if not isinstance(cache, fp8.FP8Cache):
+        raise TypeError(f"gather_dequantize takes an FP8Cache, got {type(cache).__name__}")
+    if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype not in (
+        torch.int32, torch.int64):  # fmt: skip
+        raise TypeError("slots must be a 1-D int32/int64 tensor")
+    n = slots.numel()
+    if out is None:
+        out = torch.empty(n, fp8.HEAD_DIM, dtype=torch.bfloat16, device=cache.device)
+    if tuple(out.shape) != (n, fp8.HEAD_DIM) or out.dtype != torch.bfloat16 or (
+        n and out.stride(1) != 1):  # fmt: skip
+        raise ValueError(f"out must be [{n}, {fp8.HEAD_DIM}] bf16 with a unit last stride, got "
+                         f"{tuple(out.shape)} {out.dtype}")  # fmt: skip
+    if n == 0:
+        return out
+    if cache.num_slots == 0:
+        return out.zero_()
+    bs = cache.block_size
+    s = slots.to(torch.int64)
+    valid = ((s >= 0) & (s < cache.num_slots))[:, None]
+    s = torch.where(valid[:, 0], s, 0)
+    blk = torch.div(s, bs, rounding_mode="floor")
+    tok = s - blk * bs
+    raw = cache.as_bytes()  # [num_blocks, bs x 584] uint8, the block stride kept
+    body = raw[:, : bs * fp8.ROW_BYTES].unflatten(1, (bs, fp8.ROW_BYTES))
+    scl = raw[:, bs * fp8.ROW_BYTES :].unflatten(1, (bs, fp8.SCALE_BYTES))
+    rows = body[blk, tok]  # [n, 576]: only these rows' bytes are read
+    scales = scl[blk, tok, : fp8.NUM_TILES]  # [n, 7]
+    nope = rows[:, : fp8.D_NOPE].contiguous().view(torch.float8_e4m3fn).float()
+    nope = nope.view(n, fp8.NUM_TILES, fp8.TILE) * fp8._ue8m0_value(scales)[..., None]
+    rope = rows[:, fp8.D_NOPE :].contiguous().view(torch.bfloat16)  # [n, 64]
+    out[:, : fp8.D_NOPE] = torch.where(valid, nope.view(n, fp8.D_NOPE), 0.0)
+    out[:, fp8.D_NOPE :] = torch.where(valid, rope, 0.0)
+    return out
+
+
+def fp8_kernels() -> tuple[str, ...]:
+    """The registered kernels that read the FP8 cache, the fallback (Triton) last: it runs
+    after the others so the slow-provider rule has their times to compare with."""
+    from . import dispatch, fp8
+
+    names = [n for n, k in dispatch.KERNELS.items() if k.kv_format == fp8.KV_FORMAT]
+    last = dispatch.FALLBACKS.get(fp8.KV_FORMAT)
+    return tuple(sorted(names, key=lambda n: n == last))
+
+
+def fp8_provider_names() -> tuple[str, ...]:
+    """Every provider of an FP8 run, in the order they run: ``fp8_default``, the package's FP8
+    kernels but the fallback (``fp8_<name>``), the peers (:data:`FP8_PEERS`), the fallback."""
+    from . import dispatch, fp8
+
+    ks = fp8_kernels()
+    last = dispatch.FALLBACKS.get(fp8.KV_FORMAT)
+    first = [f"fp8_{k}" for k in ks if k != last]
+    tail = [f"fp8_{k}" for k in ks if k == last]
+    return ("fp8_default", *first, *FP8_PEERS, *tail)
+
+
+def fp8_points(
+    heads: Iterable[int] = FP8_HEADS,
+    tokens: Iterable[int] = FP8_TOKENS,
+    *,
+    small: Iterable[tuple[int, int]] = FP8_SMALL_POINTS,
+) -> list[GridPoint]:
+    """The FP8 run's points: the DSv4 CSA workload at every T x H (top-k 512 + window 128,
+    top-k 1024 from :data:`GRID_TOPK1024_FROM_H` heads), then the short calls of ``small``
+    ((T, H) pairs): the points issue 25's goals are stated at come first, so a run cut short
+    by its time limit loses the short ones."""
+    small = [(T, H) for T, H in small]
+    for T, H in small:
+        _sizes("small", (T, H))
+    points = grid_points(heads, tokens, glm=False)
+    points += [GridPoint("dsv4_csa", T, H, _grid_topk(H)) for T, H in small]
+    out: list[GridPoint] = []
+    for p in points:
+        if p not in out:
+            out.append(p)
+    return out
+
+
+@dataclass
+class _FP8Point:
+    """One point's inputs: the bf16 workload ``w`` (its q and ids), the FP8 cache quantized
+    from its pool, and ``wd``: the same call on the dequantized cache (the rows every FP8
+    kernel reads; the reference and the bf16 peer read them)."""
+
+    w: Any
+    cache: Any
+    wd: Any
+
+
+def _fp8_call(p: _FP8Point, device: torch.device):
+    from . import dispatch, fp8
+
+    q = p.w.q
+    return dispatch.Call(_arch(device), q.shape[1], q.shape[2], q.dtype, p.cache, q.shape[0],
+                         p.w.kv_indices.numel(), kv_format=fp8.KV_FORMAT)  # fmt: skip
+
+
+def _fp8_cfg(p: _FP8Point, **kw) -> dict[str, Any]:
+    return {**kw, "kv": "fp8_model1", "block_size": p.cache.block_size,
+            "slot_bytes": FP8_SLOT_BYTES}  # fmt: skip
+
+
+def _fp8_kernel_provider(name: str, p: _FP8Point, device: torch.device) -> Prepared:
+    """``fp8_default`` (config=None on the cache) or ``fp8_<kernel>`` (config=Choice)."""
+    from . import dispatch
+    from .prefill import sparse_mla_prefill
+
+    call_info = _fp8_call(p, device)
+    if name == "fp8_default":
+        choice = dispatch.choose(call_info)
+        config = None
+    else:
+        kname = name[len("fp8_") :]
+        k = dispatch.kernel(kname)
+        why = k.why_not(call_info)
+        if why:
+            raise Unavailable(why)
+        choice = dispatch.Choice(kname, k.resolve(None, call_info))
+        config = dispatch.Choice(kname)
+    cfg = _fp8_cfg(p, kernel=choice.kernel, **choice.launch_dict())
+    q, _, idx, indptr, scale = p.w.args()
+    cache, sink = p.cache, p.w.attn_sink
+
+    def call(out):
+        return sparse_mla_prefill(q, cache, idx, indptr, scale, attn_sink=sink, out=out,
+                                  config=config)  # fmt: skip
+
+    return Prepared(name, call, cfg)
+
+
+def _bf16_default_dequant(p: _FP8Point, device: torch.device) -> Prepared:
+    """Peer (c): the package's bf16 ``config=None`` on the dequantized pool (every slot of the
+    cache decoded once, outside the timing)."""
+    prepared = _default(p.wd, device)
+    cfg = {**prepared.config, "kv": "bf16 (the cache dequantized, outside the timing)",
+           "slot_bytes": BF16_SLOT_BYTES}  # fmt: skip
+    return Prepared("bf16_default_dequant", prepared.run, cfg)
+
+
+def _flashmla_fp8ws(p: _FP8Point, device: torch.device, mod) -> Prepared:
+    """Peer (a), what vLLM does with an FP8 cache: gather and dequantize the referenced rows
+    into a bf16 workspace (:func:`gather_dequantize`), then FlashMLA's bf16 sparse prefill on
+    the workspace (heads zero-padded to 64/128 as :func:`_flashmla`); both timed together.
+
+    Built once outside the timing: the referenced slots (sorted, unique), the index matrix
+    remapped to workspace rows ([T, 1, topk] int32, -1 padded, topk a multiple of 128), the
+    padded q and sink. An engine gets the first from its block tables; vLLM remaps the ids in
+    a small kernel of its own each call, which is not timed here (in the peer's favour)."""
+    from . import fp8
+
+    why = _flashmla_unavailable(device)
+    if why:
+        raise Unavailable(why)
+    q, _, idx, indptr, scale = p.w.args()
+    H, D = q.shape[1:]
+    if q.dtype != torch.bfloat16 or D != fp8.HEAD_DIM:
+        raise Unavailable(f"needs bf16 and head_dim 512, got {q.dtype} and {D}")
+    heads, name = flashmla_heads(H)
+    cache = p.cache
+    dense, topk_length = _dense_topk(idx, indptr, cache.num_slots, 128)
+    ws_slots = torch.unique(dense[dense >= 0])  # sorted
+    U = ws_slots.numel()
+    if U == 0:
+        raise Unavailable("no valid slot to gather")
+    lut = torch.full((cache.num_slots,), -1, dtype=torch.int32, device=q.device)
+    lut[ws_slots] = torch.arange(U, dtype=torch.int32, device=q.device)
+    ws_idx = torch.where(dense >= 0, lut[dense.clamp_min(0).long()], -1).to(torch.int32)
+    ws_idx = ws_idx[:, None, :]  # [T, 1, topk]
+    ws = torch.full((U, 1, D), float("nan"), dtype=torch.bfloat16, device=q.device)
+    qp, sink = _pad_heads(q, p.w.attn_sink, heads)
+
+    def timed():
+        gather_dequantize(cache, ws_slots, out=ws[:, 0])
+        return mod.flash_mla_sparse_fwd(qp, ws, ws_idx, scale, d_v=D, attn_sink=sink,
+                                        topk_length=topk_length)  # fmt: skip
+
+    def call(out):
+        ws.fill_(float("nan"))  # a row the gather misses would show as NaN in out
+        res = timed()
+        res = res[0] if isinstance(res, (tuple, list)) else res
+        out.copy_(res[:, :H])
+        return out
+
+    cfg = {"heads": heads, "topk": ws_idx.shape[-1], "topk_length": True, "workspace_rows": U,
+           "workspace": "torch gather-dequant of the referenced rows, timed",
+           "kv": "bf16 workspace", "slot_bytes": BF16_SLOT_BYTES,
+           "module": getattr(mod, "__file__", None) or mod.__name__}  # fmt: skip
+    return Prepared(f"{name}_fp8ws", call, cfg, timed)
+
+
+def _fp8_provider(name: str, p: _FP8Point, device: torch.device, peers: Peers) -> Prepared:
+    """Set up one provider of an FP8 run; :class:`Unavailable` when it cannot run here."""
+    if name == "flashmla_fp8ws":
+        return _flashmla_fp8ws(p, device, peers.flash_mla())
+    if name == "bf16_default_dequant":
+        return _bf16_default_dequant(p, device)
+    if name == "fp8_default" or (name.startswith("fp8_") and name[4:] in fp8_kernels()):
+        return _fp8_kernel_provider(name, p, device)
+    raise ValueError(f"unknown FP8 provider {name!r}; expected one of {list(fp8_provider_names())}")
+
+
+def _one_call_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    """One call's ms (after an L2 flush, between two events; on CPU its wall time): the
+    estimate the slow-provider rule of :func:`run_fp8` reads."""
+    if device.type != "cuda":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    drv = _bench_driver()
+    di = drv.get_device_interface()
+    cache = drv.get_empty_cache_for_benchmark()
+    start, end = di.Event(enable_timing=True), di.Event(enable_timing=True)
+    drv.clear_cache(cache)
+    start.record()
+    fn()
+    end.record()
+    di.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def _bench_fp8_point(pt: GridPoint, p: _FP8Point, chosen, device, ceil, common, check_tokens,
+                     quick, peers, say, *, budget_ms, seen, slow_factor):  # fmt: skip
+    """Rows of every FP8-run provider at one point: check each against the fp32 reference over
+    the dequantized rows, estimate one call, time it unless it is ``slow_factor`` x slower
+    than the fastest provider timed so far at this point."""
+    q = p.w.q
+    T, H, D = q.shape
+    nnz = p.wd.valid_slots  # valid against the cache's slots
+    flops, fp8_bytes = work_model(nnz, H, D)[0], nnz * FP8_SLOT_BYTES
+    pool_bytes = p.cache.num_blocks * p.cache.block_stride
+    fl = floor_ms(flops, fp8_bytes, pool_bytes, ceil) if ceil else None
+    base = {**common, "workload": pt.workload, "T": T, "H": H, "D": D, "topk": pt.topk,
+            "nnz": nnz, "floor_ms": fl, "pool_bytes": pool_bytes}  # fmt: skip
+
+    def once(prov: str, what: str) -> None:
+        if (prov, what) not in seen:
+            seen.add((prov, what))
+            say(f"    {prov}: {what}"[:500])
+
+    refs = _References(p.wd, check_tokens)
+    fastest = math.inf
+    rows = []
+    for prov in chosen:
+        row: dict[str, Any] = {**base, "provider": prov}
+        slot_bytes = None
+        try:
+            prepared = _fp8_provider(prov, p, device, peers)
+            slot_bytes = prepared.config.get("slot_bytes")
+            row.update(provider=prepared.name, config=prepared.config)
+            ok, rel, note = _check(prepared.run, p.wd, check_tokens, refs)
+            row.update(ok=ok, rel_l2=rel, note=note or None)
+            if ok:
+                out = torch.empty_like(q)
+                fn = prepared.timed if prepared.timed is not None else (
+                    lambda run=prepared.run, o=out: run(o))  # fmt: skip
+                ruled = math.isfinite(slow_factor) and math.isfinite(fastest)
+                est = _one_call_ms(fn, device) if ruled else 0.0
+                if est > slow_factor * fastest:
+                    row["note"] = (f"not timed: one call took {est:.4g} ms, more than "
+                                   f"{slow_factor:g}x the fastest provider here "
+                                   f"({fastest:.4g} ms)")  # fmt: skip
+                    say(f"    {row['provider']} at {pt.workload} T={T}: {row['note']}")
+                else:
+                    row["ms"] = _time(lambda _out, f=fn: f(), None, device, quick, budget_ms)
+                    fastest = min(fastest, row["ms"])
+        except Unavailable as e:
+            once(prov, f"skipped ({e})")
+            continue
+        except Exception as e:  # one provider's failure must not end the run
+            if prov == "flashmla_fp8ws":
+                once(prov, f"skipped, it raised ({type(e).__name__}: {e})")
+                continue
+            row.update(ok=False, note=f"{type(e).__name__}: {e}"[:500])
+        if row.get("ms") is not None:
+            s = row["ms"] * 1e-3
+            row.update(tflops=flops / s / 1e12, gather_tbs=nnz * slot_bytes / s / 1e12)
+            if fl is not None:
+                row["frac_of_floor"] = fl / row["ms"]
+        elif not row.get("ok"):
+            say(f"    {row['provider']} at {pt.workload} T={T}: FAIL ({row.get('note')})"[:500])
+        rows.append(row)
+    return rows
+
+
+def _fp8_point_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    parts = []
+    for r in rows:
+        if r.get("ok") and r.get("ms"):
+            shown = f"{r['provider']} {r['ms']:.4g}"
+            if r["provider"] in ("fp8_default", "bf16_default_dequant"):
+                shown += f" ({r['config'].get('kernel')})"
+            if r.get("gather_tbs"):
+                shown += f" [{r['gather_tbs']:.2f} TB/s]"
+        elif r.get("ok"):
+            shown = f"{r['provider']} not timed"
+        else:
+            shown = f"{r['provider']} FAIL"
+        parts.append(shown)
+    floor = next((r["floor_ms"] for r in rows if r.get("floor_ms")), None)
+    return "  ".join(parts) + (f"  | floor {floor:.4g}" if floor else "")
+
+
+def run_fp8(
+    points: Sequence[GridPoint] | None = None,
+    *,
+    heads: Iterable[int] | None = None,
+    tokens: Iterable[int] | None = None,
+    providers: Sequence[str] | None = None,
+    device: str | torch.device = "cuda",
+    ceilings: bool | Ceilings = True,
+    quick: bool = False,
+    check_tokens: int | None = None,
+    sink: bool = True,
+    seed: int = 0,
+    commit: str | None = None,
+    out_path: Path | str | None = None,
+    budget_ms: float | None = GRID_BUDGET_MS,
+    time_limit_s: float | None = None,
+    block_size: int = FP8_BLOCK_SIZE,
+    slow_factor: float | None = None,
+    log: Callable[[str], Any] | None = _print_flush,
+    **workload_kw,
+) -> list[dict[str, Any]]:
+    """``sparse-mla bench --fp8``: the kernels that read the FP8 cache and their peers on the
+    same cache, in one run; returns the CSV rows (appended to ``out_path`` after each point).
+
+    At each point the workload's bf16 pool is quantized into a MODEL1 cache
+    (:func:`sparse_mla.fp8.quantize`, ``block_size`` tokens a block) and every provider is
+    checked against the fp32 reference over the dequantized rows (NaN-poisoned outputs), then
+    timed (:func:`time_budget` at ``budget_ms``). Providers (:func:`fp8_provider_names`):
+
+    - ``fp8_default``: ``sparse_mla_prefill(q, cache, ...)`` with config=None (its config names
+      the kernel the dispatch picked);
+    - ``fp8_<name>``: each registered FP8 kernel (``kv_format`` "fp8_model1") that can run the
+      call, forced with ``config=dispatch.Choice(name)``;
+    - ``flashmla_fp8ws`` (rows ``flashmla_pad64_fp8ws``, ``flashmla_fp8ws``, ...), peer (a),
+      vLLM's way: :func:`gather_dequantize` of the referenced rows into a bf16 workspace, then
+      FlashMLA's bf16 sparse prefill on it, timed together (:func:`_flashmla_fp8ws`);
+    - ``bf16_default_dequant``, peer (c): the package's bf16 ``config=None`` on the
+      dequantized pool (the dequantization not timed).
+
+    Peer (b), FlashMLA's sparse FP8 *decode* kernel (``csrc/sm90/decode/sparse_fp8``, run over
+    the prefill tokens as vLLM does with few heads per rank), is not here: the peers' stand-in
+    build (``../shared/peers/flash_mla``) compiles only the sm90 sparse prefill instantiations
+    and its binding; the decode kernel needs FlashMLA's decode binding, its tile-scheduler
+    metadata and its own instantiations, which that build does not have.
+
+    Columns: ``gather_tbs`` is the rows' bytes each provider's kernel gathers per second:
+    nnz x 584 (:data:`FP8_SLOT_BYTES`: 576 bytes of [NoPE | RoPE] + 8 scale bytes) for the FP8
+    kernels, nnz x 1024 for the bf16 ones (FlashMLA on the workspace, the bf16 default); the
+    config's ``slot_bytes`` says which. ``floor_ms`` uses the FP8 bytes (the least any
+    provider must read) at the gather rate of 1 KiB rows measured for a pool of the cache's
+    size (``pool_bytes``): optimistic for 584-byte rows. A provider whose one call (after the
+    check) takes more than ``slow_factor`` x the fastest provider timed so far at the point
+    (the Triton FP8 kernel, run last, at T=16384) is not timed: its row has ``ok`` and
+    ``rel_l2``, no ``ms``, and the reason in ``note`` (also logged).
+
+    Args:
+        points: default :func:`fp8_points` (``heads`` x ``tokens`` when either is given,
+            without the small points).
+        ceilings: measure them (GPU only), or given :class:`Ceilings` (a test's).
+        slow_factor: the slow-provider rule's factor (None: :data:`FP8_SLOW_FACTOR` on a GPU,
+            no rule on CPU, where the interpreter's times say nothing of the kernels').
+        workload_kw: passed to each point's :meth:`GridPoint.build`.
+
+    Other arguments as for :func:`run_grid`.
+    """
+    import dataclasses
+
+    from . import fp8
+
+    say = log or (lambda _msg: None)
+    device = torch.device(device)
+    if points is None:
+        if heads is None and tokens is None:
+            points = fp8_points()
+        else:
+            points = fp8_points(heads or FP8_HEADS, tokens or FP8_TOKENS, small=())
+    points = list(points)
+    known = fp8_provider_names()
+    chosen: list[str] = []
+    for prov in known if providers is None else providers:
+        if prov not in known:
+            raise ValueError(f"providers: unknown {prov!r}; an FP8 run has {list(known)}")
+        if prov not in chosen:
+            chosen.append(prov)
+    _check_budget(budget_ms)
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise ValueError(f"time_limit_s must be > 0 (or None), got {time_limit_s!r}")
+    gpu = device.type == "cuda"
+    if slow_factor is None:
+        slow_factor = FP8_SLOW_FACTOR if gpu else math.inf
+    if not slow_factor > 0:
+        raise ValueError(f"slow_factor must be > 0, got {slow_factor!r}")
+    if check_tokens is None:
+        check_tokens = 64 if quick else 256
+    run = _Run(device, commit, out_path, say)
+    timing = f"{budget_ms:g} ms budget" if budget_ms is not None else "do_bench"
+    say(f"fp8: {len(points)} points x {len(chosen)} providers ({', '.join(chosen)}), FP8 cache "
+        f"block_size {block_size}, {timing} per provider and point, run "
+        f"{run.common['timestamp']}")  # fmt: skip
+    say("    flashmla_fp8ws (peer a): gather-dequant of the referenced rows + FlashMLA bf16, "
+        "timed together; peer (b), FlashMLA's sparse FP8 decode kernel, is not built by the "
+        "peers' stand-in (sm90 sparse prefill only)")  # fmt: skip
+    if isinstance(ceilings, Ceilings):
+        ceil = ceilings
+    else:
+        ceil = run.ceilings(device, ceilings, quick, seed)
+    peers = Peers()
+    seen: set[tuple[str, str]] = set()
+    width = len(str(len(points)))
+    for i, pt in enumerate(points, 1):
+        if time_limit_s is not None and run.elapsed() >= time_limit_s:
+            left = ", ".join(f"{q.workload} T={q.T}" for q in points[i - 1 :])
+            say(f"time limit {time_limit_s:g} s reached: {len(points) - i + 1} points not run "
+                f"({left})")  # fmt: skip
+            break
+        w = pt.build(device, seed=seed, sink=sink, big_buffer=False, **workload_kw)
+        cache = fp8.quantize(w.kv, block_size)
+        p = _FP8Point(w, cache, dataclasses.replace(w, kv=fp8.dequantize(cache)))
+        rows = _bench_fp8_point(pt, p, chosen, device, ceil, run.common, check_tokens, quick,
+                                peers, say, budget_ms=budget_ms, seen=seen,
+                                slow_factor=slow_factor)  # fmt: skip
+        del w, cache, p
+        if gpu:
+            torch.cuda.empty_cache()
+        run.keep(rows)
+        say(f"[{i:>{width}}/{len(points)} {run.elapsed():5.0f} s] {pt.workload} T={pt.T}: "
+            + _fp8_point_summary(rows))  # fmt: skip
+    say(f"fp8 done at {run.elapsed():.0f} s: {len(run.rows)} rows")
+    return run.rows

@@ -678,6 +678,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be >= 1, got {min(values)}")
     if args.budget_ms is not None and not args.budget_ms > 0:
         raise UsageError(f"--budget-ms must be > 0, got {args.budget_ms}")
+    if args.fp8:
+        return _bench_fp8(args, bench, runtime, device, providers, heads, tokens)
     if args.grid:
         return _bench_grid(args, bench, runtime, device, providers, heads, tokens)
     for flag, given in (("--heads", heads), ("--glm/--no-glm", args.glm is not None),
@@ -760,6 +762,45 @@ def _bench_grid(args, bench, runtime, device, providers, heads, tokens) -> int:
             aiter_module=args.aiter_module,
             budget_ms=args.budget_ms if args.budget_ms is not None else bench.GRID_BUDGET_MS,
             host=args.host,
+            time_limit_s=args.time_limit,
+            log=_say,
+        )
+    except ValueError as e:
+        print(f"sparse-mla bench: {e}", file=sys.stderr)
+        return 2
+    return _bench_done(rows, out)
+
+
+def _bench_fp8(args, bench, runtime, device, providers, heads, tokens) -> int:
+    """``bench --fp8``: the FP8-cache kernels and their peers at the FP8 points, one run."""
+    from pathlib import Path
+
+    for flag, given in (("--grid", args.grid), ("--workloads", args.workloads),
+                        ("--glm/--no-glm", args.glm is not None), ("--host", args.host),
+                        ("--aiter-module", args.aiter_module)):  # fmt: skip
+        if given:
+            raise UsageError(f"{flag} does not go with --fp8 (it has its own points and peers)")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise UsageError(f"--time-limit must be > 0, got {args.time_limit}")
+    if args.cpu and not heads and not tokens:  # a smoke run: one small point
+        heads, tokens = list(_CPU_GRID_HEADS), list(_CPU_GRID_TOKENS)
+    out = args.out
+    if out is None and not args.cpu:
+        out = Path("data/bench") / f"{bench.device_slug(runtime.device_name())}_fp8.csv"
+    try:
+        rows = bench.run_fp8(
+            heads=heads or None,
+            tokens=tokens or None,
+            providers=providers,
+            device=device,
+            ceilings=not args.no_ceilings and not args.cpu,
+            quick=args.quick,
+            check_tokens=args.check_tokens,
+            sink=args.sink,
+            seed=args.seed,
+            commit=args.commit,
+            out_path=out,
+            budget_ms=args.budget_ms if args.budget_ms is not None else bench.GRID_BUDGET_MS,
             time_limit_s=args.time_limit,
             log=_say,
         )
@@ -997,6 +1038,15 @@ def build_parser() -> argparse.ArgumentParser:
         "16/32/64, T 16384; default out data/bench/<device>_grid.csv",
     )
     p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="one run on DSv4's FP8 KV cache (MODEL1): fp8_default (config=None on the cache), "
+        "every FP8 kernel (fp8_<name>), FlashMLA on a gather-dequantized bf16 workspace "
+        "(flashmla*_fp8ws, timed together) and the bf16 default on the dequantized pool, at "
+        "CSA T 16384 x H 8/16/32/64/128 plus T 256/1024 at H 16 (--heads/--tokens: that "
+        "grid instead); default out data/bench/<device>_fp8.csv",
+    )
+    p.add_argument(
         "--tokens",
         action="append",
         default=None,
@@ -1008,7 +1058,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="H[,H...]",
-        help="--grid only: the head counts (default 1,2,4,8,12,16,20,24,32,40,48,64,80,96,112,128)",
+        help="--grid or --fp8: the head counts (default 1,2,4,...,112,128; --fp8: 8,16,32,64,128)",
     )
     p.add_argument(
         "--glm",
@@ -1037,7 +1087,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="--grid only: start no point after this many seconds (rows so far are kept)",
+        help="--grid or --fp8: start no point after this many seconds (rows so far are kept)",
     )
     p.add_argument(
         "--aiter-module",

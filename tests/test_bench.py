@@ -461,3 +461,161 @@ def test_csv_of_an_older_layout_gains_the_new_columns(tmp_path):
     assert rows[0]["pool_bytes"] == "" and rows[1]["pool_bytes"] == "1024"
     assert rows[0]["host_us"] == "" and rows[1]["host_us"] == ""
     assert rows[1]["workload"] == "w2"
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 KV cache (issue 25): the FP8 run, its workspace peer and its rows
+# ---------------------------------------------------------------------------------------------
+
+
+def _fp8_cache(num_rows, block_size, seed=0):
+    from sparse_mla import fp8
+
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(num_rows, 512, generator=g)
+    # Per-row magnitudes from 2^-20 to 2^12: e4m3 subnormals, many ue8m0 scales.
+    kv = kv * torch.exp2(torch.randint(-20, 13, (num_rows, 1), generator=g).float())
+    return fp8.quantize(kv.to(torch.bfloat16), block_size)
+
+
+@pytest.mark.parametrize("block_size, num_rows, index_dtype", [(64, 200, torch.int32),
+                         (5, 23, torch.int64), (2, 9, torch.int32)])  # fmt: skip
+def test_fp8_gather_dequantize_equals_dequantize_bitwise(block_size, num_rows, index_dtype):
+    from sparse_mla import fp8
+
+    cache = _fp8_cache(num_rows, block_size, seed=block_size)
+    n_slots = cache.num_slots
+    full = fp8.dequantize(cache)
+    g = torch.Generator().manual_seed(1)
+    valid = torch.randint(0, n_slots, (40,), generator=g)
+    invalid = torch.tensor([-1, n_slots, n_slots + 7, -(2**31)])
+    if index_dtype == torch.int64:
+        invalid = torch.cat([invalid, torch.tensor([2**40, 2**32 + 1])])  # never wrap to valid
+    slots = torch.cat([valid, invalid, valid[:3]]).to(index_dtype)
+    out = torch.full((slots.numel(), 512), float("nan"), dtype=torch.bfloat16)
+    got = bench.gather_dequantize(cache, slots, out=out)
+    assert got is out
+    ok = (slots >= 0) & (slots < n_slots)
+    want = full[slots.long().clamp(0, n_slots - 1)]
+    assert torch.equal(out[ok].view(torch.int16), want[ok].view(torch.int16))
+    assert (out[~ok].view(torch.int16) == 0).all()  # +0.0 rows, no NaN
+    # The same bytes as a uint8 [num_blocks, bytes] cache (FP8Cache's other form).
+    raw = fp8.FP8Cache(cache.as_bytes().contiguous(), block_size)
+    assert torch.equal(bench.gather_dequantize(raw, slots).view(torch.int16), out.view(torch.int16))
+    # A NaN scale byte (255) decodes as dequantize decodes it, bit for bit.
+    cache.as_bytes()[0, block_size * 576 + 3] = 255
+    slot0 = torch.tensor([0], dtype=index_dtype)
+    a = bench.gather_dequantize(cache, slot0)
+    b = fp8.dequantize(cache)[:1]
+    assert torch.isnan(a).any() and torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert bench.gather_dequantize(cache, slots[:0]).shape == (0, 512)
+    with pytest.raises(ValueError, match="out must be"):
+        bench.gather_dequantize(cache, slots, out=out[:-1])
+
+
+def test_fp8_points_and_providers():
+    pts = bench.fp8_points()
+    assert [(p.T, p.H, p.topk) for p in pts] == [
+        (16384, 8, 512), (16384, 16, 512), (16384, 32, 512), (16384, 64, 512),
+        (16384, 128, 1024), (1024, 16, 512), (256, 16, 512)]  # fmt: skip
+    assert all(p.kind == "dsv4_csa" for p in pts)
+    names = bench.fp8_provider_names()
+    fp8_kernels = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "fp8_model1"]
+    assert fp8_kernels and set(names) == {"fp8_default", *(f"fp8_{k}" for k in fp8_kernels),
+                                          "flashmla_fp8ws", "bf16_default_dequant"}  # fmt: skip
+    assert names[0] == "fp8_default" and names[-1] == "fp8_triton_fp8"  # the slow one last
+    with pytest.raises(ValueError, match="unknown"):
+        bench.run_fp8(providers=["triton"], device="cpu", ceilings=False, log=None)
+
+
+_FP8_CEILINGS = bench.Ceilings(matmul_flops=500e12, copy_bytes=4e12,
+                               gather_bytes={4 * MiB: 8e12, GiB: 4e12})  # fmt: skip
+
+
+def test_fp8_bench_cpu_rows_fill_the_schema(fake_flash_mla, monkeypatch, tmp_path):
+    from sparse_mla import fp8
+
+    # The fake FlashMLA runs anywhere: let the CPU run take peer (a), the workspace one.
+    monkeypatch.setattr(bench, "_flashmla_unavailable", lambda device: None)
+    path = tmp_path / "fp8.csv"
+    said = []
+    rows = bench.run_fp8(heads=[8], tokens=[8], device="cpu", quick=True, out_path=path,
+                         ceilings=_FP8_CEILINGS, commit="c" * 40, log=said.append)  # fmt: skip
+    import flash_mla
+
+    got = bench.read_rows(path)
+    assert (
+        [r["provider"] for r in got]
+        == [r["provider"] for r in rows]
+        == ["fp8_default", "flashmla_pad64_fp8ws", "bf16_default_dequant", "fp8_triton_fp8"]
+    )
+    log = "\n".join(said)
+    assert "fp8_gluon_ws_small_fp8: skipped" in log and "peer (b)" in log
+    nnz = sum((p + 1) // 4 + (p + 1) for p in range(8))
+    flops = 4 * nnz * 8 * 512
+    floor = max(flops / 500e12, nnz * 584 / 8e12) * 1e3  # the FP8 bytes at the 4 MiB rate
+    for r in got:
+        # every column filled but host_us (--host only) and note (failures, untimed rows)
+        empty = [c for c in bench.CSV_COLUMNS if r.get(c) is None]
+        assert empty == ["note", "host_us"], (r["provider"], empty)
+        assert r["ok"] is True and r["rel_l2"] < 1e-2 and r["ms"] > 0
+        assert (r["T"], r["H"], r["D"], r["topk"], r["nnz"]) == (8, 8, 512, 512, nnz)
+        assert r["commit"] == "c" * 40 and r["workload"] == "csa_h8_topk512"
+        assert r["floor_ms"] == pytest.approx(floor, rel=1e-5)
+        slot = r["config"]["slot_bytes"]
+        assert slot == (1024 if r["provider"] in ("flashmla_pad64_fp8ws",
+                                                  "bf16_default_dequant") else 584)  # fmt: skip
+        assert r["gather_tbs"] == pytest.approx(nnz * slot / (r["ms"] * 1e-3) / 1e12, rel=1e-4)
+        assert r["tflops"] == pytest.approx(flops / (r["ms"] * 1e-3) / 1e12, rel=1e-4)
+        assert r["frac_of_floor"] == pytest.approx(floor / r["ms"], rel=1e-4)
+    by = {r["provider"]: r for r in got}
+    assert by["fp8_default"]["config"]["kernel"] == "triton_fp8"  # the interpreter's choice
+    assert by["bf16_default_dequant"]["config"]["kernel"] == "triton"
+    ws = by["flashmla_pad64_fp8ws"]["config"]
+    assert ws["heads"] == 64 and ws["topk"] == 128 and ws["workspace_rows"] == 10
+    assert flash_mla.calls and {c["H"] for c in flash_mla.calls} == {64}
+    # the cache's bytes: the 192 pool rows at T=8 in 3 blocks of 64 slots, padded to 576 bytes
+    assert {r["pool_bytes"] for r in got} == {3 * fp8.block_bytes(64)} == {3 * 37440}
+
+
+def test_fp8_bench_catches_a_workspace_row_left_unwritten(fake_flash_mla, monkeypatch):
+    # The workspace is NaN-poisoned before the check: a gather that misses a row shows.
+    monkeypatch.setattr(bench, "_flashmla_unavailable", lambda device: None)
+    real = bench.gather_dequantize
+
+    def short(cache, slots, *, out=None):
+        real(cache, slots[:-1], out=out[:-1])
+        return out
+
+    monkeypatch.setattr(bench, "gather_dequantize", short)
+    rows = bench.run_fp8(heads=[8], tokens=[8], device="cpu", quick=True, ceilings=False,
+                         providers=["flashmla_fp8ws"], log=None)  # fmt: skip
+    assert len(rows) == 1 and rows[0]["ok"] is False and rows[0].get("ms") is None
+    assert "NaN" in rows[0]["note"]
+
+
+def test_fp8_bench_slow_provider_is_checked_not_timed():
+    said = []
+    rows = bench.run_fp8(heads=[8], tokens=[8], device="cpu", quick=True, ceilings=False,
+                         providers=["bf16_default_dequant", "fp8_triton_fp8"], slow_factor=1e-9,
+                         log=said.append)  # fmt: skip
+    first, slow = rows
+    assert first["ok"] and first["ms"] > 0
+    assert slow["ok"] and slow["rel_l2"] < 1e-2 and slow.get("ms") is None
+    assert slow.get("gather_tbs") is None and "not timed" in slow["note"]
+    assert any("fp8_triton_fp8 at csa_h8_topk512 T=8: not timed" in s for s in said)
+
+
+def test_fp8_cli_cpu_and_its_usage_errors(capsys, tmp_path):
+    out = tmp_path / "fp8.csv"
+    rc = cli.main(["bench", "--fp8", "--cpu", "--quick", "--providers", "fp8_default",
+                   "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    rows = bench.read_rows(out)
+    assert [(r["provider"], r["T"], r["H"], r["ok"]) for r in rows] == [
+        ("fp8_default", 16, 8, True)
+    ]
+    assert rows[0]["config"]["kernel"] == "triton_fp8" and rows[0]["config"]["slot_bytes"] == 584
+    assert cli.main(["bench", "--fp8", "--grid", "--cpu"]) == 2
+    assert "--grid does not go with --fp8" in capsys.readouterr().err
