@@ -324,8 +324,8 @@ def sparse_mla_prefill(
     spec = None if config is None else op.spec_of(config)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    op.prefill_op(q, kv, kv_indices, kv_indptr, float(softmax_scale), attn_sink, out, spec,
-                  None if validate is None else bool(validate))  # fmt: skip
+    op.call(q, kv, kv_indices, kv_indptr, float(softmax_scale), attn_sink, out, spec,
+            None if validate is None else bool(validate))  # fmt: skip
     return out
 
 
