@@ -38,8 +38,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import dispatch, fastlaunch, runtime, validation
 
 __all__ = [
-    "LIB", "NAMESPACE", "SCHEMA", "call", "config_object", "config_spec", "plans_enabled",
-    "prefill_op", "set_plans_enabled", "spec_of",
+    "LIB", "NAMESPACE", "SCHEMA", "SCHEMA_FP8", "call", "config_object", "config_spec",
+    "plans_enabled", "prefill_fp8", "prefill_fp8_op", "prefill_op", "set_plans_enabled",
+    "spec_of",
 ]  # fmt: skip
 
 NAMESPACE = "sparse_mla"
@@ -48,10 +49,18 @@ SCHEMA = (
     "Tensor? attn_sink, Tensor(a!) out, str? config=None, bool? validate=None) -> ()"
 )
 
-# One Library per namespace and process: other operators of the package (the FP8 cache entry)
-# define their schemas on this one.
+# The FP8-cache entry's op: an FP8Cache is a frozen dataclass over the engine's tensor, so the op
+# takes that tensor and the block size and its kernel makes the FP8Cache (whose checks run there).
+SCHEMA_FP8 = (
+    "prefill_fp8(Tensor q, Tensor kv_cache, int block_size, Tensor kv_indices, "
+    "Tensor kv_indptr, float softmax_scale, Tensor? attn_sink, Tensor(a!) out, str? config=None, "
+    "bool? validate=None) -> ()"
+)
+
+# One Library per namespace and process: every operator of the package is defined on it.
 LIB = torch.library.Library(NAMESPACE, "DEF")
 LIB.define(SCHEMA)
+LIB.define(SCHEMA_FP8)
 
 
 _IMPL: list = [None]  # the op's real work: sparse_mla.prefill._prefill_impl
@@ -75,7 +84,14 @@ def _fake(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
     return None
 
 
+@torch.library.register_fake(f"{NAMESPACE}::prefill_fp8", lib=LIB)
+def _fake_fp8(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+              config=None, validate=None):  # fmt: skip
+    return None  # as _fake: out is written in place
+
+
 prefill_op = torch.ops.sparse_mla.prefill.default
+prefill_fp8_op = torch.ops.sparse_mla.prefill_fp8.default
 
 # config object -> its spec (hashable configs: frozen dataclasses); spec -> the latest object
 # passed with it, so the real kernel runs the very object the caller gave (a Choice whose launch
@@ -360,6 +376,19 @@ _jit_tracing = torch._C._get_tracing_state
 _grad = torch.is_grad_enabled
 
 
+def _eager(q, kv, kv_indices, kv_indptr, attn_sink, out) -> bool:
+    """Whether a call may skip the dispatcher (:func:`call`)."""
+    return (
+        _PLANS_ON[0] and not _is_compiling() and type(q) is _T and type(kv) is _T
+        and type(kv_indices) is _T and type(kv_indptr) is _T and type(out) is _T
+        and (attn_sink is None or type(attn_sink) is _T)
+        and not _dispatch_modes() and not _function_modes() and not _functorch()
+        and not _profiling() and _jit_tracing() is None
+        and not (_grad() and (q.requires_grad or kv.requires_grad or out.requires_grad
+                              or (attn_sink is not None and attn_sink.requires_grad)))
+    )  # fmt: skip
+
+
 def call(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate) -> None:
     """``torch.ops.sparse_mla.prefill(...)`` as :func:`sparse_mla.sparse_mla_prefill` makes it.
 
@@ -370,18 +399,63 @@ def call(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, va
     dispatcher would call the same kernel with the same arguments (the op has one kernel for
     CPU and CUDA, no autograd or device guard of its own, and does not bump ``out``'s version
     counter either way). Anywhere else, and with :func:`set_plans_enabled` off, the op itself."""
-    if (
-        _PLANS_ON[0] and not _is_compiling() and type(q) is _T and type(kv) is _T
-        and type(kv_indices) is _T and type(kv_indptr) is _T and type(out) is _T
-        and (attn_sink is None or type(attn_sink) is _T)
-        and not _dispatch_modes() and not _function_modes() and not _functorch()
-        and not _profiling() and _jit_tracing() is None
-        and not (_grad() and (q.requires_grad or kv.requires_grad or out.requires_grad
-                              or (attn_sink is not None and attn_sink.requires_grad)))
-    ):  # fmt: skip
+    if _eager(q, kv, kv_indices, kv_indptr, attn_sink, out):
         _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
     else:
         prefill_op(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+
+
+# ----------------------------------------------------------------------------------------------
+# The FP8-cache entry: torch.ops.sparse_mla.prefill_fp8
+# ----------------------------------------------------------------------------------------------
+
+
+def prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None, out=None,
+                config=None, validate=None):  # fmt: skip
+    """:func:`sparse_mla.sparse_mla_prefill` with ``kv`` an :class:`~sparse_mla.fp8.FP8Cache`,
+    through ``torch.ops.sparse_mla.prefill_fp8`` (the cache's tensor and block size; the op's
+    kernel makes the FP8Cache again and runs :func:`sparse_mla.fp8_prefill.
+    sparse_mla_prefill_fp8` into ``out``). Arguments the schema cannot carry go to that
+    function directly, which raises the named error."""
+    from .prefill import _op_args
+
+    data = cache.data
+    if not _op_args(q, data, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
+        from .fp8_prefill import sparse_mla_prefill_fp8
+
+        return sparse_mla_prefill_fp8(
+            q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
+            config=config, validate=validate,
+        )  # fmt: skip
+    spec = None if config is None else spec_of(config)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    scale = float(softmax_scale)
+    v = None if validate is None else bool(validate)
+    if _eager(q, data, kv_indices, kv_indptr, attn_sink, out):
+        _fp8_impl(q, data, cache.block_size, kv_indices, kv_indptr, scale, attn_sink, out, spec, v)
+    else:
+        prefill_fp8_op(q, data, cache.block_size, kv_indices, kv_indptr, scale, attn_sink, out,
+                       spec, v)  # fmt: skip
+    return out
+
+
+def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+              config=None, validate=None):  # fmt: skip
+    """The CPU and CUDA kernel of ``torch.ops.sparse_mla.prefill_fp8``: the FP8Cache (its checks
+    run here, on the real tensor), then the FP8 entry's checks, choice and launch."""
+    from .fp8 import FP8Cache
+    from .fp8_prefill import sparse_mla_prefill_fp8
+
+    sparse_mla_prefill_fp8(
+        q, FP8Cache(kv_cache, block_size), kv_indices, kv_indptr, softmax_scale,
+        attn_sink=attn_sink, out=out, config=None if config is None else config_object(config),
+        validate=_value_check(validate, q),
+    )  # fmt: skip
+
+
+LIB.impl("prefill_fp8", _fp8_impl, "CPU")
+LIB.impl("prefill_fp8", _fp8_impl, "CUDA")
 
 
 from . import prefill as _prefill  # noqa: E402  (registers the op's kernels)

@@ -308,10 +308,8 @@ def sparse_mla_prefill(
     lo = clamp(kv_indptr[t], 0, nnz), hi = clamp(kv_indptr[t+1], lo, nnz), so such a token
     attends to the in-bounds part of its list, or gets zeros when that is empty.
     """
-    if isinstance(kv, FP8Cache):  # its own checks, then the dispatch's FP8 kernels
-        from .fp8_prefill import sparse_mla_prefill_fp8
-
-        return sparse_mla_prefill_fp8(
+    if isinstance(kv, FP8Cache):  # torch.ops.sparse_mla.prefill_fp8: the FP8 kernels
+        return op.prefill_fp8(
             q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
             config=config, validate=validate,
         )  # fmt: skip
