@@ -223,7 +223,7 @@ def test_interpreted_calls_make_no_plan(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("H", [8, 16, 64, 128])
+@pytest.mark.parametrize("H", [16, 128])
 @pytest.mark.parametrize("T", [4, 300])
 def test_gpu_replays_equal_the_full_path_every_kernel(H, T):
     """Every registered dense kernel that can run the call: the third call of a layout on fresh
