@@ -11,6 +11,10 @@ kernel gives shapes without running anything. ``fullgraph=True`` and ``mode="red
 
 Everything that needs host facts (the GPU's arch, the tuned config files, the kernel choice, the
 launch) happens in the real kernel, :func:`sparse_mla.prefill._prefill_impl`, at run time.
+The op's kernel (:func:`_impl`) replays a plan for a call layout it has seen (the launches the
+last such call made, after the checks that depend on more than the layout; see "The op's
+kernel" below), and in plain eager mode the entry calls that kernel without the dispatcher
+(:func:`call`). The FP8-cache entry is ``torch.ops.sparse_mla.prefill_fp8`` (:func:`prefill_fp8`).
 
 ``config=`` reaches the operator as a string (:func:`config_spec`: canonical JSON, computed once
 per config object; under ``torch.compile`` a trace-time constant, so a new config recompiles);
@@ -313,7 +317,7 @@ def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
                 if _value_check(validate, q):
                     validation.check_indptr(kv_indptr, kv_indices.numel())
                 inputs = (q, kv, kv_indices, kv_indptr, attn_sink, out)
-                p.replay(inputs, tuple(f() for f in p.scratch))
+                p.replay(inputs, tuple(f() for f in p.scratch) if p.scratch else ())
                 return
             p = None  # stale, or the overlap check fails: the full path (raises by name)
         if p is None or p < _PLAN_TRIES:
