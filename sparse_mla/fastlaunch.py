@@ -47,6 +47,7 @@ from triton import knobs
 from triton._C.libtriton import native_specialize_impl
 from triton.knobs import HookChain
 from triton.runtime import driver
+from triton.runtime.jit import JITFunction
 
 from . import runtime
 
@@ -74,6 +75,7 @@ _STATS = {"fast": 0, "slow": 0}
 _EPOCH = [0]
 # (thread id, list) while recording() runs on that thread: each launch appends what it issued.
 _RECORDING: list = [None]
+_RECORDING_LOCK = threading.Lock()
 
 
 def enabled() -> bool:
@@ -442,15 +444,33 @@ class Launcher:
 def recording():
     """Record the launches this thread makes inside the block: yields a list that gets, per
     launch, ``(launcher, entry, key, grid, args)`` for a direct launch and None for one that
-    took ``kernel[grid]`` (:func:`Replay.build` refuses a recording with a None)."""
-    if _RECORDING[0] is not None:
-        raise RuntimeError("fastlaunch.recording() does not nest")
+    took ``kernel[grid]`` (:func:`Replay.build` refuses a recording with a None). One thread
+    records at a time: while another does, this yields None and records nothing."""
+    me = threading.get_ident()
+    if not _RECORDING_LOCK.acquire(blocking=False):
+        rec = _RECORDING[0]
+        if rec is not None and rec[0] == me:
+            raise RuntimeError("fastlaunch.recording() does not nest")
+        yield None
+        return
     got: list = []
-    _RECORDING[0] = (threading.get_ident(), got)
+    run = JITFunction.run
+
+    def marked_run(self, *args, **kwargs):
+        # Any Triton launch of this thread that is not a direct one (kernel[grid] from
+        # anywhere, the runtime.launch of another path): the recording is not replayable.
+        if threading.get_ident() == me:
+            got.append(None)
+        return run(self, *args, **kwargs)
+
+    _RECORDING[0] = (me, got)
+    JITFunction.run = marked_run
     try:
         yield got
     finally:
+        JITFunction.run = run
         _RECORDING[0] = None
+        _RECORDING_LOCK.release()
 
 
 class Replay:

@@ -210,7 +210,8 @@ def config_object(spec: str) -> Any:
 #
 # A plan is recorded from a real call (_prefill_impl after the checks passed), and only when
 # that call ran no torch op but torch.empty (scratch such as the KV splits' partials, made anew
-# per replay) and launched only through fastlaunch's direct path, with distinct input objects:
+# per replay), launched only through fastlaunch's direct path (a Triton launch any other way is
+# seen too: fastlaunch.recording) and at least once unless out is empty, with distinct inputs:
 # then every launch argument is an input, a scratch tensor, or a value or tensor the call did
 # not make from its inputs. Calls in Triton's interpreter (CPU tensors), under a dispatch mode,
 # or with tensor subclasses never plan. Anything else (a new layout, a stale stamp, a failed
@@ -349,8 +350,12 @@ def _record(key, tries, q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, 
     watch = _Watch()
     with fastlaunch.recording() as launches, watch:
         impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False)
+    if launches is None:  # another thread is recording: no plan this time
+        return
     replay = None
-    if not watch.other and dispatch.choice_stamp(arch) == stamp:
+    # A call that wrote out launched something: none recorded means a launch the recording
+    # cannot see (not through fastlaunch), so no plan.
+    if (launches or not out.numel()) and not watch.other and dispatch.choice_stamp(arch) == stamp:
         replay = fastlaunch.Replay.build(launches, inputs, len(watch.empties), watch.aliases)
     if replay is None:
         _store(key, tries + 1)

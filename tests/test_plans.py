@@ -11,6 +11,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import make_case, poisoned_like
 from test_fastlaunch import _fake_sm90_driver
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -258,3 +260,62 @@ def test_gpu_replays_equal_the_full_path_every_kernel(H, T):
             for _ in range(2):  # the switch cleared the plans: make this layout's again
                 prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink,
                                            out=torch.empty_like(c.q), config=cfg)  # fmt: skip
+
+
+@triton.jit
+def _toy_store(x_ptr):
+    tl.store(x_ptr, 1.0)
+
+
+@pytest.mark.parametrize("extra", ["nothing", "kernel_grid"])
+def test_a_kernel_launching_outside_the_direct_path_never_plans(standin, monkeypatch, extra):
+    """A registered kernel whose run launches nothing the recording sees (here: no launch at
+    all), or a Triton kernel through kernel[grid] beside its direct launch, gets no plan: its
+    run is called on every call."""
+    calls = []
+    real = dispatch.KERNELS["triton"]
+    flag = torch.zeros(1)
+
+    def run(*a):
+        calls.append(1)
+        if extra == "kernel_grid":
+            real.run(*a)
+            with runtime.compiling():
+                _toy_store[(1,)](flag)
+
+    monkeypatch.setitem(dispatch.KERNELS, "triton", replace(real, run=run))
+    c = make_case(3, 16, 512, N=100, max_slots=20, dtype=torch.bfloat16, seed=12)
+    out = torch.empty_like(c.q)
+    for i in range(8):
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=out, validate=False,
+                                   config=dispatch.Choice("triton"))  # fmt: skip
+        assert len(calls) == i + 1
+    assert _plans() == []
+
+
+def test_a_recording_in_another_thread_leaves_calls_unplanned_not_failing(standin):
+    import threading
+
+    c = make_case(3, 16, 512, N=100, max_slots=20, dtype=torch.bfloat16, seed=13)
+    out = torch.empty_like(c.q)
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with fastlaunch.recording():
+            inside.set()
+            leave.wait(30)
+
+    th = threading.Thread(target=hold)
+    th.start()
+    try:
+        assert inside.wait(30)
+        for _ in range(4):
+            prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=out,
+                                       validate=False)  # fmt: skip
+        assert _plans() == []
+    finally:
+        leave.set()
+        th.join()
+    for _ in range(2):
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=out, validate=False)
+    assert len(_plans()) == 1
