@@ -319,3 +319,25 @@ def test_a_recording_in_another_thread_leaves_calls_unplanned_not_failing(standi
     for _ in range(2):
         prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=out, validate=False)
     assert len(_plans()) == 1
+
+
+@pytest.mark.parametrize("name", ["gluon_ws", "gluon_mma"])
+def test_a_plan_keeps_no_input_alive(standin, name):
+    """A plan holds the layout, the launches and constant dummies, never the tensors of the
+    call it was recorded from (nor their scratch)."""
+    import gc
+    import weakref
+
+    c = make_case(4, 64, 512, N=300, max_slots=100, dtype=torch.bfloat16, seed=14)
+    inputs = [c.q.clone(), c.kv.clone(), c.kv_indices.clone(), c.kv_indptr.clone(),
+              c.attn_sink.clone(), torch.empty_like(c.q)]  # fmt: skip
+    refs = [weakref.ref(t) for t in inputs]
+    for _ in range(3):
+        prefill.sparse_mla_prefill(*inputs[:4], c.softmax_scale, attn_sink=inputs[4],
+                                   out=inputs[5], validate=False,
+                                   config=dispatch.Choice(name))  # fmt: skip
+    assert len(_plans()) == 1
+    del inputs
+    standin.clear()  # the recording driver's own references
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * 6
