@@ -17,11 +17,17 @@ launch is a no-op (its Python wrapper, ``CudaLauncher.__call__`` and the TMA des
 wrapper, is Triton's own): the package's Python, ``JITFunction.run`` or the direct path, all
 but the driver call.
 
+``--plans off|on|both``: the op's plan replays and the eager bypass of the op dispatcher
+(:mod:`sparse_mla.op`) off (every call through ``torch.ops.sparse_mla.prefill`` and the full
+``_prefill_impl``) or on (the default). ``--clock cpu``: this thread's CPU time in place of
+wall time (on a shared machine).
+
 ``--fast off|on|both``: launches through ``kernel[grid]`` every call (off), or directly after
 the first (on, the package's default: :mod:`sparse_mla.fastlaunch`); ``both`` prints a row of
 each per kernel, before/after in one run.
 
-    python scripts/host_cost.py [--parts] [--profile] [--cpu] [--fast both] [--shapes 16x4,64x4]
+    python scripts/host_cost.py [--parts] [--profile] [--cpu] [--fast both] [--plans both]
+        [--clock cpu] [--shapes 16x4,64x4]
 """
 
 from __future__ import annotations
@@ -40,20 +46,25 @@ import torch
 WINDOWS = 5
 
 
+CLOCK = time.perf_counter
+STAT = statistics.median
+
+
 def host_us(fn, sync, reps: int = 200, warmup: int = 20, windows: int | None = None) -> float:
     """As ``sparse_mla.bench.host_time_us``: the median of ``windows`` windows of ``reps``
-    back-to-back calls (wall time / reps), each after a sync."""
+    back-to-back calls (wall time / reps, or this thread's CPU time with ``--clock cpu``),
+    each after a sync."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(windows or WINDOWS):
         sync()
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         for _ in range(reps):
             fn()
-        times.append((time.perf_counter() - t0) / reps * 1e6)
+        times.append((CLOCK() - t0) / reps * 1e6)
     sync()
-    return statistics.median(times)
+    return STAT(times)
 
 
 def workload(H: int, T: int, device: str, topk: int = 512, N: int = 65536, seed: int = 0):
@@ -93,12 +104,35 @@ def main(argv=None) -> int:
         default="on",
         help="the direct launch path (sparse_mla.fastlaunch): off = kernel[grid] every call",
     )
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time (default), or this thread's CPU time (a shared CPU machine: other "
+        "processes' time left out)",
+    )
+    ap.add_argument(
+        "--stat",
+        choices=("median", "min"),
+        default="median",
+        help="of the windows: median (default, as the bench) or min (a noisy shared machine)",
+    )
+    ap.add_argument(
+        "--plans",
+        choices=("off", "on", "both"),
+        default="on",
+        help="plan replays and the eager bypass of the op dispatcher (sparse_mla.op): off = "
+        "every call through torch.ops.sparse_mla.prefill and the full _prefill_impl",
+    )
     args = ap.parse_args(argv)
-    global WINDOWS
+    global WINDOWS, CLOCK, STAT
     WINDOWS = args.windows
+    CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
+    STAT = min if args.stat == "min" else statistics.median
     validate = {"none": None, "true": True, "false": False}[args.validate]
 
     from sparse_mla import dispatch, fastlaunch, runtime
+    from sparse_mla import op as op_mod
     from sparse_mla.prefill import sparse_mla_prefill
 
     if args.cpu_launch:
@@ -128,7 +162,12 @@ def main(argv=None) -> int:
     dense = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "dense"]
     names = ["default", *dense] if args.kernels is None else args.kernels.split(",")
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.fast]
-    print(f"{'shape':<12} {'kernel':<16} {'fast':<5} {'host_us':>8}  parts")
+    plan_modes = {"off": [False], "on": [True], "both": [False, True]}[args.plans]
+    has_plans = hasattr(op_mod, "set_plans_enabled")  # older commits: no plans
+    if not has_plans:
+        plan_modes = [False]
+    print(f"# clock: {args.clock}, {args.stat} of {args.windows} windows of 200 calls")
+    print(f"{'shape':<12} {'kernel':<16} {'fast':<5} {'plan':<5} {'host_us':>8}  parts")
     for shape in args.shapes.split(","):
         H, T = (int(x) for x in shape.split("x"))
         q, kv, idx, indptr, scale, sink = workload(H, T, device)
@@ -144,16 +183,22 @@ def main(argv=None) -> int:
                 sparse_mla_prefill(*a, attn_sink=sink, out=out, config=cfg, validate=validate)
 
             for fast in modes:
-                fastlaunch.set_enabled(fast)
-                us = host_us(full, sync)
-                parts = ""
-                if args.parts:
-                    parts = _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync)
-                fl = "on" if fast else "off"
-                print(f"H{H} T{T:<7} {name:<16} {fl:<5} {us:8.1f}  {parts}", flush=True)
-                if args.profile:
-                    _profile(full, sync)
+                for plans in plan_modes:
+                    fastlaunch.set_enabled(fast)
+                    if has_plans:
+                        op_mod.set_plans_enabled(plans)
+                    us = host_us(full, sync)
+                    parts = ""
+                    if args.parts:
+                        parts = _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync)
+                    fl, pl = ("on" if fast else "off"), ("on" if plans else "off")
+                    print(f"H{H} T{T:<7} {name:<16} {fl:<5} {pl:<5} {us:8.1f}  {parts}",
+                          flush=True)  # fmt: skip
+                    if args.profile:
+                        _profile(full, sync)
     fastlaunch.set_enabled(True)
+    if has_plans:
+        op_mod.set_plans_enabled(True)
     return 0
 
 
@@ -218,6 +263,10 @@ def _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync) -> str:
     got = {}
     got["op"] = host_us(lambda: op.prefill_op(q, kv, idx, indptr, scale, sink, out, spec, validate),
                         sync)  # fmt: skip
+    if hasattr(op, "_impl") and op.plans_enabled():  # the op's kernel: a plan's replay
+        got["plan"] = host_us(
+            lambda: op._impl(q, kv, idx, indptr, scale, sink, out, spec, validate), sync
+        )
     got["impl"] = host_us(
         lambda: prefill._prefill_impl(q, kv, idx, indptr, scale, sink, out, spec, validate), sync
     )

@@ -378,6 +378,15 @@ def _file_stamp(arch: str, root) -> tuple[int, ...] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
+def choice_stamp(arch: str) -> tuple:
+    """What a cached choice for ``arch`` depends on besides the call's shape, dtype, pool and
+    config (the rest of :func:`choose_cached`'s key): the registry's generation, the configs
+    root and its file's stat stamp (a forced kernel without a launch reads its tuned launch
+    there too). Equal stamps: the same choice (:mod:`sparse_mla.op` keeps whole calls on it)."""
+    root = configs.default_root_cached()
+    return (_generation, root, _file_stamp(arch, root))
+
+
 def choose_cached(
     arch: str | None, num_heads: int, head_dim: int, dtype, kv, num_tokens: int,
     nnz: int | None = None, *, config: Any = None, config_key: Any = None,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from typing import Any
 
 import torch
@@ -46,16 +47,19 @@ from triton import knobs
 from triton._C.libtriton import native_specialize_impl
 from triton.knobs import HookChain
 from triton.runtime import driver
+from triton.runtime.jit import JITFunction
 
 from . import runtime
 
 __all__ = [
     "Launcher",
+    "Replay",
     "TmaArg",
     "enabled",
     "frozen",
     "launcher",
     "merged",
+    "recording",
     "set_enabled",
     "stats",
 ]
@@ -66,6 +70,12 @@ _NOT_FAST = object()  # an entry whose launches always take kernel[grid]
 MAX_ENTRIES = 256  # per kernel; cleared when full (a call then takes kernel[grid] once more)
 MAX_TMA_MAPS = 512
 _STATS = {"fast": 0, "slow": 0}
+# Bumped whenever a direct-launch entry is dropped or replaced (clear(), a full entry cache, a
+# new entry for a key): a Replay made before is stale then.
+_EPOCH = [0]
+# (thread id, list) while recording() runs on that thread: each launch appends what it issued.
+_RECORDING: list = [None]
+_RECORDING_LOCK = threading.Lock()
 
 
 def enabled() -> bool:
@@ -175,6 +185,15 @@ def _tma_map(arg: TmaArg, meta: dict, meta_key: tuple, encode) -> tuple:
         if len(_TMA_MAPS) >= MAX_TMA_MAPS:
             _TMA_MAPS.clear()
         _TMA_MAPS[key] = hit
+    return hit
+
+
+def _tma_map_of(t, block_shape, layout, padding, meta, meta_key, encode) -> tuple:
+    """:func:`_tma_map` of ``TmaArg(t, block_shape, layout, padding)``, the TmaArg made only on
+    a miss (a :class:`Replay`'s descriptors)."""
+    hit = _TMA_MAPS.get((meta_key, t.data_ptr(), t.shape, t.stride(), padding))
+    if hit is None:
+        hit = _tma_map(TmaArg(t, block_shape, layout, padding), meta, meta_key, encode)
     return hit
 
 
@@ -314,6 +333,9 @@ class Launcher:
         n = len(grid)
         g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
         _STATS["fast"] += 1
+        rec = _RECORDING[0]
+        if rec is not None and rec[0] == threading.get_ident():
+            rec[1].append((self, e, key, (g0, g1, g2), args))
         if e.tma is None:
             e.run(g0, g1, g2, stream, e.function, e.packed, None, None, None, *args, *e.tail)
             return None
@@ -335,6 +357,9 @@ class Launcher:
     def _slow(self, grid, args, kwargs, key):
         """``kernel[grid]``; with a key, keep what it resolved for the direct path."""
         _STATS["slow"] += 1
+        rec = _RECORDING[0]
+        if rec is not None and rec[0] == threading.get_ident():
+            rec[1].append(None)  # not a direct launch: a recording with it is not replayable
         targs = [a.descriptor() if type(a) is TmaArg else a for a in args]
         with runtime.compiling():  # it may compile: not while another thread interprets
             kernel = self.fn[grid](*targs, **kwargs)
@@ -345,10 +370,12 @@ class Launcher:
         entry = self._entry(kernel, args, kwargs)
         if entry is None:
             self._entries.pop(key, None)
+            _EPOCH[0] += 1
             return kernel
         if len(self._entries) >= MAX_ENTRIES:
             self._entries.clear()
         self._entries[key] = entry
+        _EPOCH[0] += 1
         return kernel
 
     def _entry(self, kernel, args, kwargs):
@@ -408,6 +435,164 @@ class Launcher:
         return raw, (keyed, encode, run.launch_cooperative_grid, run.launch_pdl)
 
 
+# ----------------------------------------------------------------------------------------------
+# Replays: the direct launches of one call, re-issued for a later call with other tensors
+# ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def recording():
+    """Record the launches this thread makes inside the block: yields a list that gets, per
+    launch, ``(launcher, entry, key, grid, args)`` for a direct launch and None for one that
+    took ``kernel[grid]`` (:func:`Replay.build` refuses a recording with a None). One thread
+    records at a time: while another does, this yields None and records nothing."""
+    me = threading.get_ident()
+    if not _RECORDING_LOCK.acquire(blocking=False):
+        rec = _RECORDING[0]
+        if rec is not None and rec[0] == me:
+            raise RuntimeError("fastlaunch.recording() does not nest")
+        yield None
+        return
+    got: list = []
+    run = JITFunction.run
+
+    def marked_run(self, *args, **kwargs):
+        # Any Triton launch of this thread that is not a direct one (kernel[grid] from
+        # anywhere, the runtime.launch of another path): the recording is not replayable.
+        if threading.get_ident() == me:
+            got.append(None)
+        return run(self, *args, **kwargs)
+
+    _RECORDING[0] = (me, got)
+    JITFunction.run = marked_run
+    try:
+        yield got
+    finally:
+        JITFunction.run = run
+        _RECORDING[0] = None
+        _RECORDING_LOCK.release()
+
+
+class Replay:
+    """The direct launches one call made (:func:`recording`), as one function of the next
+    call's tensors: ``replay(inputs, scratch)`` issues the same launches (same compiled
+    kernels, grids, keyword dicts, scalar arguments, constant tensors) with each argument that
+    was ``inputs[i]`` (or ``scratch[j]``, a tensor the call allocated) taken from this call's.
+
+    What makes that the launch the call itself would make is the caller's to guarantee (here:
+    :mod:`sparse_mla.op`, which keys a replay on everything its kernels read but the tensors'
+    addresses, and builds one only from a call that ran no torch op but ``torch.empty``). This
+    class re-checks, per call (:meth:`valid`), what Launcher's direct path checks per launch:
+    the direct path on, the launcher still the kernel's, its entry not dropped or replaced
+    (:data:`_EPOCH`), the active driver and current device, no pre-run or launch hook,
+    ``debug`` / ``instrumentation_mode`` as when recorded, every constexpr global the same
+    object. Alignment of the input tensors is the caller's key (``data_ptr() % 16``), as the
+    direct path's is."""
+
+    __slots__ = ("_fire", "checks", "device", "driver", "epoch", "launches", "options")
+
+    @classmethod
+    def build(
+        cls, recorded: list, inputs: tuple, n_scratch: int = 0, scratch: dict | None = None
+    ) -> Replay | None:
+        """A Replay of ``recorded`` (a :func:`recording`'s list), or None when it cannot be one:
+        a launch that took ``kernel[grid]``, an input passed twice (object identity decides
+        which input an argument is), a TMA kernel without its entry's encoding. ``scratch``:
+        ``id(tensor) -> j`` for tensors the call allocated (``n_scratch`` of them; a replay
+        gets ``scratch[j]`` from its caller, made anew)."""
+        if any(r is None for r in recorded):
+            return None
+        ids = [id(t) for t in inputs if t is not None]
+        if len(ids) != len(set(ids)) or set(ids) & set(scratch or {}):
+            return None
+        slot = {id(t): f"i{k}" for k, t in enumerate(inputs) if t is not None}
+        slot.update({i: f"s{j}" for i, j in (scratch or {}).items()})
+        ns: dict[str, Any] = {"_tma": _tma_map_of}
+        body = []
+        checks = []
+        keys = set()
+        for n, (lau, e, key, grid, args) in enumerate(recorded):
+            device, _, debug, instr, _ = key
+            keys.add((device, instr))
+            checks.append((lau, e, debug))
+            ns[f"run{n}"], ns[f"fn{n}"], ns[f"pk{n}"] = e.run, e.function, e.packed
+            ns[f"tail{n}"] = e.tail
+            parts = []
+            tma_i = 0
+            for j, a in enumerate(args):
+                if type(a) is TmaArg:
+                    if e.tma is None:
+                        return None
+                    metas, encode, _, _ = e.tma
+                    meta, meta_key = metas[tma_i]
+                    tma_i += 1
+                    name = f"t{n}_{j}"
+                    ns[name] = (a.block_shape, a.layout, a.padding, meta, meta_key, encode)
+                    src = slot.get(id(a.tensor))
+                    if src is None:
+                        ns[f"c{n}_{j}"] = a.tensor
+                        src = f"c{n}_{j}"
+                    parts.append(f"*_tma({src}, *{name})")
+                elif isinstance(a, torch.Tensor) and id(a) in slot:
+                    parts.append(slot[id(a)])
+                else:  # a scalar, None, or a tensor the call did not make (a cached dummy)
+                    ns[f"c{n}_{j}"] = a
+                    parts.append(f"c{n}_{j}")
+            g = ", ".join(str(int(x)) for x in grid)
+            if e.tma is None:
+                body.append(f"    run{n}({g}, stream, fn{n}, pk{n}, None, None, None, "
+                            f"{', '.join(parts)}, *tail{n})")  # fmt: skip
+            else:
+                ns[f"raw{n}"] = e.raw
+                _, _, coop, pdl = e.tma
+                ns[f"coop{n}"], ns[f"pdl{n}"] = coop, pdl
+                body.append(f"    raw{n}({g}, stream, fn{n}, coop{n}, pdl{n}, None, None, pk{n}, "
+                            f"None, None, None, {', '.join(parts)}, *tail{n})")  # fmt: skip
+        if len(keys) > 1:
+            return None
+        names = [f"i{k}" for k in range(len(inputs))] + [f"s{k}" for k in range(n_scratch)]
+        src = f"def fire(stream, {', '.join(names) or '_'}):\n" + "\n".join(body or ["    pass"])
+        exec(src, ns)  # code built above from the recorded launches only
+        self = cls()
+        self._fire = ns["fire"]
+        self.launches = len(recorded)
+        self.checks = tuple(checks)
+        (self.device, self.options) = next(iter(keys)) if keys else (None, None)
+        self.driver = driver.active if recorded else None
+        self.epoch = _EPOCH[0]
+        return self
+
+    def valid(self) -> bool:
+        """Whether the recorded launches are still what Launcher's direct path would issue
+        (class docstring); False: take the call's own path (which may record anew)."""
+        if not self.launches:
+            return True
+        if not _ENABLED[0] or _EPOCH[0] != self.epoch or driver.active is not self.driver:
+            return False
+        rt = knobs.runtime
+        if not (_no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook)):
+            return False
+        if knobs.compilation.instrumentation_mode != self.options:
+            return False
+        if self.driver.get_current_device() != self.device:
+            return False
+        debug = rt.debug
+        for lau, e, dbg in self.checks:
+            fn = lau.fn
+            if fn.pre_run_hooks or (fn.debug or debug) != dbg or _LAUNCHERS.get(id(fn)) is not lau:
+                return False
+            for g, name, val in e.globals:
+                if g.get(name, _MISSING) is not val:
+                    return False
+        return True
+
+    def __call__(self, inputs: tuple, scratch: tuple = ()) -> None:
+        """Issue the launches on the current stream (call :meth:`valid` first)."""
+        if self.launches:
+            _STATS["fast"] += self.launches
+            self._fire(self.driver.get_current_stream(self.device), *inputs, *scratch)
+
+
 def _no_key(args):
     return None
 
@@ -434,6 +619,7 @@ def clear() -> None:
     for lau in _LAUNCHERS.values():
         lau._entries.clear()
         lau._gen.clear()
+    _EPOCH[0] += 1
 
 
 def launcher(fn) -> Launcher:

@@ -18,6 +18,20 @@ syncs anyway (no ``total``); ``validate=True``/``False`` forces them on/off. Sha
 device checks always run. Without the value checks the kernels stay memory-safe (they clamp
 and mask) but the result of invalid input is unspecified.
 
+Under ``torch.compile``. The builders that size their output without a host sync
+(:func:`dense_to_csr` and :func:`dsv4_combined_indices` given ``total``, the latter also given
+``topk_indices`` or ``num_tokens``; :func:`global_topk_from_block_table` always) are registered
+ops while Dynamo traces (``torch.ops.sparse_mla.dense_to_csr``, ``...dsv4_combined_indices``,
+``...global_topk_from_block_table``): one opaque node each, whose fake kernel sizes the outputs
+from ``total`` / the shapes, and whose real kernel is the same function run eagerly when the
+graph runs, so ``fullgraph=True`` works and gives the same bits as eager; the value checks
+(``validate``) run there, on the real tensors, as in eager mode. Eager calls do not go through
+the ops (no dispatcher cost). Without ``total`` the output's size is a tensor value (a host
+read), which Dynamo cannot trace without a graph break: call those outside the compiled region.
+:func:`request_of_token`, :func:`dsv4_positions` and :func:`dsv4_token_lengths` are plain torch
+code and trace as such given ``num_tokens``; their value checks (``validate``, by default on CPU
+tensors) read tensors on the host, so under ``fullgraph=True`` pass ``validate=False``.
+
 Invalid slots. Every slot the builders produce is either a real pool row or exactly -1; an
 invalid input entry (-1 padding, an id out of range) is never rebased into a valid-looking
 slot (aiter's builder added the block base to -1).
@@ -387,6 +401,13 @@ def dense_to_csr(
     _check_int("total", total, allow_none=True)
     _check_index_dtype("indptr_dtype", indptr_dtype)
     _check_impl(impl)
+    if total is not None and torch.compiler.is_compiling():  # one opaque node (module doc)
+        if indptr_dtype is None:
+            indptr_dtype = _auto_indptr_dtype(indices.dtype, T * W)
+        _check_indptr_fits(indptr_dtype, total)
+        return torch.ops.sparse_mla.dense_to_csr(
+            indices, lengths, num_kv, total, impl, indptr_dtype, validate
+        )
     check = _should_validate(validate, indices.device, syncs_anyway=total is None)
     if lengths is not None and check and T:
         lo, hi = int(lengths.min()), int(lengths.max())
@@ -695,6 +716,11 @@ def dsv4_combined_indices(
         indptr_dtype = _auto_indptr_dtype(dtype, T * (cap + window))
     if total is not None:
         _check_indptr_fits(indptr_dtype, total)
+        if torch.compiler.is_compiling():  # one opaque node (module doc)
+            return torch.ops.sparse_mla.dsv4_combined_indices(
+                topk_indices, query_start_loc, seq_lens, ratio, topk, window, pool_block_rows,
+                num_compressed, impl, total, T, dtype, indptr_dtype, validate,
+            )  # fmt: skip
 
     check = _should_validate(validate, device, syncs_anyway=total is None)
     if check:
@@ -837,6 +863,10 @@ def global_topk_from_block_table(
         )
     _check_devices("local_topk", local_topk, block_table=block_table, req_of_token=req_of_token)
     dtype = local_topk.dtype if dtype is None else dtype
+    if torch.compiler.is_compiling():  # one opaque node (module doc)
+        return torch.ops.sparse_mla.global_topk_from_block_table(
+            local_topk, block_table, req_of_token, block_size, impl, dtype, validate
+        )
     if _should_validate(validate, local_topk.device, syncs_anyway=False) and T:
         lo, hi = int(req_of_token.min()), int(req_of_token.max())
         if lo < 0 or hi >= B:
@@ -885,3 +915,69 @@ def global_topk_from_block_table(
             num_warps=4,
         )
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The builders as registered ops, for torch.compile (module docstring)
+# ----------------------------------------------------------------------------------------------
+
+_LIB = torch.library.Library("sparse_mla", "FRAGMENT")
+_LIB.define(
+    "dense_to_csr(Tensor indices, Tensor? lengths, int? num_kv, int total, str impl, "
+    "ScalarType indptr_dtype, bool? validate) -> (Tensor, Tensor)"
+)
+_LIB.define(
+    "dsv4_combined_indices(Tensor? topk_indices, Tensor query_start_loc, Tensor seq_lens, "
+    "int ratio, int? topk, int window, int pool_block_rows, int num_compressed, str impl, "
+    "int total, int num_tokens, ScalarType dtype, ScalarType indptr_dtype, bool? validate) "
+    "-> (Tensor, Tensor)"
+)
+_LIB.define(
+    "global_topk_from_block_table(Tensor local_topk, Tensor block_table, Tensor req_of_token, "
+    "int block_size, str impl, ScalarType dtype, bool? validate) -> Tensor"
+)
+
+
+def _dense_to_csr_op(indices, lengths, num_kv, total, impl, indptr_dtype, validate):
+    return dense_to_csr(indices, lengths, num_kv, total, impl=impl, indptr_dtype=indptr_dtype,
+                        validate=validate)  # fmt: skip
+
+
+def _dsv4_combined_op(topk_indices, query_start_loc, seq_lens, ratio, topk, window,
+                      pool_block_rows, num_compressed, impl, total, num_tokens, dtype,
+                      indptr_dtype, validate):  # fmt: skip
+    return dsv4_combined_indices(
+        topk_indices, query_start_loc, seq_lens, ratio=ratio, topk=topk, window=window,
+        pool_block_rows=pool_block_rows, num_compressed=num_compressed, impl=impl, total=total,
+        num_tokens=num_tokens, dtype=dtype, indptr_dtype=indptr_dtype, validate=validate,
+    )  # fmt: skip
+
+
+def _global_topk_op(local_topk, block_table, req_of_token, block_size, impl, dtype, validate):
+    return global_topk_from_block_table(local_topk, block_table, req_of_token, block_size,
+                                        impl=impl, dtype=dtype, validate=validate)  # fmt: skip
+
+
+# The real kernels run the eager functions (not compiling then), on every device.
+_LIB.impl("dense_to_csr", _dense_to_csr_op, "CompositeExplicitAutograd")
+_LIB.impl("dsv4_combined_indices", _dsv4_combined_op, "CompositeExplicitAutograd")
+_LIB.impl("global_topk_from_block_table", _global_topk_op, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("sparse_mla::dense_to_csr", lib=_LIB)
+def _dense_to_csr_fake(indices, lengths, num_kv, total, impl, indptr_dtype, validate):
+    return (indices.new_empty(total),
+            indices.new_empty(indices.shape[0] + 1, dtype=indptr_dtype))  # fmt: skip
+
+
+@torch.library.register_fake("sparse_mla::dsv4_combined_indices", lib=_LIB)
+def _dsv4_combined_fake(topk_indices, query_start_loc, seq_lens, ratio, topk, window,
+                        pool_block_rows, num_compressed, impl, total, num_tokens, dtype,
+                        indptr_dtype, validate):  # fmt: skip
+    q = query_start_loc
+    return q.new_empty(total, dtype=dtype), q.new_empty(num_tokens + 1, dtype=indptr_dtype)
+
+
+@torch.library.register_fake("sparse_mla::global_topk_from_block_table", lib=_LIB)
+def _global_topk_fake(local_topk, block_table, req_of_token, block_size, impl, dtype, validate):
+    return local_topk.new_empty(local_topk.shape, dtype=dtype)

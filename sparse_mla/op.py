@@ -11,6 +11,10 @@ kernel gives shapes without running anything. ``fullgraph=True`` and ``mode="red
 
 Everything that needs host facts (the GPU's arch, the tuned config files, the kernel choice, the
 launch) happens in the real kernel, :func:`sparse_mla.prefill._prefill_impl`, at run time.
+The op's kernel (:func:`_impl`) replays a plan for a call layout it has seen (the launches the
+last such call made, after the checks that depend on more than the layout; see "The op's
+kernel" below), and in plain eager mode the entry calls that kernel without the dispatcher
+(:func:`call`). The FP8-cache entry is ``torch.ops.sparse_mla.prefill_fp8`` (:func:`prefill_fp8`).
 
 ``config=`` reaches the operator as a string (:func:`config_spec`: canonical JSON, computed once
 per config object; under ``torch.compile`` a trace-time constant, so a new config recompiles);
@@ -29,14 +33,22 @@ check later inputs anyway; the eager warm-up call that precedes a capture does c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["LIB", "NAMESPACE", "SCHEMA", "config_object", "config_spec", "prefill_op", "spec_of"]
+from . import dispatch, fastlaunch, runtime, validation
+
+__all__ = [
+    "LIB", "NAMESPACE", "SCHEMA", "SCHEMA_FP8", "call", "config_object", "config_spec",
+    "plans_enabled", "prefill_fp8", "prefill_fp8_op", "prefill_op", "set_plans_enabled",
+    "spec_of",
+]  # fmt: skip
 
 NAMESPACE = "sparse_mla"
 SCHEMA = (
@@ -44,25 +56,32 @@ SCHEMA = (
     "Tensor? attn_sink, Tensor(a!) out, str? config=None, bool? validate=None) -> ()"
 )
 
-# One Library per namespace and process: other operators of the package (the FP8 cache entry)
-# define their schemas on this one.
+# The FP8-cache entry's op: an FP8Cache is a frozen dataclass over the engine's tensor, so the op
+# takes that tensor and the block size and its kernel makes the FP8Cache (whose checks run there).
+SCHEMA_FP8 = (
+    "prefill_fp8(Tensor q, Tensor kv_cache, int block_size, Tensor kv_indices, "
+    "Tensor? kv_indptr, float softmax_scale, Tensor? attn_sink, Tensor(a!) out, str? config=None, "
+    "bool? validate=None) -> ()"
+)
+
+# One Library per namespace and process: every operator of the package is defined on it.
 LIB = torch.library.Library(NAMESPACE, "DEF")
 LIB.define(SCHEMA)
+LIB.define(SCHEMA_FP8)
 
 
-_registered = False
+_IMPL: list = [None]  # the op's real work: sparse_mla.prefill._prefill_impl
 
 
 def register_impl(fn) -> None:
-    """Make ``fn`` the op's CPU and CUDA kernel (ROCm builds of torch dispatch HIP tensors to
-    CUDA too). :mod:`sparse_mla.prefill` registers its ``_prefill_impl`` when imported, which
-    importing this module does (at its end); registered directly, a call pays no extra frame."""
-    global _registered
-    if _registered:
+    """Make ``fn`` the op's real work, behind :func:`_impl` (the op's CPU and CUDA kernel; ROCm
+    builds of torch dispatch HIP tensors to CUDA too): :mod:`sparse_mla.prefill` registers its
+    ``_prefill_impl`` when imported, which importing this module does (at its end)."""
+    if _IMPL[0] is not None:
         raise RuntimeError("torch.ops.sparse_mla.prefill has its kernels already")
-    LIB.impl("prefill", fn, "CPU")
-    LIB.impl("prefill", fn, "CUDA")
-    _registered = True
+    _IMPL[0] = fn
+    LIB.impl("prefill", _impl, "CPU")
+    LIB.impl("prefill", _impl, "CUDA")
 
 
 @torch.library.register_fake(f"{NAMESPACE}::prefill", lib=LIB)
@@ -72,7 +91,14 @@ def _fake(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
     return None
 
 
+@torch.library.register_fake(f"{NAMESPACE}::prefill_fp8", lib=LIB)
+def _fake_fp8(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+              config=None, validate=None):  # fmt: skip
+    return None  # as _fake: out is written in place
+
+
 prefill_op = torch.ops.sparse_mla.prefill.default
+prefill_fp8_op = torch.ops.sparse_mla.prefill_fp8.default
 
 # config object -> its spec (hashable configs: frozen dataclasses); spec -> the latest object
 # passed with it, so the real kernel runs the very object the caller gave (a Choice whose launch
@@ -172,4 +198,276 @@ def config_object(spec: str) -> Any:
     return obj
 
 
-from . import prefill as _prefill  # noqa: E402, F401  (registers the op's kernels)
+# ----------------------------------------------------------------------------------------------
+# The op's kernel: a replayed plan per call layout, else the real work (prefill._prefill_impl)
+# ----------------------------------------------------------------------------------------------
+#
+# An engine calls the op with the same shapes, strides, dtypes, scale and config every layer;
+# only the tensors' addresses change. For such a call everything _prefill_impl does but the
+# launch depends on that layout alone: the layout checks of validate_inputs, the kernel choice
+# (plus the registry, the configs file and the GPU's arch) and the kernel's launch arguments
+# (plus the inputs' 16-byte alignment). So a call whose key (below) was seen before replays
+# what the last such call launched (fastlaunch.Replay) after re-checking what depends on more:
+# out's overlap with the inputs (their addresses), kv_indptr's values when asked, the choice's
+# stamp (dispatch.choice_stamp) and the direct-launch state (Replay.valid).
+#
+# A plan is recorded from a real call (_prefill_impl after the checks passed), and only when
+# that call ran no torch op but torch.empty (scratch such as the KV splits' partials, made anew
+# per replay), launched only through fastlaunch's direct path (a Triton launch any other way is
+# seen too: fastlaunch.recording) and at least once unless out is empty, with distinct inputs:
+# then every launch argument is an input, a scratch tensor, or a value or tensor the call did
+# not make from its inputs. Calls in Triton's interpreter (CPU tensors), under a dispatch mode,
+# or with tensor subclasses never plan. Anything else (a new layout, a stale stamp, a failed
+# overlap check) takes _prefill_impl's path, which raises the named errors.
+
+_PLANS: dict[tuple, Any] = {}
+_PLANS_MAX = 1024
+_PLAN_TRIES = 3  # recordings per key that may fail (first compiles, caches made) before giving up
+_PLANS_ON = [True]
+_T = torch.Tensor
+_EMPTY = torch.ops.aten.empty.memory_format
+_DETACH = torch.ops.aten.detach.default
+
+
+def plans_enabled() -> bool:
+    """Whether calls replay their layout's plan (default: yes)."""
+    return _PLANS_ON[0]
+
+
+def set_plans_enabled(flag: bool) -> bool:
+    """Turn plan replays (and the eager bypass of the dispatcher, :func:`call`) on or off;
+    returns the previous setting. Off: every call is ``torch.ops.sparse_mla.prefill`` ->
+    ``_prefill_impl``, as before."""
+    prev, _PLANS_ON[0] = _PLANS_ON[0], bool(flag)
+    _PLANS.clear()
+    return prev
+
+
+class _Plan:
+    __slots__ = ("arch", "layout", "replay", "scratch", "stamp")
+
+
+class _Watch(TorchDispatchMode):
+    """Every torch op of a recorded call: ``torch.empty`` (kept, to be made anew per replay)
+    or anything else (the call is not replayable)."""
+
+    def __init__(self):
+        super().__init__()
+        self.empties: list = []
+        self.aliases: dict[int, int] = {}  # id of a detached alias of an empty -> its index
+        self.keep: list = []
+        self.other = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        r = func(*args, **kwargs)
+        if func is _EMPTY and type(r) is _T:
+            self.aliases[id(r)] = len(self.empties)
+            self.empties.append((args, kwargs, r))
+        elif func is _DETACH and type(r) is _T and id(args[0]) in self.aliases:
+            # torch.empty's result as Python gets it under a mode: the same tensor, detached
+            self.aliases[id(r)] = self.aliases[id(args[0])]
+            self.keep.append(r)  # alive until the plan is built (ids stay its own)
+        else:
+            self.other = True
+        return r
+
+
+def _empty_maker(args, kwargs):
+    kw = {k: v for k, v in kwargs.items() if v is not None}
+    return functools.partial(torch.empty, *args, **kw)
+
+
+def _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, s, out, config):
+    return (
+        q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
+        kv.shape, kv.stride(), kv.dtype, kv.device, kv.data_ptr() & 15,
+        kv_indices.shape, kv_indices.stride(), kv_indices.dtype, kv_indices.device,
+        kv_indices.data_ptr() & 15,
+        kv_indptr.shape, kv_indptr.stride(), kv_indptr.dtype, kv_indptr.device,
+        kv_indptr.data_ptr() & 15,
+        None if s is None else (s.shape, s.stride(), s.dtype, s.device, s.data_ptr() & 15),
+        out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15,
+        softmax_scale, config,
+    )  # fmt: skip
+
+
+def _value_check(validate, q) -> bool:
+    """_prefill_impl's: check kv_indptr's values, but never inside a CUDA-graph capture."""
+    check = validation._wants_value_check(validate, q.device)
+    if check and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        check = False
+    return check
+
+
+def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None):
+    """The op's CPU and CUDA kernel: the call's plan replayed when it has a valid one, else
+    ``_prefill_impl`` (recording a plan when the call can have one). See above."""
+    if (
+        _PLANS_ON[0] and type(q) is _T and type(kv) is _T and type(kv_indices) is _T
+        and type(kv_indptr) is _T and type(out) is _T
+        and (attn_sink is None or type(attn_sink) is _T)
+        and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
+    ):  # fmt: skip
+        key = _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config)
+        p = _PLANS.get(key)
+        if type(p) is _Plan:
+            arch = _prefill._arch_of(q)
+            if (
+                arch == p.arch and dispatch.choice_stamp(arch) == p.stamp and p.replay.valid()
+                and not (p.layout[0] and validation._overlaps_known(
+                    p.layout, q, kv, kv_indices, kv_indptr, attn_sink, out))
+            ):  # fmt: skip
+                if _value_check(validate, q):
+                    validation.check_indptr(kv_indptr, kv_indices.numel())
+                inputs = (q, kv, kv_indices, kv_indptr, attn_sink, out)
+                p.replay(inputs, tuple(f() for f in p.scratch) if p.scratch else ())
+                return
+            p = None  # stale, or the overlap check fails: the full path (raises by name)
+        if p is None or p < _PLAN_TRIES:
+            _record(key, 0 if p is None else p, q, kv, kv_indices, kv_indptr, softmax_scale,
+                    attn_sink, out, config, validate)  # fmt: skip
+            return
+    _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+
+
+def _record(key, tries, q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
+            validate):  # fmt: skip
+    """``_prefill_impl`` on a call that may get a plan: the checks first (the same errors in the
+    same order), then the call itself recorded (launches and torch ops); a plan when it can be
+    replayed, else one try fewer for this key."""
+    impl = _IMPL[0]
+    x = validation.validate_inputs(
+        q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
+        validate=_value_check(validate, q),
+    )  # fmt: skip
+    lkey = validation._layout_key(q, kv, kv_indices, kv_indptr, attn_sink, out, None)
+    layout = validation._LAYOUTS.get(lkey)
+    inputs = (q, kv, kv_indices, kv_indptr, attn_sink, out)
+    if layout is None or x.q is not q or x.kv is not kv:  # a layout the kernels see through views
+        _store(key, _PLAN_TRIES)
+        impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False)
+        return
+    arch = _prefill._arch_of(q)
+    stamp = dispatch.choice_stamp(arch)
+    watch = _Watch()
+    with fastlaunch.recording() as launches, watch:
+        impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False)
+    if launches is None:  # another thread is recording: no plan this time
+        return
+    replay = None
+    # A call that wrote out launched something: none recorded means a launch the recording
+    # cannot see (not through fastlaunch), so no plan.
+    if (launches or not out.numel()) and not watch.other and dispatch.choice_stamp(arch) == stamp:
+        replay = fastlaunch.Replay.build(launches, inputs, len(watch.empties), watch.aliases)
+    if replay is None:
+        _store(key, tries + 1)
+        return
+    p = _Plan()
+    p.arch, p.stamp, p.layout, p.replay = arch, stamp, layout, replay
+    p.scratch = tuple(_empty_maker(a, kw) for a, kw, _ in watch.empties)
+    _store(key, p)
+
+
+def _store(key, value) -> None:
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = value
+
+
+# ----------------------------------------------------------------------------------------------
+# The entry's call of the op
+# ----------------------------------------------------------------------------------------------
+
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_functorch = torch._C._are_functorch_transforms_active
+_profiling = torch._C._autograd._profiler_enabled
+_jit_tracing = torch._C._get_tracing_state
+_grad = torch.is_grad_enabled
+
+
+def _eager(q, kv, kv_indices, kv_indptr, attn_sink, out) -> bool:
+    """Whether a call may skip the dispatcher (:func:`call`)."""
+    return (
+        _PLANS_ON[0] and not _is_compiling() and type(q) is _T and type(kv) is _T
+        and type(kv_indices) is _T and type(kv_indptr) is _T and type(out) is _T
+        and (attn_sink is None or type(attn_sink) is _T)
+        and not _dispatch_modes() and not _function_modes() and not _functorch()
+        and not _profiling() and _jit_tracing() is None
+        and not (_grad() and (q.requires_grad or kv.requires_grad or out.requires_grad
+                              or (attn_sink is not None and attn_sink.requires_grad)))
+    )  # fmt: skip
+
+
+def call(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate) -> None:
+    """``torch.ops.sparse_mla.prefill(...)`` as :func:`sparse_mla.sparse_mla_prefill` makes it.
+
+    In plain eager mode the op's kernel is called without the dispatcher (a few microseconds a
+    call): plain tensors (no subclass such as FakeTensor or DTensor), nothing tracing or
+    watching ops (``torch.compile``, ``torch.jit.trace``, a torch function or dispatch mode,
+    functorch transforms, the autograd profiler), no input that needs a gradient. There the
+    dispatcher would call the same kernel with the same arguments (the op has one kernel for
+    CPU and CUDA, no autograd or device guard of its own, and does not bump ``out``'s version
+    counter either way). Anywhere else, and with :func:`set_plans_enabled` off, the op itself."""
+    if _eager(q, kv, kv_indices, kv_indptr, attn_sink, out):
+        _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+    else:
+        prefill_op(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+
+
+# ----------------------------------------------------------------------------------------------
+# The FP8-cache entry: torch.ops.sparse_mla.prefill_fp8
+# ----------------------------------------------------------------------------------------------
+
+
+def prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None, out=None,
+                config=None, validate=None):  # fmt: skip
+    """:func:`sparse_mla.sparse_mla_prefill` with ``kv`` an :class:`~sparse_mla.fp8.FP8Cache`,
+    through ``torch.ops.sparse_mla.prefill_fp8`` (the cache's tensor and block size; the op's
+    kernel makes the FP8Cache again and runs :func:`sparse_mla.fp8_prefill.
+    sparse_mla_prefill_fp8` into ``out``). Arguments the schema cannot carry go to that
+    function directly, which raises the named error."""
+    from .prefill import _op_args
+
+    data = cache.data
+    if not _op_args(q, data, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
+        from .fp8_prefill import sparse_mla_prefill_fp8
+
+        return sparse_mla_prefill_fp8(
+            q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
+            config=config, validate=validate,
+        )  # fmt: skip
+    spec = None if config is None else spec_of(config)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    scale = float(softmax_scale)
+    v = None if validate is None else bool(validate)
+    if _eager(q, data, kv_indices, kv_indptr, attn_sink, out):
+        _fp8_impl(q, data, cache.block_size, kv_indices, kv_indptr, scale, attn_sink, out, spec, v)
+    else:
+        prefill_fp8_op(q, data, cache.block_size, kv_indices, kv_indptr, scale, attn_sink, out,
+                       spec, v)  # fmt: skip
+    return out
+
+
+def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+              config=None, validate=None):  # fmt: skip
+    """The CPU and CUDA kernel of ``torch.ops.sparse_mla.prefill_fp8``: the FP8Cache (its checks
+    run here, on the real tensor), then the FP8 entry's checks, choice and launch."""
+    from .fp8 import FP8Cache
+    from .fp8_prefill import sparse_mla_prefill_fp8
+
+    sparse_mla_prefill_fp8(
+        q, FP8Cache(kv_cache, block_size), kv_indices, kv_indptr, softmax_scale,
+        attn_sink=attn_sink, out=out, config=None if config is None else config_object(config),
+        validate=_value_check(validate, q),
+    )  # fmt: skip
+
+
+LIB.impl("prefill_fp8", _fp8_impl, "CPU")
+LIB.impl("prefill_fp8", _fp8_impl, "CUDA")
+
+
+from . import prefill as _prefill  # noqa: E402  (registers the op's kernels)

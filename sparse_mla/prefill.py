@@ -331,10 +331,8 @@ def sparse_mla_prefill(
     """
     if softmax_scale is None:
         raise TypeError("sparse_mla_prefill: softmax_scale is required (e.g. head_dim ** -0.5)")
-    if isinstance(kv, FP8Cache):  # its own checks, then the dispatch's FP8 kernels
-        from .fp8_prefill import sparse_mla_prefill_fp8
-
-        return sparse_mla_prefill_fp8(
+    if isinstance(kv, FP8Cache):  # torch.ops.sparse_mla.prefill_fp8: the FP8 kernels
+        return op.prefill_fp8(
             q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
             config=config, validate=validate,
         )  # fmt: skip
@@ -347,8 +345,8 @@ def sparse_mla_prefill(
     spec = None if config is None else op.spec_of(config)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    op.prefill_op(q, kv, kv_indices, kv_indptr, float(softmax_scale), attn_sink, out, spec,
-                  None if validate is None else bool(validate))  # fmt: skip
+    op.call(q, kv, kv_indices, kv_indptr, float(softmax_scale), attn_sink, out, spec,
+            None if validate is None else bool(validate))  # fmt: skip
     return out
 
 

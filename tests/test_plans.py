@@ -1,0 +1,343 @@
+"""The op's plans (sparse_mla.op: a call whose layout was seen replays the launches the last
+such call made) and the eager bypass of the op dispatcher (op.call): CPU only, with the
+package's kernels compiled for sm90 and a stand-in driver that records each C launch (as in
+test_fastlaunch.py). The GPU test (every kernel, replays bitwise equal to the full path and to
+the fp32 reference) is tests/test_kernels_gpu.py-style, at the end of this file."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import make_case, poisoned_like
+from test_fastlaunch import _fake_sm90_driver
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sparse_mla import configs, dispatch, fastlaunch, op, prefill, runtime
+from sparse_mla.reference import check_against_reference
+
+DENSE = ["triton", "gluon_ws", "gluon_ws_small", "gluon_mma", "gluon_wgmma"]
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """Every dense kernel compiled for sm90 here, launched on a driver whose C launch records
+    its arguments (returned list); the plans, launchers and TMA maps are the test's own."""
+    from sparse_mla.gluon import algorithm, hopper_prefill, hopper_ws, hopper_ws_small
+    from sparse_mla.gluon import launch as gluon_launch
+
+    calls: list = []
+    monkeypatch.setattr(fastlaunch.driver, "_active", _fake_sm90_driver(calls))
+    kernels = (prefill._sparse_mla_prefill_kernel, algorithm._mla_fwd_kernel,
+               algorithm._mla_reduce_kernel, hopper_prefill._prefill_wgmma_kernel,
+               hopper_ws._prefill_ws_kernel, hopper_ws_small._prefill_ws_small_kernel)  # fmt: skip
+    for jit_fn in kernels:
+        monkeypatch.setattr(jit_fn, "device_caches", defaultdict(jit_fn.create_binder))
+    monkeypatch.setattr(fastlaunch, "_LAUNCHERS", {})
+    monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
+    monkeypatch.setattr(op, "_PLANS", {})
+    monkeypatch.setattr(runtime, "runs_interpreted", lambda t: False)
+    monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
+    monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
+    monkeypatch.setattr(prefill, "_arch_of", lambda q: "sm90")
+    for name in DENSE[1:]:
+        k = dispatch.KERNELS[name]
+        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    return calls
+
+
+def _fresh(case, seed):
+    """Inputs of the same layout as ``case`` (shapes, strides, dtypes, 16-byte alignment) with
+    new values at new addresses; kv_indptr equal (the same nnz), slots drawn anew."""
+    g = torch.Generator().manual_seed(seed)
+    N = case.kv.shape[0]
+    q = torch.randn(case.q.shape, generator=g).to(case.q.dtype)
+    kv = torch.randn(case.kv.shape, generator=g).to(case.kv.dtype)
+    idx = torch.randint(-1, N + 1, case.kv_indices.shape, generator=g).to(case.kv_indices.dtype)
+    sink = None if case.attn_sink is None else torch.randn(case.attn_sink.shape, generator=g)
+    return q, kv, idx, case.kv_indptr.clone(), sink
+
+
+def _comparable(call, inputs):
+    """A recorded C launch without Triton's metadata and hooks (indices 10-12): an input
+    tensor as its position in ``inputs`` (so its address is the call's own), any other tensor
+    (scratch, a cached dummy) by layout."""
+    keep = call[:10] + call[13:]
+    out = []
+    for a in keep:
+        if isinstance(a, torch.Tensor):
+            pos = [i for i, t in enumerate(inputs) if t is a]
+            out.append(("input", pos[0]) if pos else (tuple(a.shape), a.stride(), a.dtype))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _plans():
+    return [p for p in op._PLANS.values() if type(p) is op._Plan]
+
+
+@pytest.mark.parametrize("name", DENSE)
+@pytest.mark.parametrize("T", [4, 37])
+def test_replay_makes_the_launches_the_full_path_makes(standin, name, T):
+    """A call of a known layout with new tensors replays its plan: the C launcher gets exactly
+    what the full path (plans off: torch.ops -> validate -> choose -> the kernel's launch) gives
+    it for the same tensors: grids, stream, kernels, every argument, the input tensors
+    themselves, TMA encodings of their addresses."""
+    c = make_case(T, 64, 512, N=300, max_slots=100, dtype=torch.bfloat16, seed=T)
+    cfg = dispatch.Choice(name)
+
+    def run(q, kv, idx, ptr, sink, out):
+        prefill.sparse_mla_prefill(q, kv, idx, ptr, c.softmax_scale, attn_sink=sink, out=out,
+                                   config=cfg, validate=False)  # fmt: skip
+
+    first = (c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
+    for _ in range(3):  # compile, first direct launch recorded, plan
+        run(*first)
+    assert len(_plans()) == 1
+    for seed in (1, 2):
+        inputs = (*_fresh(c, seed), torch.empty_like(c.q))
+        standin.clear()
+        before = fastlaunch.stats()
+        run(*inputs)
+        replayed = list(standin)
+        assert fastlaunch.stats()["slow"] == before["slow"]
+        prev = op.set_plans_enabled(False)
+        try:
+            standin.clear()
+            run(*inputs)
+            full = list(standin)
+        finally:
+            op.set_plans_enabled(prev)
+        assert replayed and len(replayed) == len(full)
+        assert [_comparable(x, inputs) for x in replayed] == [_comparable(x, inputs) for x in full]
+        # the plan set was cleared with the switch: it is built again
+        for _ in range(2):
+            run(*first)
+
+
+def test_a_replay_rechecks_what_depends_on_more_than_the_layout(standin, tmp_path, monkeypatch):
+    """With a plan: out overlapping an input, a bad kv_indptr (validate=True), a rewritten
+    configs root, a cleared direct-launch cache, each take the full path (and raise by name)."""
+    c = make_case(5, 16, 512, N=200, max_slots=40, dtype=torch.bfloat16, seed=3)
+    real = op._IMPL[0]
+    seen = []
+
+    def spy(*a):
+        seen.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(op, "_IMPL", [spy])
+    out = torch.empty_like(c.q)
+
+    def run(q=c.q, kv=c.kv, ptr=c.kv_indptr, out=out, validate=False):
+        prefill.sparse_mla_prefill(q, kv, c.kv_indices, ptr, c.softmax_scale,
+                                   attn_sink=c.attn_sink, out=out, validate=validate)  # fmt: skip
+
+    for _ in range(3):
+        run()
+    assert len(_plans()) == 1
+    n = len(seen)
+    run()
+    run(validate=True)
+    assert len(seen) == n  # replayed
+    ptr = c.kv_indptr.clone()
+    ptr[-1] = c.kv_indices.numel() + 1
+    with pytest.raises(ValueError, match="past the end"):
+        run(ptr=ptr, validate=True)
+    # out inside kv's buffer, the same layout as before (16-byte aligned, same strides)
+    T, H, D = c.q.shape
+    N = c.kv.shape[0]
+    big = torch.zeros((N + T * H) * D, dtype=c.kv.dtype)
+    kv2 = big[: N * D].view(N, D)
+    kv2.copy_(c.kv)
+    run(kv=kv2)  # no overlap: a plan of this layout
+    run(kv=kv2)
+    out2 = big.view(N + T * H, D)[:N].view(-1)[: T * H * D].view(T, H, D)
+    with pytest.raises(ValueError, match="out overlaps kv"):
+        run(kv=kv2, out=out2)
+    n = len(seen)
+    with configs.use_root(tmp_path):
+        run()
+    assert len(seen) == n + 1  # another configs root: the full path, recorded anew
+    run()
+    assert len(seen) == n + 2
+    run()
+    n = len(seen)
+    fastlaunch.clear()
+    before = fastlaunch.stats()
+    run()
+    assert len(seen) == n + 1 and fastlaunch.stats()["slow"] > before["slow"]
+
+
+def test_the_op_is_seen_where_something_watches(standin):
+    """The dispatcher is bypassed only where nothing could tell: a dispatch mode, a profiler,
+    torch.compile and an input that needs a gradient see torch.ops.sparse_mla.prefill."""
+    c = make_case(3, 16, 512, N=100, max_slots=20, dtype=torch.bfloat16, seed=4)
+    out = torch.empty_like(c.q)
+
+    def run(q=c.q):
+        prefill.sparse_mla_prefill(q, c.kv, c.kv_indices, c.kv_indptr, c.softmax_scale,
+                                   attn_sink=c.attn_sink, out=out, validate=False)  # fmt: skip
+
+    for _ in range(3):
+        run()
+
+    ops = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        run()
+    assert ops == ["sparse_mla.prefill.default"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    assert any("sparse_mla::prefill" in e.name for e in prof.events())
+    q = c.q.clone().requires_grad_(True)
+    ops.clear()
+    with Seen():
+        run(q)
+    assert ops == ["sparse_mla.prefill.default"]
+
+
+def test_interpreted_calls_make_no_plan(monkeypatch):
+    """CPU tensors run in Triton's interpreter: no plan, the output as the reference says."""
+    monkeypatch.setattr(op, "_PLANS", {})
+    c = make_case(3, 4, 32, N=30, max_slots=10, seed=8)
+    for _ in range(3):
+        out = poisoned_like(c.q)
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=out)
+        assert check_against_reference(out, *c.args(), attn_sink=c.attn_sink).ok
+    assert op._PLANS == {}
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("H", [16, 128])
+@pytest.mark.parametrize("T", [4, 300])
+def test_gpu_replays_equal_the_full_path_every_kernel(H, T):
+    """Every registered dense kernel that can run the call: the third call of a layout on fresh
+    inputs (a plan's replay) equals the full path bit for bit and the fp32 reference."""
+    op._PLANS.clear()
+    c = make_case(T, H, 512, N=2000, max_slots=300, device="cuda", seed=H + T)
+    for name in DENSE:
+        call = dispatch.Call(runtime.arch(), H, 512, c.q.dtype, c.kv, T)
+        if dispatch.kernel(name).unavailable(call):
+            continue
+        cfg = dispatch.Choice(name)
+        for _ in range(3):
+            prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink,
+                                       out=torch.empty_like(c.q), config=cfg)  # fmt: skip
+        assert any(type(p) is op._Plan for p in op._PLANS.values()), name
+        for seed in (1, 2):
+            q, kv, idx, ptr, sink = (t.cuda() if t is not None else None
+                                     for t in _fresh(c, seed))  # fmt: skip
+            args = (q, kv, idx, ptr, c.softmax_scale)
+            got = poisoned_like(q)
+            prefill.sparse_mla_prefill(*args, attn_sink=sink, out=got, config=cfg)
+            prev = op.set_plans_enabled(False)
+            try:
+                want = poisoned_like(q)
+                prefill.sparse_mla_prefill(*args, attn_sink=sink, out=want, config=cfg)
+            finally:
+                op.set_plans_enabled(prev)
+            torch.cuda.synchronize()
+            assert torch.equal(got, want), name
+            rep = check_against_reference(got, *args, attn_sink=sink)
+            assert rep.ok, (name, rep)
+            for _ in range(2):  # the switch cleared the plans: make this layout's again
+                prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink,
+                                           out=torch.empty_like(c.q), config=cfg)  # fmt: skip
+
+
+@triton.jit
+def _toy_store(x_ptr):
+    tl.store(x_ptr, 1.0)
+
+
+@pytest.mark.parametrize("extra", ["nothing", "kernel_grid"])
+def test_a_kernel_launching_outside_the_direct_path_never_plans(standin, monkeypatch, extra):
+    """A registered kernel whose run launches nothing the recording sees (here: no launch at
+    all), or a Triton kernel through kernel[grid] beside its direct launch, gets no plan: its
+    run is called on every call."""
+    calls = []
+    real = dispatch.KERNELS["triton"]
+    flag = torch.zeros(1)
+
+    def run(*a):
+        calls.append(1)
+        if extra == "kernel_grid":
+            real.run(*a)
+            with runtime.compiling():
+                _toy_store[(1,)](flag)
+
+    monkeypatch.setitem(dispatch.KERNELS, "triton", replace(real, run=run))
+    c = make_case(3, 16, 512, N=100, max_slots=20, dtype=torch.bfloat16, seed=12)
+    out = torch.empty_like(c.q)
+    for i in range(8):
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=out, validate=False,
+                                   config=dispatch.Choice("triton"))  # fmt: skip
+        assert len(calls) == i + 1
+    assert _plans() == []
+
+
+def test_a_recording_in_another_thread_leaves_calls_unplanned_not_failing(standin):
+    import threading
+
+    c = make_case(3, 16, 512, N=100, max_slots=20, dtype=torch.bfloat16, seed=13)
+    out = torch.empty_like(c.q)
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with fastlaunch.recording():
+            inside.set()
+            leave.wait(30)
+
+    th = threading.Thread(target=hold)
+    th.start()
+    try:
+        assert inside.wait(30)
+        for _ in range(4):
+            prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=out,
+                                       validate=False)  # fmt: skip
+        assert _plans() == []
+    finally:
+        leave.set()
+        th.join()
+    for _ in range(2):
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=out, validate=False)
+    assert len(_plans()) == 1
+
+
+@pytest.mark.parametrize("name", ["gluon_ws", "gluon_mma"])
+def test_a_plan_keeps_no_input_alive(standin, name):
+    """A plan holds the layout, the launches and constant dummies, never the tensors of the
+    call it was recorded from (nor their scratch)."""
+    import gc
+    import weakref
+
+    c = make_case(4, 64, 512, N=300, max_slots=100, dtype=torch.bfloat16, seed=14)
+    inputs = [c.q.clone(), c.kv.clone(), c.kv_indices.clone(), c.kv_indptr.clone(),
+              c.attn_sink.clone(), torch.empty_like(c.q)]  # fmt: skip
+    refs = [weakref.ref(t) for t in inputs]
+    for _ in range(3):
+        prefill.sparse_mla_prefill(*inputs[:4], c.softmax_scale, attn_sink=inputs[4],
+                                   out=inputs[5], validate=False,
+                                   config=dispatch.Choice(name))  # fmt: skip
+    assert len(_plans()) == 1
+    del inputs
+    standin.clear()  # the recording driver's own references
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * 6
