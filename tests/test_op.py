@@ -159,7 +159,7 @@ def test_validate_under_compile_runs_in_the_op():
 
 def _gpu_kernels(H: int, T: int):
     call = dispatch.Call(runtime.arch(), H, 512, torch.bfloat16, num_tokens=T)
-    return [n for n, k in dispatch.KERNELS.items() if not k.unavailable(call)]
+    return [n for n, k in dispatch.KERNELS.items() if not k.why_not(call)]
 
 
 @pytest.mark.gpu

@@ -107,8 +107,10 @@ def resolve(launch: Any, call: dispatch.Call) -> FP8SmallConfig:
 
 
 def unavailable(call: dispatch.Call) -> str | None:
-    """Why the kernel cannot run ``call`` (None: it can): an sm90 GPU, head_dim 512, bf16 q,
-    a cache whose rows start 16-byte aligned."""
+    """Why the kernel cannot run ``call`` (None: it can): an FP8 cache whose blocks start
+    16-byte aligned, an sm90 GPU, head_dim 512, bf16 q."""
+    if call.kv_format != KV_FORMAT:
+        return "reads an FP8 KV cache (sparse_mla.FP8Cache, MODEL1 layout), not a dense pool"
     if call.arch is None or (call.kv is not None and call.kv.device.type == "cpu"):
         return "Gluon kernels need a GPU (they do not run in the interpreter)"
     if call.arch != "sm90":
