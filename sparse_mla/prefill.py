@@ -281,8 +281,9 @@ def sparse_mla_prefill(
         kv: [N, D] (or [N, 1, D]) latent KV pool in q's dtype, last dim contiguous; K and V are
             the same row. It may be a view into a larger buffer.
             Or a :class:`sparse_mla.FP8Cache` (FlashMLA's MODEL1 FP8 layout, q then bf16 and
-            D = 512; slot s valid iff 0 <= s < num_blocks x block_size): the ``triton_fp8``
-            kernel reads it (:mod:`sparse_mla.fp8_prefill`).
+            D = 512; slot s valid iff 0 <= s < num_blocks x block_size): the FP8 kernels
+            read it (``gluon_ws_small_fp8`` on sm90, ``triton_fp8`` elsewhere;
+            :mod:`sparse_mla.fp8_prefill`).
         kv_indices: [nnz] int32 or int64 slot ids, used in the dtype given. A slot s is valid
             iff 0 <= s < N; any other value is absent and its row is never read.
             Or the dense form, ``kv_indptr=None``: [T, K] int32 or int64, token t's list is
