@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,30 @@ def test_source_csv_of_the_sass_view_and_raw_csv_with_units():
                                        ("1,234,567", 1234567.0), ("abc", None)])  # fmt: skip
 def test_number_cells(cell, want):
     assert prof._number(cell) == want
+
+
+def test_source_csv_of_a_real_h200_report():
+    """An excerpt of the `cuda,sass` source page Nsight Compute wrote on the H200 for one
+    gluon_ws launch (40 source lines of hopper_ws.py, two of each line's instructions; the
+    '...' rows dropped), and that run's raw page, which carried no stall columns: the lines
+    parse with their counters, and the stalls come from the source page's per-reason columns."""
+    text = (Path(__file__).parent / "data" / "ncu_source_h200_excerpt.csv").read_text()
+    lines = prof.parse_source_csv(text)
+    assert len(lines) == 40
+    assert {pl.file for pl in lines} == {"hopper_ws.py"}
+    assert (lines[0].line, lines[0].source) == (195, "pid_h = item % num_hb")
+    # Every line has executed instructions but 259, whose source (a PTX string with quotes)
+    # ncu wrote into the CSV without doubling its quotes: its cells are shifted, and the
+    # parser keeps the line with what it could read rather than failing the page.
+    assert sum(pl.metrics.get("Instructions Executed", 0) > 0 for pl in lines) == 39
+    samples = sum(pl.metrics.get("Warp Stall Sampling (All Samples)", 0) for pl in lines)
+    assert samples == 537
+    raw = (
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+        '"Block Size","Grid Size","Device","CC"\n"","","","","","","","","","",""\n"0","1580",'
+        '"python3.12","127.0.0.1","_prefill_ws_kernel","1","7","(384, 1, 1)","(132, 1, 1)",'
+        '"0","9.0"\n'
+    )
+    assert prof.parse_raw_csv(raw) == {}
+    stalls = prof.stalls_of_lines(lines)
+    assert max(stalls, key=stalls.get) == "long_sb" and stalls["long_sb"] == 437
