@@ -290,6 +290,46 @@ def test_cross_compiles_with_isa_and_registers(target):
     assert res.mix["global_load"] > 0
 
 
+@pytest.mark.parametrize(
+    ("H", "config"),
+    [
+        (16, None),  # two producers of 128 registers, one head group
+        (32, None),  # two head groups, a 2-tile ring
+        (16, {"PRODUCERS": 3, "PRODUCER_REGS": 112}),
+        (16, {"PRODUCERS": 1, "PRODUCER_REGS": 256, "PIPELINE": True}),
+    ],
+)
+def test_gluon_fp8_kernel_cross_compiles_without_spills(H, config):
+    from sparse_mla import inspect as si
+    from sparse_mla.gluon.launch_fp8 import FP8SmallConfig
+
+    cfg = None if config is None else FP8SmallConfig(HEAD_GROUPS=1 if H <= 16 else 2, **config)
+    name, res = si.compile_kernel("gluon_ws_small_fp8", "sm90", num_heads=H, config=cfg)
+    rows = dict(res.resources.as_rows())
+    assert name == "gluon_ws_small_fp8" and "HGMMA" in res.isa
+    assert rows["local bytes"] == 0 and rows["stack bytes"] == 0, "the producer spills"
+    # The dequantization: a byte permute and bf16x2 multiplies, no fp8 conversion instruction.
+    assert "PRMT" in res.isa and "HMUL2.BF16" in res.isa and "e4m3" not in res.asm["ptx"]
+
+
+def test_gluon_fp8_config_checks():
+    from sparse_mla.gluon.launch_fp8 import FP8SmallConfig as C
+
+    C().validate()
+    C(HEAD_GROUPS=2).validate()
+    for bad, needle in [
+        (C(STAGES=4), "STAGES must be 2 or 3"),
+        (C(HEAD_GROUPS=2, STAGES=3), "shared memory"),
+        (C(PRODUCERS=4), "PRODUCERS must be 1, 2 or 3"),
+        (C(PRODUCERS=3, PRODUCER_REGS=112, STAGES=2), "at least as many ring tiles"),
+        (C(HEAD_GROUPS=2, PRODUCER_REGS=152), "it needs 240 at HEAD_GROUPS=2"),
+        (C(PIPELINE=True), "PIPELINE needs PRODUCERS=1"),
+        (C(PRODUCER_REGS=100), "multiple of 8"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            bad.validate()
+
+
 def _on(case: FP8Case, device, lead_bytes: int = 0) -> FP8Case:
     """The case on ``device``, its cache (poison included) copied to a byte offset past
     ``lead_bytes`` of a larger 0xFF buffer, the padded block stride kept."""

@@ -19,7 +19,7 @@ from .. import dispatch, fastlaunch, runtime
 from .._consts import LOG2E
 from ..fp8 import HEAD_DIM, KV_FORMAT, FP8Cache
 from . import hopper_fp8, hopper_ws_small
-from .launch import SMEM_LIMIT, _no_sink, _num_compute_units, _regs_field, get_target
+from .launch import SmallWSConfig, _no_sink, _num_compute_units, _regs_field, get_target
 
 NAME = "gluon_ws_small_fp8"  # its name in the registry (sparse_mla/kernels.py)
 
@@ -40,20 +40,22 @@ class FP8SmallConfig:
     PRODUCER_REGS: int = hopper_fp8.PRODUCER_REGS.value
     PIPELINE: bool = False
 
+    def _tiles(self) -> SmallWSConfig:
+        """The heads-on-N kernel's launch with the same tiles: its checks and its shared
+        memory are this kernel's (the producers' registers are checked here)."""
+        return SmallWSConfig(HEAD_GROUPS=self.HEAD_GROUPS, STAGES=self.STAGES)
+
     def stages(self) -> int:
-        return hopper_ws_small.ring_stages(self.HEAD_GROUPS, self.STAGES)
+        return self._tiles().stages()
 
     def smem_bytes(self) -> int:
         """Q, the bf16 KV ring, P^T and the barriers, as the kernel allocates."""
-        heads = hopper_ws_small.BLOCK_H.value * self.HEAD_GROUPS
-        return (2 * (heads * HEAD_DIM + self.stages() * 64 * HEAD_DIM + 64 * heads)
-                + 8 * hopper_ws_small.NUM_BARS.value)  # fmt: skip
+        return self._tiles().smem_bytes()
 
     def validate(self) -> None:
         if type(self.HEAD_GROUPS) is not int or self.HEAD_GROUPS not in (1, 2):
             raise ValueError(f"config: HEAD_GROUPS must be 1 or 2, got {self.HEAD_GROUPS!r}")
-        if self.STAGES is not None and (type(self.STAGES) is not int or self.STAGES not in (2, 3)):
-            raise ValueError(f"config: STAGES must be 2 or 3 (or None), got {self.STAGES!r}")
+        self._tiles().validate()  # STAGES, and the tiles' shared memory
         _regs_field("PRODUCER_REGS", self.PRODUCER_REGS)
         if type(self.PRODUCERS) is not int or self.PRODUCERS not in (1, 2, 3):
             raise ValueError(f"config: PRODUCERS must be 1, 2 or 3, got {self.PRODUCERS!r}")
@@ -71,12 +73,6 @@ class FP8SmallConfig:
             raise ValueError(
                 f"config: PRODUCERS={self.PRODUCERS} needs at least as many ring tiles, got "
                 f"{self.stages()} (STAGES)"
-            )
-        if self.smem_bytes() > SMEM_LIMIT:
-            raise ValueError(
-                f"config: {self.stages()} KV tiles at HEAD_GROUPS={self.HEAD_GROUPS} take "
-                f"{self.smem_bytes()} bytes of shared memory, more than the {SMEM_LIMIT} a "
-                "block may have (fewer STAGES)"
             )
 
 
