@@ -1,8 +1,7 @@
 """Hopper (sm90) sparse prefill straight from the FP8 KV cache (MODEL1 layout), few heads.
 
-The heads-on-N kernel of :mod:`hopper_ws_small` (one producer warpgroup, one consumer
-warpgroup, persistent; its consumer is reused unchanged) with a producer that reads the FP8
-cache instead of a bf16 pool. Per slot it fetches the token's 576 bytes of [NoPE | RoPE] and its
+The heads-on-N kernel of :mod:`hopper_ws_small` (persistent; its consumer warpgroup is reused
+unchanged) with producers that read the FP8 cache instead of a bf16 pool. Per slot it fetches the token's 576 bytes of [NoPE | RoPE] and its
 7 scale bytes (:mod:`sparse_mla.fp8` has the layout: slot s is token s % block_size of block
 s // block_size) into registers, dequantizes the 448 e4m3fn NoPE bytes, and writes the bf16 row
 into the same shared-memory tile the bf16 kernel's cp.async fills. So the consumer's wgmmas
@@ -14,20 +13,31 @@ its gather and by shared-memory bandwidth (the tile is written once and read twi
 192 KiB a tile); staging the fp8 bytes in shared memory first would add 2 x 37 KiB of shared
 traffic a tile, while the register path writes the same 64 KiB the bf16 kernel writes.
 
-The dequantization, per pair of bytes (PTX in :func:`_e4m3x4_to_bf16`): a byte permute puts
+The dequantization, per pair of bytes (PTX in :func:`_dequant_words`): a byte permute puts
 the two e4m3 bytes in the high byte of two 16-bit lanes; the magnitude bits (eeee mmm) shifted
 right by 4 and the sign bit kept give bf16 bits whose value is exactly x * 2^-120 (e4m3's
 exponent field lands in the low 4 bits of bf16's, and e4m3 subnormals land on bf16
 subnormals, which sm90's bf16 arithmetic keeps). Two bf16x2 multiplies, by 2^120 and by the
 tile's ue8m0 scale 2^(E - 127) (E = 0: 2^-127, a bf16 subnormal; E = 255: NaN), give
 x * scale rounded once to bf16, as ``dequantize`` does (exact unless it underflows bf16).
-Four integer operations and one multiply of bf16x2 per two values, no conversion instruction.
+Two integer operations and a multiply of bf16x2 a value pair (per 4-byte word: two permutes,
+four ands, two shifts, two ors, four multiplies), no conversion instruction.
 The two NaN bytes of e4m3fn (0x7F, 0xFF), which the quantizer never writes, decode as
 +-480 x scale here (``dequantize`` gives NaN).
 
-The producer's loop is software-pipelined (``PIPELINE``): the next tile's loads (the next
-item's first tile after an item's last) are issued before the current tile is dequantized and
-stored, so a tile's global-memory latency hides behind the previous tile's ALU work.
+A producer holds one tile's bytes in registers between its loads and its stores, so the
+tiles a program has in flight are its producers: ``PRODUCERS`` warpgroups (1-3) take the
+ring's tiles round-robin, each loading its next tile's slot ids before it waits for a free
+tile. With one producer, ``PIPELINE`` instead issues the next tile's loads (the next item's
+first after an item's last) before it stores the current one. Each loaded tile is stored once
+a ring tile is free and then announced on that tile's ``ready`` barrier (one arrival, after
+the warpgroup's stores and a proxy fence).
+
+Measured on the H200 (docs/PERF_NOTES.md, "The FP8 cache on Hopper"): correct at every launch,
+but 1.3-1.4x slower than the bf16 kernel at 8-32 heads whatever the producers; the next step
+there is ``experiments/fp8_seg128.py``'s loads. At 64 heads and more it runs two or four items
+a token and is 2.1-2.3x slower than a bf16 workspace fed to FlashMLA: an FP8 producer for the
+heads-on-M kernel (:mod:`hopper_ws`) is the missing piece.
 """
 
 from __future__ import annotations
