@@ -1,12 +1,13 @@
 """Hopper (sm90) sparse prefill straight from the FP8 KV cache (MODEL1 layout), few heads.
 
 The heads-on-N kernel of :mod:`hopper_ws_small` (persistent; its consumer warpgroup is reused
-unchanged) with producers that read the FP8 cache instead of a bf16 pool. Per slot it fetches the token's 576 bytes of [NoPE | RoPE] and its
-7 scale bytes (:mod:`sparse_mla.fp8` has the layout: slot s is token s % block_size of block
-s // block_size) into registers, dequantizes the 448 e4m3fn NoPE bytes, and writes the bf16 row
-into the same shared-memory tile the bf16 kernel's cp.async fills. So the consumer's wgmmas
-read bf16 operands equal to :func:`sparse_mla.fp8.dequantize`'s rows, and the error rule of the
-bf16 kernels holds unchanged (fp8 is not fed to the MMA: that would need Q in fp8 too).
+unchanged) with producers that read the FP8 cache instead of a bf16 pool. Per slot a producer
+fetches the token's 576 bytes of [NoPE | RoPE] and its 7 scale bytes (:mod:`sparse_mla.fp8` has
+the layout: slot s is token s % block_size of block s // block_size) into registers,
+dequantizes the 448 e4m3fn NoPE bytes, and writes the bf16 row into the same shared-memory
+tile the bf16 kernel's cp.async fills. So the consumer's wgmmas read bf16 operands equal to
+:func:`sparse_mla.fp8.dequantize`'s rows, and the error rule of the bf16 kernels holds
+unchanged (fp8 is not fed to the MMA: that would need Q in fp8 too).
 
 Why registers, not a cp.async staging buffer: at 16 heads the bf16 kernel's tile rate is set by
 its gather and by shared-memory bandwidth (the tile is written once and read twice by wgmma,
