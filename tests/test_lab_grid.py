@@ -245,7 +245,10 @@ def _section(grid_csv):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     start = next(i for i, c in enumerate(nb.cells) if "Every shape an engine sends" in c.source)
-    section = [c for c in nb.cells[start:] if c.cell_type == "code"]
+    # The section runs to the next level-2 heading (section 7, the FP8 figure, has its own).
+    end = next((i for i, c in enumerate(nb.cells) if i > start and c.cell_type == "markdown"
+                and c.source.lstrip().startswith("## ")), len(nb.cells))  # fmt: skip
+    section = [c for c in nb.cells[start:end] if c.cell_type == "code"]
     assert section, "notebook 06 lost its grid section"
     ns: dict = {}
     exec(code[0].source, ns)  # parameters

@@ -84,17 +84,20 @@ def test_sm90_head_groups_refused():
 
 
 def test_kernel_signature_contract():
-    """HEAD_GROUPS, STAGES and PRODUCER_REGS are the kernel's last parameters, constexprs
-    defaulting to 1 and None / None (a launch without them is the kernel as it was: 3 KV tiles
-    at one head group, 2 at two, the module's PRODUCER_REGS)."""
+    """HEAD_GROUPS, STAGES, PRODUCER_REGS and DENSE_IDS are the kernel's last parameters,
+    constexprs defaulting to 1, None, None and False (a launch without them is the kernel as it
+    was: CSR lists, 3 KV tiles at one head group, 2 at two, the module's PRODUCER_REGS); the
+    dense-ids row length ``ids_per_row`` comes before them."""
     import inspect as pyinspect
 
     from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel, ring_stages
 
     names = _prefill_ws_small_kernel.arg_names
-    assert names[-4:] == ["num_items", "HEAD_GROUPS", "STAGES", "PRODUCER_REGS"]
+    assert names[-6:] == [
+        "num_items", "ids_per_row", "HEAD_GROUPS", "STAGES", "PRODUCER_REGS", "DENSE_IDS",
+    ]  # fmt: skip
     params = pyinspect.signature(_prefill_ws_small_kernel.fn).parameters
-    assert [params[n].default for n in names[-3:]] == [1, None, None]
+    assert [params[n].default for n in names[-4:]] == [1, None, None, False]
     assert (ring_stages(1), ring_stages(2)) == (3, 2)
     assert (ring_stages(1, 2), ring_stages(2, 2)) == (2, 2)
 
