@@ -429,10 +429,8 @@ def prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=Non
     kernel makes the FP8Cache again and runs :func:`sparse_mla.fp8_prefill.
     sparse_mla_prefill_fp8` into ``out``). Arguments the schema cannot carry go to that
     function directly, which raises the named error."""
-    from .prefill import _op_args
-
     data = cache.data
-    if not _op_args(q, data, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
+    if not _prefill._op_args(q, data, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
         from .fp8_prefill import sparse_mla_prefill_fp8
 
         return sparse_mla_prefill_fp8(
@@ -476,9 +474,8 @@ def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
         and (attn_sink is None or type(attn_sink) is _T)
         and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
     ):  # fmt: skip
-        key = ("fp8", block_size,
-               *_plan_key(q, kv_cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
-                          config))  # fmt: skip
+        key = (_plan_key(q, kv_cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+                         config), block_size)  # fmt: skip
         p = _PLANS.get(key)
         if type(p) is _Plan:
             arch = _prefill._arch_of(q)
