@@ -22,12 +22,18 @@ but the driver call.
 ``_prefill_impl``) or on (the default). ``--clock cpu``: this thread's CPU time in place of
 wall time (on a shared machine).
 
+``--fp8``: the FP8-cache entry (``sparse_mla_prefill(q, FP8Cache, ...)`` ->
+``torch.ops.sparse_mla.prefill_fp8``): the same workload's pool quantized into a MODEL1 cache
+of 64-token blocks (:func:`sparse_mla.fp8.quantize`), kernels ``default`` (config=None) and
+each registered FP8 kernel (``triton_fp8``, ``gluon_ws_small_fp8``); ``--parts`` then times the
+op, the op's kernel (a plan's replay when plans are on), the full FP8 entry and the launch.
+
 ``--fast off|on|both``: launches through ``kernel[grid]`` every call (off), or directly after
 the first (on, the package's default: :mod:`sparse_mla.fastlaunch`); ``both`` prints a row of
 each per kernel, before/after in one run.
 
     python scripts/host_cost.py [--parts] [--profile] [--cpu] [--fast both] [--plans both]
-        [--clock cpu] [--shapes 16x4,64x4]
+        [--clock cpu] [--shapes 16x4,64x4] [--fp8]
 """
 
 from __future__ import annotations
@@ -124,6 +130,11 @@ def main(argv=None) -> int:
         help="plan replays and the eager bypass of the op dispatcher (sparse_mla.op): off = "
         "every call through torch.ops.sparse_mla.prefill and the full _prefill_impl",
     )
+    ap.add_argument(
+        "--fp8",
+        action="store_true",
+        help="the FP8-cache entry (an FP8Cache of the pool, 64-token blocks) and its kernels",
+    )
     args = ap.parse_args(argv)
     global WINDOWS, CLOCK, STAT
     WINDOWS = args.windows
@@ -159,8 +170,9 @@ def main(argv=None) -> int:
                 k.unavailable if name == "triton" else (lambda call: None)))  # fmt: skip
         what = "a no-op driver launch" if args.cpu_launch else "kernel runs are no-ops"
         print(f"# CPU host work only ({what}) torch {torch.__version__}")
-    dense = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "dense"]
-    names = ["default", *dense] if args.kernels is None else args.kernels.split(",")
+    fmt = "fp8_model1" if args.fp8 else "dense"
+    mine = [n for n, k in dispatch.KERNELS.items() if k.kv_format == fmt]
+    names = ["default", *mine] if args.kernels is None else args.kernels.split(",")
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.fast]
     plan_modes = {"off": [False], "on": [True], "both": [False, True]}[args.plans]
     has_plans = hasattr(op_mod, "set_plans_enabled")  # older commits: no plans
@@ -171,11 +183,15 @@ def main(argv=None) -> int:
     for shape in args.shapes.split(","):
         H, T = (int(x) for x in shape.split("x"))
         q, kv, idx, indptr, scale, sink = workload(H, T, device)
+        if args.fp8:
+            from sparse_mla.fp8 import quantize
+
+            kv = quantize(kv, 64)  # an FP8Cache: the entry takes the FP8 op
         out = torch.empty_like(q)
         for name in names:
             cfg = None if name == "default" else dispatch.Choice(name)
             if name != "default" and device == "cuda":
-                call = dispatch.Call(runtime.arch(), H, 512, q.dtype, kv, T)
+                call = dispatch.Call(runtime.arch(), H, 512, q.dtype, kv, T, kv_format=fmt)
                 if dispatch.kernel(name).unavailable(call):
                     continue
 
@@ -189,7 +205,10 @@ def main(argv=None) -> int:
                         op_mod.set_plans_enabled(plans)
                     us = host_us(full, sync)
                     parts = ""
-                    if args.parts:
+                    if args.parts and args.fp8:
+                        parts = _parts_fp8(q, kv, idx, indptr, scale, sink, out, cfg, validate,
+                                           sync)  # fmt: skip
+                    elif args.parts:
                         parts = _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync)
                     fl, pl = ("on" if fast else "off"), ("on" if plans else "off")
                     print(f"H{H} T{T:<7} {name:<16} {fl:<5} {pl:<5} {us:8.1f}  {parts}",
@@ -287,6 +306,36 @@ def _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync) -> str:
                                        config_key=key), sync)  # fmt: skip
     run = dispatch.kernel(choice.kernel).run
     got["launch"] = host_us(lambda: run(q, kv, idx, indptr, scale, sink, out, choice.launch), sync)
+    return f"[{choice.kernel}] " + " ".join(f"{k} {v:.1f}" for k, v in got.items())
+
+
+def _parts_fp8(q, cache, idx, indptr, scale, sink, out, cfg, validate, sync) -> str:
+    from sparse_mla import dispatch, op
+    from sparse_mla.fp8_prefill import sparse_mla_prefill_fp8
+
+    spec = None if cfg is None else op.config_spec(cfg)
+    data, bs = cache.data, cache.block_size
+    got = {}
+    got["op"] = host_us(lambda: op.prefill_fp8_op(q, data, bs, idx, indptr, scale, sink, out,
+                                                  spec, validate), sync)  # fmt: skip
+    if op.plans_enabled():  # the op's kernel: a plan's replay where the call has one
+        got["plan"] = host_us(
+            lambda: op._fp8_impl(q, data, bs, idx, indptr, scale, sink, out, spec, validate), sync
+        )
+    got["entry"] = host_us(
+        lambda: sparse_mla_prefill_fp8(q, cache, idx, indptr, scale, attn_sink=sink, out=out,
+                                       config=cfg, validate=validate), sync)  # fmt: skip
+    arch = "sm90" if q.device.type == "cpu" else None
+    from sparse_mla import runtime
+
+    arch = arch or runtime.arch(q.device.index or 0)
+    T, H, D = q.shape
+    call = dispatch.Call(arch, H, D, q.dtype, cache, T, idx.numel(), kv_format="fp8_model1")
+    choice = dispatch.choose(call, config=cfg)
+    got["choose"] = host_us(lambda: dispatch.choose(call, config=cfg), sync)
+    run = dispatch.kernel(choice.kernel).run
+    got["launch"] = host_us(lambda: run(q, cache, idx, indptr, scale, sink, out, choice.launch),
+                            sync)  # fmt: skip
     return f"[{choice.kernel}] " + " ".join(f"{k} {v:.1f}" for k, v in got.items())
 
 

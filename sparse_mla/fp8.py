@@ -172,6 +172,20 @@ class FP8Cache:
         n = self.block_size * TOKEN_BYTES
         return d.as_strided((self.num_blocks, n), (self.block_stride, 1))
 
+    def kernel_bytes(self) -> torch.Tensor:
+        """``data`` as uint8, the tensor a kernel's cache pointer gets (its address is the
+        first block's; the kernels step blocks by :attr:`block_stride`): ``data`` itself when
+        it is uint8, else its uint8 view, made once per cache object (so every launch of a
+        call, and the op's plan, see the same object)."""
+        d = self.data
+        if d.dtype == torch.uint8:
+            return d
+        t = self.__dict__.get("_kernel_bytes")
+        if t is None:
+            t = d.view(torch.uint8)
+            object.__setattr__(self, "_kernel_bytes", t)  # a cache, not a field
+        return t
+
     def __repr__(self) -> str:
         return (
             f"FP8Cache(num_blocks={self.num_blocks}, block_size={self.block_size}, "

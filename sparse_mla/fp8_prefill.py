@@ -33,16 +33,17 @@ both kernels behind a constexpr load strategy is a later, mechanical step.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
-from . import dispatch, runtime
+from . import dispatch, fastlaunch, runtime
 from .configs import PrefillConfig
 from .fp8 import D_NOPE, HEAD_DIM, KV_FORMAT, NUM_TILES, ROW_BYTES, TILE, FP8Cache
-from .prefill import _LOG2E, _fold_sink, _mma, _round_to, _softmax_tile, resolve_config
+from .prefill import _LOG2E, _fold_sink, _mma, _no_sink, _round_to, _softmax_tile, resolve_config
 from .prefill import default_config as prefill_default_config
 from .validation import _shares_memory, dense_as_csr, validate_inputs
 
@@ -219,37 +220,32 @@ def _constexprs(cfg: PrefillConfig, num_heads: int, *, has_sink: bool, interp_bf
 
 
 def _run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
-    """Launch on validated inputs (T > 0, at least one block)."""
+    """Launch on validated inputs (T > 0, at least one block): compiled, through the direct
+    path (:mod:`sparse_mla.fastlaunch`, as the bf16 Triton kernel), or interpreted."""
     T, H, _ = q.shape
     interpret = runtime.runs_interpreted(q)
-    sink = attn_sink if attn_sink is not None else q.new_empty(0, dtype=torch.float32)
+    has_sink = attn_sink is not None
+    sink = attn_sink if has_sink else _no_sink(q.device)
     qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
-    options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
-    consts = _constexprs(cfg, H, has_sink=attn_sink is not None, interp_bf16=interpret)
-    runtime.launch(
-        _sparse_mla_prefill_fp8_kernel,
-        (T, triton.cdiv(H, cfg.BLOCK_H)),
-        q,
-        cache.as_bytes(),
-        kv_indices,
-        kv_indptr,
-        sink,
-        out,
-        q.stride(0),
-        q.stride(1),
-        cache.block_stride,
-        out.stride(0),
-        out.stride(1),
-        H,
-        cache.block_size,
-        cache.num_slots,
-        kv_indices.numel(),
-        qk_scale,
-        interpret=interpret,
-        **consts,
-        **options,
-    )
+    kw = _launch_kwargs(cfg, H, has_sink, interpret)
+    grid = (T, runtime.cdiv(H, cfg.BLOCK_H))
+    (qs0, qs1, _), (os0, os1, _) = q.stride(), out.stride()
+    args = (q, cache.kernel_bytes(), kv_indices, kv_indptr, sink, out, qs0, qs1,
+            cache.block_stride, os0, os1, H, cache.block_size, cache.num_slots,
+            kv_indices.numel(), qk_scale)  # fmt: skip
+    if interpret:
+        runtime.launch(_sparse_mla_prefill_fp8_kernel, grid, *args, interpret=True, **kw)
+    else:  # kw is _launch_kwargs' cached dict: the direct launch keys on its identity
+        fastlaunch.launcher(_sparse_mla_prefill_fp8_kernel)(grid, args, kw)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_kwargs(cfg: PrefillConfig, H: int, has_sink: bool, interpret: bool) -> dict:
+    """The constexprs and options of a launch (cached: they depend on no tensor; never
+    changed after)."""
+    options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
+    return {**_constexprs(cfg, H, has_sink=has_sink, interp_bf16=interpret), **options}
 
 
 def default_config(num_heads: int) -> PrefillConfig:
@@ -334,6 +330,18 @@ def sparse_mla_prefill_fp8(
         out [T, H, 512] bf16: attention over the dequantized rows (:func:`sparse_mla.fp8.
         dequantize`); zeros for a token with no valid slot.
     """
+    x, choice = _checked(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
+                         validate)  # fmt: skip
+    if out is None:
+        out = torch.empty_like(x.q, memory_format=torch.contiguous_format)
+    _launch(x, cache, choice, out)
+    return out
+
+
+def _checked(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
+             validate):  # fmt: skip
+    """The entry's checks (raising by name, in this order) and its kernel choice:
+    (validated inputs, choice)."""
     if isinstance(q, torch.Tensor) and q.dtype != torch.bfloat16:
         raise TypeError(f"q must be bfloat16 with an FP8 KV cache (RoPE is bf16), got {q.dtype}")
     if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[-1] != HEAD_DIM:
@@ -341,7 +349,7 @@ def sparse_mla_prefill_fp8(
             f"q head dim must be {HEAD_DIM} (448 NoPE + 64 RoPE) with an FP8 KV cache, got "
             f"{q.shape[-1]}"
         )
-    stub = torch.empty(0, HEAD_DIM, dtype=torch.bfloat16, device=cache.device)
+    stub = _stub(cache.device)
     if isinstance(q, torch.Tensor) and cache.device != q.device:
         raise ValueError(f"kv is on {cache.device} but q is on {q.device}; devices must match")
     x = validate_inputs(
@@ -354,17 +362,33 @@ def sparse_mla_prefill_fp8(
     T, H, D = q.shape
     arch = None if runtime.runs_interpreted(q) else runtime.arch(q.device.index or 0)
     call = dispatch.Call(arch, H, D, q.dtype, cache, T, x.kv_indices.numel(), kv_format=KV_FORMAT)
-    choice = dispatch.choose(call, config=config)
-    run = dispatch.kernel(choice.kernel).run
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return x, dispatch.choose(call, config=config)
+
+
+def _launch(x, cache: FP8Cache, choice: dispatch.Choice, out) -> None:
+    """The chosen kernel's launch into ``out`` on checked inputs (:func:`_checked`)."""
     if out.numel() == 0:
-        return out
+        return
     if cache.num_slots == 0:
         out.zero_()
-        return out
+        return
     ids, ptr = x.kv_indices, x.kv_indptr
-    if ptr is None and not dispatch.kernel(choice.kernel).dense_ids:
+    k = dispatch.kernel(choice.kernel)
+    if ptr is None and not k.dense_ids:
         ids, ptr = dense_as_csr(ids)  # dense [T, K] ids: their CSR form, on the device
-    run(q, cache, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
-    return out
+    k.run(x.q, cache, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
+
+
+_STUBS: dict[torch.device, torch.Tensor] = {}
+
+
+def _stub(device: torch.device) -> torch.Tensor:
+    """An empty [0, 512] bf16 tensor standing for the pool in :func:`validate_inputs` (which
+    checks the other arguments against it; the cache has checked itself): one per device, not
+    kept when made inside a CUDA-graph capture."""
+    t = _STUBS.get(device)
+    if t is None:
+        t = torch.empty(0, HEAD_DIM, dtype=torch.bfloat16, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _STUBS[device] = t
+    return t

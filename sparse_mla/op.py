@@ -429,10 +429,8 @@ def prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=Non
     kernel makes the FP8Cache again and runs :func:`sparse_mla.fp8_prefill.
     sparse_mla_prefill_fp8` into ``out``). Arguments the schema cannot carry go to that
     function directly, which raises the named error."""
-    from .prefill import _op_args
-
     data = cache.data
-    if not _op_args(q, data, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
+    if not _prefill._op_args(q, data, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
         from .fp8_prefill import sparse_mla_prefill_fp8
 
         return sparse_mla_prefill_fp8(
@@ -452,10 +450,59 @@ def prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=Non
     return out
 
 
+# The FP8 op's kernel keeps plans as the dense op's does (above), keyed the same way with the
+# cache's tensor in the pool's place and the block size added. What the full path checks of the
+# cache (FP8Cache: block size, dtype, shape, strides, byte size, 2-byte alignment) and the
+# entry's checks of q against it read the layout only: keyed, not re-run. A replay re-checks
+# what depends on more: out's overlap with q, the cache's bytes and the other inputs; kv_indptr's
+# values when asked; the choice's stamp; the direct-launch state. The launches get the cache as
+# its uint8 tensor (FP8Cache.kernel_bytes: data, or data's uint8 view, made per call). Dense
+# [T, K] ids (kv_indptr None) never plan: the entry builds their CSR form per call with torch ops
+# (validation.dense_as_csr: a view of the ids and an arange) that a replay cannot repeat.
+
+_U8 = torch.uint8
+
+
 def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
               config=None, validate=None):  # fmt: skip
-    """The CPU and CUDA kernel of ``torch.ops.sparse_mla.prefill_fp8``: the FP8Cache (its checks
-    run here, on the real tensor), then the FP8 entry's checks, choice and launch."""
+    """The CPU and CUDA kernel of ``torch.ops.sparse_mla.prefill_fp8``: the call's plan replayed
+    when it has a valid one, else :func:`_fp8_full` (recording a plan when the call can have
+    one). See above."""
+    if (
+        _PLANS_ON[0] and type(q) is _T and type(kv_cache) is _T and type(kv_indices) is _T
+        and type(kv_indptr) is _T and type(out) is _T and type(block_size) is int
+        and (attn_sink is None or type(attn_sink) is _T)
+        and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
+    ):  # fmt: skip
+        key = (_plan_key(q, kv_cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+                         config), block_size)  # fmt: skip
+        p = _PLANS.get(key)
+        if type(p) is _Plan:
+            arch = _prefill._arch_of(q)
+            if (
+                arch == p.arch and dispatch.choice_stamp(arch) == p.stamp and p.replay.valid()
+                and not (p.layout[0] and validation._overlaps_known(
+                    p.layout, q, kv_cache, kv_indices, kv_indptr, attn_sink, out))
+            ):  # fmt: skip
+                if _value_check(validate, q):
+                    validation.check_indptr(kv_indptr, kv_indices.numel())
+                raw = kv_cache if kv_cache.dtype == _U8 else kv_cache.view(_U8)
+                inputs = (q, raw, kv_indices, kv_indptr, attn_sink, out)
+                p.replay(inputs, tuple(f() for f in p.scratch) if p.scratch else ())
+                return
+            p = None  # stale, or the overlap check fails: the full path (raises by name)
+        if p is None or p < _PLAN_TRIES:
+            _record_fp8(key, 0 if p is None else p, q, kv_cache, block_size, kv_indices,
+                        kv_indptr, softmax_scale, attn_sink, out, config, validate)  # fmt: skip
+            return
+    _fp8_full(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+              config, validate)  # fmt: skip
+
+
+def _fp8_full(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+              config=None, validate=None):  # fmt: skip
+    """The FP8 op's full path: the FP8Cache (its checks run here, on the real tensor), then the
+    FP8 entry's checks, choice and launch."""
     from .fp8 import FP8Cache
     from .fp8_prefill import sparse_mla_prefill_fp8
 
@@ -464,6 +511,50 @@ def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
         attn_sink=attn_sink, out=out, config=None if config is None else config_object(config),
         validate=_value_check(validate, q),
     )  # fmt: skip
+
+
+def _record_fp8(key, tries, q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale,
+                attn_sink, out, config, validate):  # fmt: skip
+    """:func:`_fp8_full` on a call that may get a plan: the cache's and the entry's checks and
+    the choice first (the same errors in the same order), then the launch recorded; a plan when
+    it can be replayed, else one try fewer for this key (as :func:`_record`)."""
+    from . import fp8_prefill
+    from .fp8 import FP8Cache
+
+    arch = _prefill._arch_of(q)
+    stamp = dispatch.choice_stamp(arch)
+    cache = FP8Cache(kv_cache, block_size)
+    conf = None if config is None else config_object(config)
+    x, choice = fp8_prefill._checked(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink,
+                                     out, conf, _value_check(validate, q))  # fmt: skip
+    stub = fp8_prefill._stub(cache.device)
+    lkey = validation._layout_key(q, stub, kv_indices, kv_indptr, attn_sink, out, None)
+    layout = validation._LAYOUTS.get(lkey)
+    if layout is None:  # a layout the kernels see through copies or views
+        _store(key, _PLAN_TRIES)
+        fp8_prefill._launch(x, cache, choice, out)
+        return
+    # validate_inputs' extents with the cache's bytes in the stub's place (an empty out, which
+    # overlaps nothing, has extent 0: no overlap check, as _checked's).
+    out_ext, q_ext, same, exts = layout
+    layout = (out_ext, q_ext, same, (validation._extent(kv_cache), *exts[1:]))
+    raw = cache.kernel_bytes()  # made here, so the launch's cache argument is an input
+    inputs = (q, raw, kv_indices, kv_indptr, attn_sink, out)
+    watch = _Watch()
+    with fastlaunch.recording() as launches, watch:
+        fp8_prefill._launch(x, cache, choice, out)
+    if launches is None:  # another thread is recording: no plan this time
+        return
+    replay = None
+    if (launches or not out.numel()) and not watch.other and dispatch.choice_stamp(arch) == stamp:
+        replay = fastlaunch.Replay.build(launches, inputs, len(watch.empties), watch.aliases)
+    if replay is None:
+        _store(key, tries + 1)
+        return
+    p = _Plan()
+    p.arch, p.stamp, p.layout, p.replay = arch, stamp, layout, replay
+    p.scratch = tuple(_empty_maker(a, kw) for a, kw, _ in watch.empties)
+    _store(key, p)
 
 
 LIB.impl("prefill_fp8", _fp8_impl, "CPU")

@@ -151,7 +151,7 @@ def run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out
         dst = torch.empty(out.shape, dtype=out.dtype, device=out.device)
     fastlaunch.launcher(hopper_fp8._prefill_ws_small_fp8_kernel)(
         grid,
-        (q, cache.as_bytes(), kv_indices, kv_indptr, sink, dst, q.stride(0), q.stride(1),
+        (q, cache.kernel_bytes(), kv_indices, kv_indptr, sink, dst, q.stride(0), q.stride(1),
          cache.block_stride, dst.stride(0), dst.stride(1), H, cache.num_slots,
          kv_indices.numel(), float(softmax_scale) * LOG2E, items, bs,
          int(math.log2(bs)) if bs & (bs - 1) == 0 else 0),
