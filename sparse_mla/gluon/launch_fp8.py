@@ -19,7 +19,8 @@ from .. import dispatch, fastlaunch, runtime
 from .._consts import LOG2E
 from ..fp8 import HEAD_DIM, KV_FORMAT, FP8Cache
 from . import hopper_fp8, hopper_ws_small
-from .launch import SmallWSConfig, _no_sink, _num_compute_units, _regs_field, get_target
+from . import launch as _launch
+from .launch import SmallWSConfig, _regs_field, get_target
 
 NAME = "gluon_ws_small_fp8"  # its name in the registry (sparse_mla/kernels.py)
 
@@ -140,10 +141,11 @@ def run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out
     R, H, _ = q.shape
     if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8 or q.stride(2) != 1:
         q = q.contiguous()  # the producer copies Q rows with 16-byte cp.async
-    sink = _no_sink(H, q.device) if attn_sink is None else attn_sink.contiguous()
+    sink = _launch._no_sink(H, q.device) if attn_sink is None else attn_sink.contiguous()
     heads = hopper_ws_small.BLOCK_H.value * cfg.HEAD_GROUPS
     items = R * runtime.cdiv(H, heads)
-    grid = (min(items, _num_compute_units(q.device.index or 0)),)
+    # Through the module: one cached SM count for every launcher (and one place to stub it).
+    grid = (min(items, _launch._num_compute_units(q.device.index or 0)),)
     bs = cache.block_size
     kwargs = fastlaunch.frozen(**_constexprs(cfg, bs), num_warps=4, num_stages=1)
     dst = out
