@@ -4,7 +4,7 @@ registers it with ``kv_format`` "fp8_model1").
 
 The launch mirrors the bf16 heads-on-N kernel's (:func:`launch._launch_persistent`): persistent,
 one program per SM over R x cdiv(H, 16 x HEAD_GROUPS) work items, 4 warps in the default
-partition (the consumer) + 4 in the producer.
+partition (the consumer) + 4 in each of the PRODUCERS producer partitions.
 """
 
 from __future__ import annotations
