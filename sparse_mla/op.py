@@ -350,9 +350,25 @@ def _record(key, tries, q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, 
         return
     arch = _prefill._arch_of(q)
     stamp = dispatch.choice_stamp(arch)
+    _plan_from(
+        key,
+        tries,
+        arch,
+        stamp,
+        layout,
+        inputs,
+        out,
+        lambda: impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False),
+    )
+
+
+def _plan_from(key, tries, arch, stamp, layout, inputs, out, launch) -> None:
+    """Run ``launch()`` recorded and store its plan for ``key`` (the dense and the FP8 op's
+    kernels): a plan when every launch went through fastlaunch, no torch op but ``torch.empty``
+    ran and the choice did not change meanwhile, else one try fewer for this key."""
     watch = _Watch()
     with fastlaunch.recording() as launches, watch:
-        impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False)
+        launch()
     if launches is None:  # another thread is recording: no plan this time
         return
     replay = None
@@ -540,21 +556,8 @@ def _record_fp8(key, tries, q, kv_cache, block_size, kv_indices, kv_indptr, soft
     layout = (out_ext, q_ext, same, (validation._extent(kv_cache), *exts[1:]))
     raw = cache.kernel_bytes()  # made here, so the launch's cache argument is an input
     inputs = (q, raw, kv_indices, kv_indptr, attn_sink, out)
-    watch = _Watch()
-    with fastlaunch.recording() as launches, watch:
-        fp8_prefill._launch(x, cache, choice, out)
-    if launches is None:  # another thread is recording: no plan this time
-        return
-    replay = None
-    if (launches or not out.numel()) and not watch.other and dispatch.choice_stamp(arch) == stamp:
-        replay = fastlaunch.Replay.build(launches, inputs, len(watch.empties), watch.aliases)
-    if replay is None:
-        _store(key, tries + 1)
-        return
-    p = _Plan()
-    p.arch, p.stamp, p.layout, p.replay = arch, stamp, layout, replay
-    p.scratch = tuple(_empty_maker(a, kw) for a, kw, _ in watch.empties)
-    _store(key, p)
+    _plan_from(key, tries, arch, stamp, layout, inputs, out,
+               lambda: fp8_prefill._launch(x, cache, choice, out))  # fmt: skip
 
 
 LIB.impl("prefill_fp8", _fp8_impl, "CPU")
