@@ -312,14 +312,7 @@ def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
         key = _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config)
         p = _PLANS.get(key)
         if type(p) is _Plan:
-            arch = _prefill._arch_of(q)
-            if (
-                arch == p.arch and dispatch.choice_stamp(arch) == p.stamp and p.replay.valid()
-                and not (p.layout[0] and validation._overlaps_known(
-                    p.layout, q, kv, kv_indices, kv_indptr, attn_sink, out))
-            ):  # fmt: skip
-                if _value_check(validate, q):
-                    validation.check_indptr(kv_indptr, kv_indices.numel())
+            if _replayable(p, q, kv, kv_indices, kv_indptr, attn_sink, out, validate):
                 inputs = (q, kv, kv_indices, kv_indptr, attn_sink, out)
                 p.replay(inputs, tuple(f() for f in p.scratch) if p.scratch else ())
                 return
@@ -329,6 +322,22 @@ def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
                     attn_sink, out, config, validate)  # fmt: skip
             return
     _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+
+
+def _replayable(p, q, pool, kv_indices, kv_indptr, attn_sink, out, validate) -> bool:
+    """Whether plan ``p`` may replay this call (the dense and the FP8 op's kernels; ``pool`` is
+    the pool or the cache's tensor): the same arch and choice stamp, its launches still valid, out
+    overlapping no input; then kv_indptr's values when the call asks (raises by name)."""
+    arch = _prefill._arch_of(q)
+    if not (
+        arch == p.arch and dispatch.choice_stamp(arch) == p.stamp and p.replay.valid()
+        and not (p.layout[0] and validation._overlaps_known(
+            p.layout, q, pool, kv_indices, kv_indptr, attn_sink, out))
+    ):  # fmt: skip
+        return False
+    if _value_check(validate, q):
+        validation.check_indptr(kv_indptr, kv_indices.numel())
+    return True
 
 
 def _record(key, tries, q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
@@ -494,14 +503,7 @@ def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
                          config), block_size)  # fmt: skip
         p = _PLANS.get(key)
         if type(p) is _Plan:
-            arch = _prefill._arch_of(q)
-            if (
-                arch == p.arch and dispatch.choice_stamp(arch) == p.stamp and p.replay.valid()
-                and not (p.layout[0] and validation._overlaps_known(
-                    p.layout, q, kv_cache, kv_indices, kv_indptr, attn_sink, out))
-            ):  # fmt: skip
-                if _value_check(validate, q):
-                    validation.check_indptr(kv_indptr, kv_indices.numel())
+            if _replayable(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out, validate):
                 raw = kv_cache if kv_cache.dtype == _U8 else kv_cache.view(_U8)
                 inputs = (q, raw, kv_indices, kv_indptr, attn_sink, out)
                 p.replay(inputs, tuple(f() for f in p.scratch) if p.scratch else ())
