@@ -6,7 +6,9 @@ workload is computed once and shared by its providers), and only then is timed: 
 ``triton.testing.do_bench(return_mode="median")``, or, given a time budget (the grid's way), with
 :func:`time_budget` (the same L2 flush before each call and median of per-call event times, but
 as many calls as fit the budget, at least 5, queued behind a GPU sleep so that ``ms`` is the
-GPU's time, not the host's: a small call's Python and launch cost is not in it). Providers:
+GPU's time, not the host's: a small call's Python and launch cost is not in it); on a GPU the
+providers that pass a workload's check are then timed in turns (:func:`time_interleaved`: four
+rounds, forwards and backwards), so that none inherits the clocks another left. Providers:
 
 - each kernel of the package (every name in :data:`sparse_mla.dispatch.KERNELS`, read at run
   time), forced through :func:`sparse_mla.sparse_mla_prefill` (Triton with its tuned launch for
@@ -135,6 +137,7 @@ __all__ = [
     "aiter_configs",
     "append_rows",
     "budget_reps",
+    "budget_samples",
     "device_slug",
     "flashmla_heads",
     "floor_ms",
@@ -156,6 +159,7 @@ __all__ = [
     "run_grid",
     "run_summary",
     "time_budget",
+    "time_interleaved",
     "torch_gather_prefill",
     "work_model",
 ]
@@ -182,6 +186,8 @@ GRID_GLM_TOPK = 2048
 GRID_BUDGET_MS = 40.0
 BUDGET_MIN_REPS = 5
 BUDGET_MAX_REPS = 200
+# Timing rounds of one point's providers (:func:`time_interleaved`), when timed by a budget.
+TIMING_ROUNDS = 4
 GATHER_POOL_BYTES = (4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30)
 CSV_COLUMNS = (
     "timestamp", "device", "torch", "triton", "commit", "workload", "T", "H", "D", "topk", "nnz",
@@ -364,7 +370,20 @@ def time_budget(
     min_reps: int = BUDGET_MIN_REPS,
     max_reps: int = BUDGET_MAX_REPS,
 ) -> float:
-    """Median GPU ms of ``fn``, as many calls as fit ``budget_ms`` (:func:`budget_reps`).
+    """Median GPU ms of ``fn``, as many calls as fit ``budget_ms`` (:func:`budget_samples`)."""
+    return float(statistics.median(budget_samples(fn, budget_ms, min_reps=min_reps,
+                                                  max_reps=max_reps)))  # fmt: skip
+
+
+def budget_samples(
+    fn: Callable[[], Any],
+    budget_ms: float,
+    *,
+    min_reps: int = BUDGET_MIN_REPS,
+    max_reps: int = BUDGET_MAX_REPS,
+) -> list[float]:
+    """GPU ms of each timed call of ``fn``, as many calls as fit ``budget_ms``
+    (:func:`budget_reps`).
 
     Measured as ``triton.testing.do_bench`` measures (the L2 flushed before every call, one
     event pair around each), without its fixed 25 ms warm-up and 100 ms window: two flushed calls
@@ -403,7 +422,42 @@ def time_budget(
         fn()
         ends[i].record()
     di.synchronize()
-    return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)))
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+def time_interleaved(
+    fns: Sequence[Callable[[], Any]],
+    budget_ms: float,
+    *,
+    rounds: int = TIMING_ROUNDS,
+    min_reps: int = BUDGET_MIN_REPS,
+    max_reps: int = BUDGET_MAX_REPS,
+) -> list[float]:
+    """Median GPU ms of each of ``fns``, timed in turns: ``rounds`` rounds, each giving every
+    function ``budget_ms / rounds`` of :func:`budget_samples` (at least ``ceil(min_reps /
+    rounds)`` calls), forwards in even rounds and backwards in odd ones; a function's time is
+    the median of its rounds' medians. With an even number of rounds (forwards, backwards, ...)
+    a drift linear in time moves every function's time alike.
+
+    Why: timed one after another, a provider inherits the clocks the ones before it left. On the
+    H200 a long point's later providers ran up to 9% slower than the same kernel timed earlier
+    (run of 389977b, H128 T=16384: ``gluon_ws`` 7.24 ms, then ``default``, running the same
+    kernel, 7.91, then ``default_dense`` 8.61), enough to fail a 5% goal by order alone. In
+    turns every provider sees the same mix of before and after."""
+    if type(rounds) is not int or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    if not (budget_ms > 0 and min_reps >= 1 and max_reps >= min_reps):
+        raise ValueError(f"need budget_ms > 0 and 1 <= min_reps <= max_reps, got {budget_ms}, "
+                         f"{min_reps}, {max_reps}")  # fmt: skip
+    per_min = -(-min_reps // rounds)
+    per_max = max(per_min, max_reps // rounds)
+    medians: list[list[float]] = [[] for _ in fns]
+    for r in range(rounds):
+        order = range(len(fns)) if r % 2 == 0 else range(len(fns) - 1, -1, -1)
+        for i in order:
+            calls = budget_samples(fns[i], budget_ms / rounds, min_reps=per_min, max_reps=per_max)
+            medians[i].append(statistics.median(calls))
+    return [float(statistics.median(x)) for x in medians]
 
 
 HOLD_BATCH = 16  # timed calls queued behind one GPU sleep
@@ -1610,6 +1664,11 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
     refs = _References(w, check_tokens)
     rows = []
     peer_names = (*_FLASHMLA_NAMES, "aiter")
+    # On a GPU with a budget (the grid's way), the providers that pass are timed together
+    # afterwards, in turns (time_interleaved), so that none inherits another's clocks.
+    defer = device.type == "cuda" and budget_ms is not None
+    pending: list[tuple[dict[str, Any], Callable[[], Any]]] = []
+    spent: dict[int, float] = {}
     for prov in chosen:
         t0 = time.perf_counter()
         row = {**base, "provider": prov}
@@ -1621,8 +1680,12 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
             else:
                 prepared = _provider(prov, w, device, peers)
                 row.update(provider=prepared.name, config=prepared.config)
-                row.update(_check_and_time(prepared, w, device, check_tokens, quick, refs=refs,
-                                           budget_ms=budget_ms, host=host))  # fmt: skip
+                res, timer = _check_and_time(prepared, w, device, check_tokens, quick, refs=refs,
+                                             budget_ms=budget_ms, host=host,
+                                             defer=defer)  # fmt: skip
+                row.update(res)
+                if timer is not None:
+                    pending.append((row, timer))
         except Unavailable as e:
             once(prov, f"skipped ({e})")
             continue
@@ -1631,6 +1694,21 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
                 once(prov, f"skipped, it raised ({type(e).__name__}: {e})")
                 continue
             row.update(ok=False, note=f"{type(e).__name__}: {e}"[:500])
+        spent[id(row)] = time.perf_counter() - t0
+        rows.append(row)
+    if pending:
+        t0 = time.perf_counter()
+        for (row, _), ms in zip(pending, time_interleaved([fn for _, fn in pending], budget_ms),
+                                strict=True):  # fmt: skip
+            row["ms"] = ms
+        share = (time.perf_counter() - t0) / len(pending)
+        for row, fn in pending:
+            spent[id(row)] += share
+            if host:
+                t0 = time.perf_counter()
+                row["host_us"] = host_time_us(fn, device)
+                spent[id(row)] += time.perf_counter() - t0
+    for row in rows:
         if row.get("ms") is not None:
             s = row["ms"] * 1e-3
             row.update(tflops=flops / s / 1e12, gather_tbs=nbytes / s / 1e12)
@@ -1644,29 +1722,34 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
             rel = row.get("rel_l2")
             rel = math.nan if rel is None else rel
             say(f"  {row['provider']}: {status}, rel_l2 {rel:.2e}, {timing}"
-                f" [{time.perf_counter() - t0:.1f} s]"
+                f" [{spent[id(row)]:.1f} s]"
                 + (f" ({row['note']})" if row.get("note") else ""))  # fmt: skip
         elif not row["ok"]:
             say(f"    {row['provider']} at {name} T={T}: FAIL ({row.get('note')})"[:500])
-        rows.append(row)
     return rows
 
 
 def _check_and_time(p: Prepared, w, device, check_tokens: int, quick: bool, *, refs=None,
-                    budget_ms=None, host=False) -> dict[str, Any]:  # fmt: skip
-    """ok / rel_l2 / note from the gate, and ms when it passed (and host_us with ``host``)."""
+                    budget_ms=None, host=False,
+                    defer=False) -> tuple[dict[str, Any], Callable[[], Any] | None]:  # fmt: skip
+    """ok / rel_l2 / note from the gate, and ms when it passed (and host_us with ``host``).
+
+    With ``defer`` nothing is timed here: a call that passed comes back as the second item (a
+    zero-argument callable, its output allocated), for the caller to time with the point's
+    other providers (:func:`time_interleaved`) and to measure its host time; else that item
+    is None."""
     ok, rel, note = _check(p.run, w, check_tokens, refs)
     res: dict[str, Any] = {"ok": ok, "rel_l2": rel, "note": note or None}
-    if ok:
-        out = torch.empty_like(w.q)
-        if p.timed is not None:
-            res["ms"] = _time(lambda _out: p.timed(), None, device, quick, budget_ms)
-        else:
-            res["ms"] = _time(p.run, out, device, quick, budget_ms)
-        if host and device.type == "cuda":
-            fn = p.timed if p.timed is not None else (lambda: p.run(out))
-            res["host_us"] = host_time_us(fn, device)
-    return res
+    if not ok:
+        return res, None
+    out = torch.empty_like(w.q)
+    fn = p.timed if p.timed is not None else (lambda: p.run(out))
+    if defer:
+        return res, fn
+    res["ms"] = _time(lambda _out: fn(), None, device, quick, budget_ms)
+    if host and device.type == "cuda":
+        res["host_us"] = host_time_us(fn, device)
+    return res, None
 
 
 def host_time_us(fn: Callable[[], Any], device: torch.device, reps: int = HOST_REPS,

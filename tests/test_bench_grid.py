@@ -365,3 +365,57 @@ def test_time_budget_on_a_fake_clock(monkeypatch, call_ms, expect_calls):
     assert drv.log.count("flush") == calls
     assert all(drv.log[i - 1] == "flush" for i, e in enumerate(drv.log) if e == "call")
     assert ms == pytest.approx(call_ms * 2)  # the median of call_ms x (1, 2, 3, 1, 2, 3, ...)
+
+
+def test_time_interleaved_takes_turns_and_pools_the_calls(monkeypatch):
+    drv = _FakeDriver()
+    monkeypatch.setattr(bench, "_bench_driver", lambda: drv)
+    order = []
+
+    def make(name, call_ms):
+        def fn():
+            order.append(name)
+            drv.log.append("call")
+            drv.clock += call_ms
+
+        return fn
+
+    fns = [make("a", 1.0), make("b", 2.0), make("c", 4.0)]
+    ms = bench.time_interleaved(fns, 40.0, rounds=4)
+    assert ms == pytest.approx([1.0, 2.0, 4.0])
+    # Each round times every function once, in turn: forwards, backwards, forwards, backwards
+    # (a round's last function is the next one's first: one run of its calls).
+    runs = [k for i, k in enumerate(order) if i == 0 or order[i - 1] != k]
+    assert runs == ["a", "b", "c", "b", "a", "b", "c", "b", "a"]
+    # Per function: 4 rounds of (2 warm-up calls + the calls that fit 10 ms, at least 2).
+    for name, call_ms in (("a", 1.0), ("b", 2.0), ("c", 4.0)):
+        per_round = bench.budget_reps(call_ms + 0.1, 10.0, min_reps=2, max_reps=50)
+        assert order.count(name) == 4 * (2 + per_round)
+
+
+def test_time_interleaved_is_fair_under_drift(monkeypatch):
+    """The clocks fall as the run goes on (each call 0.5% slower than the one before): timed one
+    after another, the second of two identical providers reads >10% slower; in turns (ABBA)
+    within 2%."""
+    drv = _FakeDriver()
+    monkeypatch.setattr(bench, "_bench_driver", lambda: drv)
+    calls = [0]
+
+    def fn():
+        calls[0] += 1
+        drv.clock += 1.0 * (1.005 ** calls[0])
+
+    first, second = bench.time_budget(fn, 40.0), bench.time_budget(fn, 40.0)
+    assert second / first > 1.10
+    calls[0] = 0
+    a, b = bench.time_interleaved([fn, fn], 40.0, rounds=4)
+    assert max(a, b) / min(a, b) < 1.02
+
+
+@pytest.mark.parametrize("bad", [{"rounds": 0}, {"rounds": 1.5}, {"min_reps": 0},
+                                 {"max_reps": 1, "min_reps": 2}])  # fmt: skip
+def test_time_interleaved_refuses_bad_arguments(bad):
+    with pytest.raises(ValueError):
+        bench.time_interleaved([lambda: None], 40.0, **bad)
+    with pytest.raises(ValueError):
+        bench.time_interleaved([lambda: None], 0.0)
