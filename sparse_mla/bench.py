@@ -434,10 +434,11 @@ def time_interleaved(
     max_reps: int = BUDGET_MAX_REPS,
 ) -> list[float]:
     """Median GPU ms of each of ``fns``, timed in turns: ``rounds`` rounds, each giving every
-    function ``budget_ms / rounds`` of :func:`budget_samples` (at least ``ceil(min_reps /
-    rounds)`` calls), forwards in even rounds and backwards in odd ones; a function's time is
-    the median of its rounds' medians. With an even number of rounds (forwards, backwards, ...)
-    a drift linear in time moves every function's time alike.
+    function ``budget_ms / rounds`` of :func:`budget_samples` (but at least ``min_reps`` calls:
+    a long call gets ``rounds`` x ``min_reps`` in all, more than one budget), forwards in even
+    rounds and backwards in odd ones; a function's time is the median of its rounds' medians.
+    With an even number of rounds (forwards, backwards, ...) a drift linear in time moves every
+    function's time alike.
 
     Why: timed one after another, a provider inherits the clocks the ones before it left. On the
     H200 a long point's later providers ran up to 9% slower than the same kernel timed earlier
@@ -449,7 +450,7 @@ def time_interleaved(
     if not (budget_ms > 0 and min_reps >= 1 and max_reps >= min_reps):
         raise ValueError(f"need budget_ms > 0 and 1 <= min_reps <= max_reps, got {budget_ms}, "
                          f"{min_reps}, {max_reps}")  # fmt: skip
-    per_min = -(-min_reps // rounds)
+    per_min = min_reps
     per_max = max(per_min, max_reps // rounds)
     medians: list[list[float]] = [[] for _ in fns]
     for r in range(rounds):

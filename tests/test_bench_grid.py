@@ -387,9 +387,9 @@ def test_time_interleaved_takes_turns_and_pools_the_calls(monkeypatch):
     # (a round's last function is the next one's first: one run of its calls).
     runs = [k for i, k in enumerate(order) if i == 0 or order[i - 1] != k]
     assert runs == ["a", "b", "c", "b", "a", "b", "c", "b", "a"]
-    # Per function: 4 rounds of (2 warm-up calls + the calls that fit 10 ms, at least 2).
+    # Per function: 4 rounds of (2 warm-up calls + the calls that fit 10 ms, at least 5).
     for name, call_ms in (("a", 1.0), ("b", 2.0), ("c", 4.0)):
-        per_round = bench.budget_reps(call_ms + 0.1, 10.0, min_reps=2, max_reps=50)
+        per_round = bench.budget_reps(call_ms + 0.1, 10.0, min_reps=5, max_reps=50)
         assert order.count(name) == 4 * (2 + per_round)
 
 
