@@ -4,12 +4,14 @@
 #      their GPU branches run: timed sweep, GPU replay, Hopper run, the panel on 'local'), and
 #      issue 23's: each kernel in the explorer, a timed Gluon sweep exported, the ncu profile,
 #   2. notebooks 02-05 at full size through scripts/run_notebooks.py (executed copies and a
-#      digest of their outputs under OUTDIR/full).
-# Usage: scripts/gpu_workbook.sh OUTDIR [tests|notebooks|all]   (needs ipywidgets, nbclient,
+#      digest of their outputs under OUTDIR/full),
+#   3. the explorer on this GPU once per kernel it offers (compiled, checked against fp32,
+#      timed): scripts/explorer_digest.py, OUTDIR/explorer_digest.md.
+# Usage: scripts/gpu_workbook.sh OUTDIR [tests|notebooks|explorer|all]   (needs ipywidgets, nbclient,
 # ipykernel importable; the repository root on PYTHONPATH or the package installed)
 # Python: $PYTHON if set, else the checkout's .venv/bin/python (what `make` builds), else python3.
 set -uo pipefail
-out=${1:?usage: scripts/gpu_workbook.sh OUTDIR [tests|notebooks|all]}
+out=${1:?usage: scripts/gpu_workbook.sh OUTDIR [tests|notebooks|explorer|all]}
 what=${2:-all}
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [[ -z ${PYTHON:-} ]]; then
@@ -30,5 +32,9 @@ fi
 if [[ $what == notebooks || $what == all ]]; then
   env -u SPARSE_MLA_SMALL "$PYTHON" scripts/run_notebooks.py notebooks/0[2-5]_*.ipynb \
     --out "$out/full" 2>&1 | tee "$out/run_notebooks.log" || rc=1
+fi
+if [[ $what == explorer || $what == all ]]; then
+  "$PYTHON" scripts/explorer_digest.py --out "$out/explorer_digest.md" \
+    2>&1 | tee "$out/explorer_digest.log" || rc=1
 fi
 exit $rc

@@ -14,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name", ["run_notebooks.py", "gpu_workbook.sh", "ci_browser_setup.sh"])
+@pytest.mark.parametrize(
+    "name", ["run_notebooks.py", "gpu_workbook.sh", "ci_browser_setup.sh", "explorer_digest.py"]
+)
 def test_scripts_run_directly(name):
     path = ROOT / "scripts" / name
     assert path.read_text().startswith("#!/usr/bin/env "), f"{name}: no shebang"
@@ -38,7 +40,8 @@ def test_gpu_workbook_uses_the_chosen_python_not_a_bare_python3(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (tmp_path / "bare.log").exists(), (tmp_path / "bare.log").read_text()
     calls = (tmp_path / "chosen.log").read_text().splitlines()
-    assert [c.split()[0] for c in calls] == ["-c", "-m", "scripts/run_notebooks.py"], calls
+    assert [c.split()[0] for c in calls] == ["-c", "-m", "scripts/run_notebooks.py",
+                                             "scripts/explorer_digest.py"], calls  # fmt: skip
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
@@ -85,3 +88,18 @@ def test_experiments_have_one_home():
             assert f"`{path.name}`" in readme, (
                 f"experiments/README.md does not say what {path.name} is"
             )
+
+
+def test_explorer_digest_says_it_needs_a_gpu(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from sparse_mla import runtime
+
+    path = ROOT / "scripts" / "explorer_digest.py"
+    spec = importlib.util.spec_from_file_location("explorer_digest", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(runtime, "has_gpu", lambda: False)
+    assert mod.main(["--out", str(tmp_path / "d.md")]) == 2
+    assert "no GPU" in capsys.readouterr().out
+    assert not (tmp_path / "d.md").exists()
