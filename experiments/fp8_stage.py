@@ -24,12 +24,13 @@ byte permute that also writes each byte's sign over the byte above it, a shift b
 mask (``_dequant_words``) instead of a permute, two masks and a shift-or; then the same two
 bf16x2 multiplies (2^120, then the scale).
 
-Ablations (outputs not the operator's; timed only): ``NULL_CONSUMER`` replaces the consumer by
-one that frees each tile as it lands (the producers' own tile rate), for this kernel
-(``stage_gather``) and for the package's producers (``pkg_gather``); ``pkg_noload`` runs the
-package kernel with ``num_slots = 0``, so every slot is invalid: its loads are predicated off but
-it still dequantizes (zeros), stores and runs the consumer (all logits -inf): the kernel minus the
-global loads.
+Ablations (timed only): ``NULL_CONSUMER`` replaces the consumer by one that frees each tile as
+it lands (the producers' own tile rate; no output), for this kernel (``stage2_gather``) and for
+the package's producers (``pkg_gather``); ``pkg_noload`` runs the package kernel with
+``num_slots = 0``, so every slot is invalid: its loads are predicated off but it still
+dequantizes (zeros), stores and runs the consumer (all logits -inf): the kernel minus the global
+loads; ``OLD_DQ`` (``stage2_olddq``) dequantizes with the package's instruction sequence (same
+bits), to separate the staging from the cheaper dequantization.
 
 ``python experiments/fp8_stage.py`` on the H200 (repository root, ``PYTHONPATH=.``): checks the
 variant against the package's fp32 reference (NaN-poisoned out, random inputs, edge cases),
@@ -196,17 +197,21 @@ def _scale_word(scl_st, s, j: gl.constexpr):
 
 
 @gluon.jit
-def _store_chunk(words, w, sw, ch: gl.constexpr):
+def _store_chunk(words, w, sw, ch: gl.constexpr, OLD_DQ: gl.constexpr):
     """Dequantize NoPE chunk ``ch`` ([64, 16] words in CHUNK_L) with its scale byte (byte
-    ch % 4 of the rows' scale word ``sw``) into the tile's words [ch 32, ch 32 + 32)."""
+    ch % 4 of the rows' scale word ``sw``) into the tile's words [ch 32, ch 32 + 32);
+    ``OLD_DQ``: with the package's instruction sequence (the same bits)."""
     e = (sw >> (8 * (ch % 4))) & 0xFF
-    lo, hi = _dequant_words(w, K._scale_bf16x2(e)[:, None])
+    if OLD_DQ:
+        lo, hi = K._dequant_words(w, K._scale_bf16x2(e)[:, None])
+    else:
+        lo, hi = _dequant_words(w, K._scale_bf16x2(e)[:, None])
     words.slice(ch * 32, 32, dim=1).store(gl.join(lo, hi).reshape([BLOCK_K, 32]))
 
 
 @gluon.jit
 def _dequant(indptr_ptr, nnz, num_heads, num_items, kv_smem, nope_st, rope_st, scl_st, bars,
-             sbars, PID: gl.constexpr, NDEQ: gl.constexpr):  # fmt: skip
+             sbars, PID: gl.constexpr, NDEQ: gl.constexpr, OLD_DQ: gl.constexpr):  # fmt: skip
     """Dequant warpgroup ``PID`` of ``NDEQ``: tiles g = PID, PID + NDEQ, ... of the program."""
     g = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
@@ -229,13 +234,13 @@ def _dequant(indptr_ptr, nnz, num_heads, num_items, kv_smem, nope_st, rope_st, s
             stage = (g + t) % RING
             mbarrier.wait(bars.index(FREE + stage), (((g + t) // RING) & 1) ^ 1)
             words = kv_smem.index(stage)._reinterpret(gl.int32, [BLOCK_K, 256], K.WORDS)
-            _store_chunk(words, x0, s0, 0)
-            _store_chunk(words, x1, s0, 1)
-            _store_chunk(words, x2, s0, 2)
-            _store_chunk(words, x3, s0, 3)
-            _store_chunk(words, x4, s1, 4)
-            _store_chunk(words, x5, s1, 5)
-            _store_chunk(words, x6, s1, 6)
+            _store_chunk(words, x0, s0, 0, OLD_DQ)
+            _store_chunk(words, x1, s0, 1, OLD_DQ)
+            _store_chunk(words, x2, s0, 2, OLD_DQ)
+            _store_chunk(words, x3, s0, 3, OLD_DQ)
+            _store_chunk(words, x4, s1, 4, OLD_DQ)
+            _store_chunk(words, x5, s1, 5, OLD_DQ)
+            _store_chunk(words, x6, s1, 6, OLD_DQ)
             words.slice(K.NOPE // 2, 32, dim=1).store(rope)
             fence_async_shared()  # generic-proxy stores before wgmma's reads
             _arrive(bars.index(READY + stage))
@@ -289,7 +294,7 @@ def k_stage(
     q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
     stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale, num_items,
     block_size, block_shift, DEQ: gl.constexpr = 2, DEQ_REGS: gl.constexpr = 136,
-    NULL_CONSUMER: gl.constexpr = False, POW2: gl.constexpr = True,
+    NULL_CONSUMER: gl.constexpr = False, POW2: gl.constexpr = True, OLD_DQ: gl.constexpr = False,
 ):  # fmt: skip
     """The staged kernel (CSR lists, H <= 16): consumer (default partition, 4 warps), loader
     (4 warps), DEQ dequant warpgroups. Persistent grid (min(items, SMs),), num_warps=4."""
@@ -316,7 +321,7 @@ def k_stage(
             )),
             (_dequant, (
                 indptr_ptr, nnz, num_heads, num_items, kv_smem, nope_st, rope_st, scl_st, bars,
-                sbars, 0, 1,
+                sbars, 0, 1, OLD_DQ,
             )),
             ],
             [4, 4],
@@ -337,11 +342,11 @@ def k_stage(
             )),
             (_dequant, (
                 indptr_ptr, nnz, num_heads, num_items, kv_smem, nope_st, rope_st, scl_st, bars,
-                sbars, 0, 2,
+                sbars, 0, 2, OLD_DQ,
             )),
             (_dequant, (
                 indptr_ptr, nnz, num_heads, num_items, kv_smem, nope_st, rope_st, scl_st, bars,
-                sbars, 1, 2,
+                sbars, 1, 2, OLD_DQ,
             )),
             ],
             [4, 4, 4],
@@ -399,8 +404,16 @@ def cross_compile(kernel, **constexprs):
     from sparse_mla.gluon.launch import compile_attrs, get_target
     from sparse_mla.inspect import _cuobjdump
 
-    sig = dict(SIGNATURE, **{k: "constexpr" for k in constexprs})
-    src = GluonASTSource(kernel, sig, constexprs, compile_attrs(kernel, sig))
+    # Every parameter in the kernel's order, the constexprs with their values or defaults (a
+    # signature keyed out of order binds constexprs to the wrong parameters).
+    sig, cx = {}, {}
+    for p in kernel.params:
+        if p.name in SIGNATURE:
+            sig[p.name] = SIGNATURE[p.name]
+        else:
+            sig[p.name] = "constexpr"
+            cx[p.name] = constexprs.get(p.name, p.default)
+    src = GluonASTSource(kernel, sig, cx, compile_attrs(kernel, sig))
     c = triton.compile(src, target=get_target("sm90").gpu_target(),
                        options={"num_warps": 4, "num_stages": 1})  # fmt: skip
     usage = _cuobjdump(c.asm["cubin"], "--dump-resource-usage").strip().splitlines()[-1]
@@ -504,6 +517,7 @@ def main() -> int:
                 "pkg_gather": (k_pkg_gather, None, {}),
                 "stage2_gather": (k_stage, None, {"DEQ": 2, "DEQ_REGS": 136,
                                                   "NULL_CONSUMER": True}),
+                "stage2_olddq": (k_stage, None, {"DEQ": 2, "DEQ_REGS": 136, "OLD_DQ": True}),
                 "pkg_noload": (K._prefill_ws_small_fp8_kernel, 0,
                                {"PRODUCERS": 2, "PRODUCER_REGS": 128}),
             }  # fmt: skip
@@ -536,6 +550,7 @@ if __name__ == "__main__":
         for kern, cx in [(k_stage, {"DEQ": 2, "DEQ_REGS": 136}),
                          (k_stage, {"DEQ": 1, "DEQ_REGS": 152}),
                          (k_stage, {"DEQ": 2, "DEQ_REGS": 136, "NULL_CONSUMER": True}),
+                         (k_stage, {"DEQ": 2, "DEQ_REGS": 136, "OLD_DQ": True}),
                          (k_pkg_gather, {})]:  # fmt: skip
             c, usage, sass = cross_compile(kern, **cx)
             spills = f"STL {sass.count('STL')} LDL {sass.count('LDL')}"
