@@ -165,26 +165,41 @@ def _issue(cache_ptr, nope_st, rope_st, scl_st, slot, idx_ptr, pos0, hi, num_slo
 
 
 @gluon.jit
+def _issue_tile(cache_ptr, nope_st, rope_st, scl_st, sbars, n, idx_ptr, pos0, hi, num_slots,
+                block_size, block_shift, stride_block, POW2: gl.constexpr):  # fmt: skip
+    """The program's tile ``n``: wait for its staging slot, cp.async its bytes, and have each
+    lane arrive on the slot's ``full`` barrier once its copies land."""
+    s = n % SLOTS
+    mbarrier.wait(sbars.index(EMPTY + s), ((n // SLOTS) & 1) ^ 1)
+    _issue(cache_ptr, nope_st, rope_st, scl_st, s, idx_ptr, pos0, hi, num_slots, block_size,
+           block_shift, stride_block, POW2)  # fmt: skip
+    cp.mbarrier_arrive(sbars.index(FULL + s), increment_count=False)
+
+
+@gluon.jit
 def _loader(q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block, num_heads,
             num_slots, nnz, num_items, block_size, block_shift, q_smem, nope_st, rope_st, scl_st,
             bars, sbars, POW2: gl.constexpr):  # fmt: skip
-    """Q of each item, then every tile's raw bytes into the staging ring, as slots free up."""
+    """Every tile's raw bytes into the staging ring as slots free up, and each item's Q: after
+    the item's first tile, so that tile is not held behind the wait for the previous item's
+    last S^T (Q's buffer is single)."""
     offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
     g = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_tiles = K._csr_range(item, indptr_ptr, nnz, num_heads, BLOCK_H)
+        if num_tiles > 0:
+            _issue_tile(cache_ptr, nope_st, rope_st, scl_st, sbars, g, idx_ptr, lo, hi,
+                        num_slots, block_size, block_shift, stride_block, POW2)  # fmt: skip
         mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
         _copy_q(q_smem.index(0), q_ptr, pid_r, pid_h * BLOCK_H + offs_hq, offs_c, stride_qr,
                 stride_qh, num_heads)  # fmt: skip
         cp.mbarrier_arrive(bars.index(Q_READY), increment_count=False)
-        for t in range(num_tiles):
-            s = (g + t) % SLOTS
-            mbarrier.wait(sbars.index(EMPTY + s), (((g + t) // SLOTS) & 1) ^ 1)
-            _issue(cache_ptr, nope_st, rope_st, scl_st, s, idx_ptr, lo + t * BLOCK_K, hi,
-                   num_slots, block_size, block_shift, stride_block, POW2)  # fmt: skip
-            cp.mbarrier_arrive(sbars.index(FULL + s), increment_count=False)
+        for t in range(1, num_tiles):
+            _issue_tile(cache_ptr, nope_st, rope_st, scl_st, sbars, g + t, idx_ptr,
+                        lo + t * BLOCK_K, hi, num_slots, block_size, block_shift, stride_block,
+                        POW2)  # fmt: skip
         g += num_tiles
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
     cp.commit_group()
