@@ -11,7 +11,8 @@ with the consumer's wgmma operand reads. Here the bytes go the bf16 kernel's way
   words 4 bytes a lane) each tile's NoPE (seven [64 rows, 64 B] planes), RoPE ([64, 128 B]) and
   scale words (two [64] word planes) into a 2-slot staging ring (37,376 bytes a slot), up to
   two tiles ahead of the dequantization, and arrives on the slot's ``full`` barrier as its
-  copies land (128 arrivals, as the bf16 producer's ``ready``); it also copies each item's Q;
+  copies land (128 arrivals, as the bf16 producer's ``ready``); it also copies each item's Q,
+  after the item's first tile;
 - ``DEQ`` (1 or 2) **dequant** warpgroups take the tiles round-robin: wait ``full``, read the
   whole slot into registers (18 ``LDS.128`` + 4 ``LDS.32`` a lane, conflict-free: a quarter-warp
   reads 128 contiguous bytes), free the slot (one arrival), wait for a free bf16 tile, dequantize
@@ -19,7 +20,8 @@ with the consumer's wgmma operand reads. Here the bytes go the bf16 kernel's way
 - the consumer is the package's, unchanged, on a 2-tile bf16 ring (a third 64 KiB tile does not
   fit beside the staging ring: Q 16 KiB + ring 128 KiB + P^T 2 KiB + staging 73 KiB).
 
-The dequantization gives the package's bits with one integer operation fewer a value pair: a
+The dequantization gives the package's bits with 3 integer instructions a value pair (the
+package's compile to ~4.25): a
 byte permute that also writes each byte's sign over the byte above it, a shift by 4 and one
 mask (``_dequant_words``) instead of a permute, two masks and a shift-or; then the same two
 bf16x2 multiplies (2^120, then the scale).
