@@ -21,9 +21,9 @@ with the consumer's wgmma operand reads. Here the bytes go the bf16 kernel's way
   fit beside the staging ring: Q 16 KiB + ring 128 KiB + P^T 2 KiB + staging 73 KiB).
 
 The dequantization gives the package's bits with 3 integer instructions a value pair (the
-package's compile to ~4.25): a
-byte permute that also writes each byte's sign over the byte above it, a shift by 4 and one
-mask (``_dequant_words``) instead of a permute, two masks and a shift-or; then the same two
+package's compile to ~4.25): a byte permute that also writes each byte's sign over the byte
+above it, a shift by 4 and one mask (``_dequant_words``) instead of a permute, two masks and a
+shift-or; then the same two
 bf16x2 multiplies (2^120, then the scale).
 
 Ablations (timed only): ``NULL_CONSUMER`` replaces the consumer by one that frees each tile as
