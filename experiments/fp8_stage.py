@@ -23,8 +23,7 @@ with the consumer's wgmma operand reads. Here the bytes go the bf16 kernel's way
 The dequantization gives the package's bits with 3 integer instructions a value pair (the
 package's compile to ~4.25): a byte permute that also writes each byte's sign over the byte
 above it, a shift by 4 and one mask (``_dequant_words``) instead of a permute, two masks and a
-shift-or; then the same two
-bf16x2 multiplies (2^120, then the scale).
+shift-or; then the same two bf16x2 multiplies (2^120, then the scale).
 
 Ablations (timed only): ``NULL_CONSUMER`` replaces the consumer by one that frees each tile as
 it lands (the producers' own tile rate; no output), for this kernel (``stage2_gather``) and for
