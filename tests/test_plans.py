@@ -6,6 +6,7 @@ the fp32 reference) is tests/test_kernels_gpu.py-style, at the end of this file.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from dataclasses import replace
 
@@ -105,6 +106,11 @@ def test_replay_makes_the_launches_the_full_path_makes(standin, name, T):
         before = fastlaunch.stats()
         run(*inputs)
         replayed = list(standin)
+        standin.clear()
+        run(*inputs)  # again at the same addresses (a TMA map kept by address is reused)
+        assert [_comparable(x, inputs) for x in standin] == [
+            _comparable(x, inputs) for x in replayed
+        ]
         assert fastlaunch.stats()["slow"] == before["slow"]
         prev = op.set_plans_enabled(False)
         try:
@@ -341,3 +347,151 @@ def test_a_plan_keeps_no_input_alive(standin, name):
     standin.clear()  # the recording driver's own references
     gc.collect()
     assert [r() is None for r in refs] == [True] * 6
+
+
+# ----------------------------------------------------------------------------------------------
+# Scratch lent to replays (fastlaunch.Scratch): the KV splits' partials
+# ----------------------------------------------------------------------------------------------
+
+
+def _split_case(name, standin, seed=20):
+    """A gluon_mma / gluon_wgmma layout at T=4 that runs KV splits (two launches, fp32
+    partials), planned; returns (case, run)."""
+    c = make_case(4, 64, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=seed,
+                  empty_rows=False)  # fmt: skip
+    cfg = dispatch.Choice(name)
+
+    def run(q, kv, idx, ptr, sink, out):
+        prefill.sparse_mla_prefill(q, kv, idx, ptr, c.softmax_scale, attn_sink=sink, out=out,
+                                   config=cfg, validate=False)  # fmt: skip
+
+    for _ in range(3):
+        run(c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
+    (p,) = _plans()
+    assert p.replay.launches == 2 and type(p.scratch) is fastlaunch.Scratch
+    return c, run
+
+
+_HELD: list = []  # the tensors _scratch_args saw, alive till the test ends (ids stay theirs)
+
+
+def _scratch_args(calls, inputs):
+    """The ids of the tensors the recorded launches got that are no input (the partials) and
+    not a 1-element dummy; the tensors are held, so no later tensor reuses an id."""
+    got = [a for call in calls for a in call if isinstance(a, torch.Tensor)
+           and a.numel() > 1 and not any(a is t for t in inputs)]  # fmt: skip
+    _HELD.extend(got)
+    return {id(a) for a in got}
+
+
+def _kept_ids():
+    """The ids of the kept scratch tensors (held, as _scratch_args')."""
+    got = [t for bufs in fastlaunch._SCRATCH.values() for t in bufs]
+    _HELD.extend(got)
+    return {id(t) for t in got}
+
+
+@pytest.mark.parametrize("name", ["gluon_mma", "gluon_wgmma"])
+def test_split_partials_are_lent_to_the_next_replay_on_the_stream(standin, monkeypatch, name):
+    """A replay of a split layout takes the partials the last replay on the same stream and
+    thread kept (no torch.empty), and its launches are still the full path's (the partials by
+    layout); another stream or thread gets its own set."""
+    import threading
+
+    monkeypatch.setattr(fastlaunch, "_SCRATCH", {})
+    monkeypatch.setattr(fastlaunch, "_SCRATCH_HELD", [0])
+    monkeypatch.setattr(sys.modules[__name__], "_HELD", [])
+    c, run = _split_case(name, standin)
+    sets = []
+    for seed in (1, 2, 3):
+        inputs = (*_fresh(c, seed), torch.empty_like(c.q))
+        standin.clear()
+        run(*inputs)
+        replayed = list(standin)
+        sets.append(_scratch_args(replayed, inputs))
+        assert len(sets[-1]) == 2
+        prev = op.set_plans_enabled(False)
+        try:
+            standin.clear()
+            run(*inputs)
+            full = list(standin)
+        finally:
+            op.set_plans_enabled(prev)
+        assert [_comparable(x, inputs) for x in replayed] == [_comparable(x, inputs) for x in full]
+        for _ in range(3):  # the switch cleared the plans (and the kept sets): plan again
+            run(c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
+    # with the plan kept: the same set every replay on this stream and thread
+    inputs = (*_fresh(c, 4), torch.empty_like(c.q))
+    got = []
+    for _ in range(3):
+        standin.clear()
+        run(*inputs)
+        got.append(_scratch_args(standin, inputs))
+    assert got[0] == got[1] == got[2] and len(fastlaunch._SCRATCH) == 1
+    # another stream: its own set (both kept)
+    drv = fastlaunch.driver._active
+    monkeypatch.setattr(drv, "get_current_stream", lambda device: 78)
+    standin.clear()
+    run(*inputs)
+    other = _scratch_args(standin, inputs)
+    assert other and not other & got[0] and len(fastlaunch._SCRATCH) == 2
+    monkeypatch.setattr(drv, "get_current_stream", lambda device: 77)
+    standin.clear()
+    run(*inputs)
+    assert _scratch_args(standin, inputs) == got[0]
+    # another thread on the same stream: its own set too
+    seen = []
+
+    def in_thread():
+        n = len(standin)
+        run(*inputs)
+        seen.append(_scratch_args(standin[n:], inputs))
+
+    th = threading.Thread(target=in_thread)
+    th.start()
+    th.join()
+    assert seen[0] and not seen[0] & got[0] and len(fastlaunch._SCRATCH) == 3
+
+
+def test_kept_partials_are_bounded_and_never_cross_a_graph_capture(standin, monkeypatch):
+    """Past the byte budget a set is not kept (each replay makes its own); past the count of
+    sets every kept set is dropped; inside a CUDA-graph capture a replay neither takes a kept
+    set nor keeps its own."""
+    monkeypatch.setattr(fastlaunch, "_SCRATCH", {})
+    monkeypatch.setattr(fastlaunch, "_SCRATCH_HELD", [0])
+    monkeypatch.setattr(sys.modules[__name__], "_HELD", [])
+    c, run = _split_case("gluon_mma", standin, seed=21)
+    (p,) = _plans()
+    inputs = (*_fresh(c, 5), torch.empty_like(c.q))
+    run(*inputs)
+    assert len(fastlaunch._SCRATCH) == 1
+    assert fastlaunch._SCRATCH_HELD[0] == p.scratch.nbytes > 0
+    kept = _kept_ids()
+
+    # a capture (faked: the plan's set made CUDA, the current stream capturing)
+    monkeypatch.setattr(p.scratch, "cuda", True)
+    monkeypatch.setattr(fastlaunch, "_capturing", lambda: True)
+    standin.clear()
+    run(*inputs)
+    assert _scratch_args(standin, inputs).isdisjoint(kept)
+    assert _kept_ids() == kept
+    monkeypatch.setattr(fastlaunch, "_capturing", lambda: False)
+    standin.clear()
+    run(*inputs)
+    assert _scratch_args(standin, inputs) == kept
+
+    # one set at most: another stream's set replaces this one
+    monkeypatch.setattr(fastlaunch, "_SCRATCH_SETS", 1)
+    drv = fastlaunch.driver._active
+    monkeypatch.setattr(drv, "get_current_stream", lambda device: 79)
+    run(*inputs)
+    assert len(fastlaunch._SCRATCH) == 1 and fastlaunch._SCRATCH_HELD[0] == p.scratch.nbytes
+    assert not _kept_ids() & kept
+
+    # a budget below the set: nothing kept, every replay makes its own
+    monkeypatch.setattr(fastlaunch, "_SCRATCH_BYTES", p.scratch.nbytes - 1)
+    fastlaunch.clear_scratch()
+    standin.clear()
+    run(*inputs)
+    run(*inputs)
+    assert fastlaunch._SCRATCH == {} and fastlaunch._SCRATCH_HELD[0] == 0
