@@ -164,9 +164,7 @@ def spec_of(config: Any) -> str:
     ``kernel`` string; any other config goes through :func:`config_spec` (a trace-time
     constant; a config object passed as an argument of a compiled function may not be
     reconstructible by older Dynamo versions: close over it instead)."""
-    from .dispatch import Choice
-
-    if torch.compiler.is_compiling() and type(config) is Choice and config.launch is None:
+    if _is_compiling() and type(config) is dispatch.Choice and config.launch is None:
         return '{"kernel": "' + config.kernel + '", "launch": null}'
     return config_spec(config)
 
