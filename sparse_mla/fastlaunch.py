@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import threading
 from typing import Any
 
@@ -503,7 +504,7 @@ class Replay:
     direct path's is; so are their dtypes, shapes and strides, on which a TMA descriptor
     argument's encoding is kept by address alone (:func:`_tma_slot`)."""
 
-    __slots__ = ("_fire", "checks", "device", "driver", "epoch", "launches", "options")
+    __slots__ = ("_check", "_fire", "checks", "device", "driver", "epoch", "launches", "options")
 
     @classmethod
     def build(
@@ -577,11 +578,55 @@ class Replay:
         (self.device, self.options) = next(iter(keys)) if keys else (None, None)
         self.driver = driver.active if recorded else None
         self.epoch = _EPOCH[0]
+        self._check = self._valid_fn()
         return self
+
+    def _valid_fn(self):
+        """:meth:`_valid` as straight-line code for these launches (the same tests in the same
+        order, each launch's and each constexpr global's unrolled), what :meth:`valid` calls."""
+        if not self.launches:
+            return _always
+        # the module's state read through the module, as _valid reads its globals
+        ns: dict[str, Any] = {"_fl": sys.modules[__name__], "_HC": HookChain, "_M": _MISSING,
+                              "drv": self.driver, "epoch": self.epoch, "opts": self.options,
+                              "dev": self.device}  # fmt: skip
+        conds = []
+        for n, (lau, e, dbg) in enumerate(self.checks):
+            ns[f"fn{n}"], ns[f"lau{n}"], ns[f"id{n}"], ns[f"dbg{n}"] = lau.fn, lau, id(lau.fn), dbg
+            conds.append(f"fn{n}.pre_run_hooks or (fn{n}.debug or debug) != dbg{n} "
+                         f"or _fl._LAUNCHERS.get(id{n}) is not lau{n}")  # fmt: skip
+            for k, (g, name, val) in enumerate(e.globals):
+                ns[f"g{n}_{k}"], ns[f"v{n}_{k}"] = g, val
+                conds.append(f"g{n}_{k}.get({name!r}, _M) is not v{n}_{k}")
+        src = "\n".join([
+            "def valid():",
+            "    if not _fl._ENABLED[0] or _fl._EPOCH[0] != epoch or _fl.driver.active is not drv:",
+            "        return False",
+            "    rt = _fl.knobs.runtime",
+            "    h = rt.launch_enter_hook",
+            "    if h is not None and (type(h) is not _HC or h.calls):",
+            "        return False",
+            "    h = rt.launch_exit_hook",
+            "    if h is not None and (type(h) is not _HC or h.calls):",
+            "        return False",
+            "    if _fl.knobs.compilation.instrumentation_mode != opts:",
+            "        return False",
+            "    if drv.get_current_device() != dev:",
+            "        return False",
+            "    debug = rt.debug",
+            *(f"    if {c}:\n        return False" for c in conds),
+            "    return True",
+        ])  # fmt: skip
+        exec(src, ns)  # code built above from the recorded launches only
+        return ns["valid"]
 
     def valid(self) -> bool:
         """Whether the recorded launches are still what Launcher's direct path would issue
         (class docstring); False: take the call's own path (which may record anew)."""
+        return self._check()
+
+    def _valid(self) -> bool:
+        """:meth:`valid` as a loop (the reference the generated one unrolls)."""
         if not self.launches:
             return True
         if not _ENABLED[0] or _EPOCH[0] != self.epoch or driver.active is not self.driver:
@@ -688,6 +733,10 @@ def clear_scratch() -> None:
 
 def _no_key(args):
     return None
+
+
+def _always() -> bool:
+    return True
 
 
 def _no_hook(h) -> bool:

@@ -495,3 +495,51 @@ def test_kept_partials_are_bounded_and_never_cross_a_graph_capture(standin, monk
     run(*inputs)
     run(*inputs)
     assert fastlaunch._SCRATCH == {} and fastlaunch._SCRATCH_HELD[0] == 0
+
+
+@pytest.mark.parametrize("name", ["gluon_ws", "gluon_mma"])
+def test_generated_replay_guard_answers_as_the_loop(standin, name):
+    """Replay.valid (straight-line code made per replay) says what Replay._valid (the loop over
+    launches and constexpr globals) says, for each thing either checks changed in turn."""
+    c = make_case(4, 64, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=22,
+                  empty_rows=False)  # fmt: skip
+    for _ in range(3):
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=torch.empty_like(c.q),
+                                   config=dispatch.Choice(name), validate=False)  # fmt: skip
+    (p,) = _plans()
+    r = p.replay
+    assert r.valid() is True and r._valid() is True
+    drv = fastlaunch.driver._active
+    rt = triton.knobs.runtime
+    hook = lambda metadata: None  # noqa: E731
+    globs = [(n, x) for n, (_, e, _) in enumerate(r.checks) for x in e.globals]
+    assert globs or name == "gluon_mma"
+
+    def rebind(m, n, k):
+        g, gname, val = r.checks[n][1].globals[k]
+        m.setitem(g, gname, type(val)(val.value))  # equal, not the same object
+
+    changes = [
+        ("direct path off", lambda m: m.setattr(fastlaunch, "_ENABLED", [False])),
+        ("epoch", lambda m: m.setattr(fastlaunch, "_EPOCH", [fastlaunch._EPOCH[0] + 1])),
+        ("driver", lambda m: m.setattr(fastlaunch.driver, "_active", object())),
+        ("enter hook", lambda m: m.setattr(rt, "launch_enter_hook", hook)),
+        ("exit hook chain", lambda m: m.setattr(rt.launch_exit_hook, "calls", [hook])),
+        ("instrumentation", lambda m: m.setattr(triton.knobs.compilation,
+                                                "instrumentation_mode", "x")),
+        ("device", lambda m: m.setattr(drv, "get_current_device", lambda: 1)),
+        ("debug", lambda m: m.setattr(rt, "debug", True)),
+    ]  # fmt: skip
+    for n, (lau, _, _) in enumerate(r.checks):
+        changes.append((f"pre-run hook {n}", lambda m, f=lau.fn: m.setattr(f, "pre_run_hooks",
+                                                                         [hook])))  # fmt: skip
+        changes.append((f"launcher {n}", lambda m, f=lau.fn: m.setitem(fastlaunch._LAUNCHERS,
+                                                                     id(f), None)))  # fmt: skip
+    for n in range(len(r.checks)):
+        for k in range(len(r.checks[n][1].globals)):
+            changes.append((f"global {n}.{k}", lambda m, n=n, k=k: rebind(m, n, k)))
+    for what, change in changes:
+        with pytest.MonkeyPatch.context() as m:
+            change(m)
+            assert (r.valid(), r._valid()) == (False, False), what
+        assert r.valid() is True and r._valid() is True, what
