@@ -543,3 +543,65 @@ def test_generated_replay_guard_answers_as_the_loop(standin, name):
             change(m)
             assert (r.valid(), r._valid()) == (False, False), what
         assert r.valid() is True and r._valid() is True, what
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("name", ["gluon_mma", "gluon_wgmma"])
+@pytest.mark.parametrize("H", [16, 64, 128])
+def test_gpu_kept_partials_back_to_back_streams_and_graphs(name, H):
+    """The KV splits' partials lent from replay to replay (fastlaunch.Scratch): five replays
+    queued back to back with no sync (each on new inputs, into its own out), one on a side
+    stream between them, and one captured in a CUDA graph then replayed: each equals the full
+    path (plans off) bit for bit."""
+    op._PLANS.clear()
+    fastlaunch.clear_scratch()
+    c = make_case(4, H, 512, N=4000, max_slots=900, device="cuda", seed=30 + H,
+                  empty_rows=False)  # fmt: skip
+    cfg = dispatch.Choice(name)
+    call = dispatch.Call(runtime.arch(), H, 512, c.q.dtype, c.kv, 4)
+    if dispatch.kernel(name).unavailable(call):
+        pytest.skip(f"{name} cannot run H={H}")
+
+    def run(inp, out):
+        q, kv, idx, ptr, sink = inp
+        prefill.sparse_mla_prefill(q, kv, idx, ptr, c.softmax_scale, attn_sink=sink, out=out,
+                                   config=cfg)  # fmt: skip
+
+    first = (c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink)
+    for _ in range(3):
+        run(first, torch.empty_like(c.q))
+    plans = _plans()
+    assert len(plans) == 1 and plans[0].replay.launches == 2, "no split plan"
+    inputs = [tuple(t.cuda() if t is not None else None for t in _fresh(c, s)) for s in range(7)]
+    outs = [poisoned_like(c.q) for _ in inputs]
+    side = torch.cuda.Stream()
+    for k in range(5):  # queued back to back on the current stream, one on a side stream
+        if k == 2:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run(inputs[k], outs[k])
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            run(inputs[k], outs[k])
+    assert len(fastlaunch._SCRATCH) >= 1  # a set was kept
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run(inputs[5], outs[5])  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        run(inputs[6], outs[6])
+    run(inputs[0], outs[0])  # an eager replay between capture and graph replay
+    g.replay()
+    torch.cuda.synchronize()
+    prev = op.set_plans_enabled(False)
+    try:
+        for k in range(7):
+            want = poisoned_like(c.q)
+            run(inputs[k], want)
+            torch.cuda.synchronize()
+            assert torch.equal(outs[k], want), (name, H, k)
+    finally:
+        op.set_plans_enabled(prev)
