@@ -199,6 +199,19 @@ def _tma_map_of(t, block_shape, layout, padding, meta, meta_key, encode) -> tupl
     return hit
 
 
+def _raw_launch(run):
+    """The C launch under Triton's ``CudaLauncher`` ``run`` when ``run(...)`` is exactly a call
+    of it: a ``CudaLauncher`` (its ``__call__`` Triton's own) whose kernel needs no global or
+    profile scratch (``__call__`` then passes None for both and adds nothing else); else None."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    if type(run).__call__ is not CudaLauncher.__call__:
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    return getattr(run, "launch", None)
+
+
 def _tma_slot(cache, t, block_shape, layout, padding, meta, meta_key, encode) -> tuple:
     """:func:`_tma_map_of`, kept in ``cache`` by ``t``'s address: a :class:`Replay`'s
     descriptor argument, whose tensor's dtype, shape and strides (and the block, layout,
@@ -557,7 +570,14 @@ class Replay:
                     ns[f"c{n}_{j}"] = a
                     parts.append(f"c{n}_{j}")
             g = ", ".join(str(int(x)) for x in grid)
-            if e.tma is None:
+            raw = _raw_launch(e.run) if e.tma is None else None
+            if raw is not None:  # CudaLauncher.__call__ without scratch, inlined (as for TMA)
+                ns[f"raw{n}"] = raw
+                ns[f"coop{n}"] = e.run.launch_cooperative_grid
+                ns[f"pdl{n}"] = e.run.launch_pdl
+                body.append(f"    raw{n}({g}, stream, fn{n}, coop{n}, pdl{n}, None, None, pk{n}, "
+                            f"None, None, None, {', '.join(parts)}, *tail{n})")  # fmt: skip
+            elif e.tma is None:
                 body.append(f"    run{n}({g}, stream, fn{n}, pk{n}, None, None, None, "
                             f"{', '.join(parts)}, *tail{n})")  # fmt: skip
             else:

@@ -605,3 +605,39 @@ def test_gpu_kept_partials_back_to_back_streams_and_graphs(name, H):
             assert torch.equal(outs[k], want), (name, H, k)
     finally:
         op.set_plans_enabled(prev)
+
+
+@pytest.mark.parametrize("name", ["triton", "gluon_mma", "gluon_ws"])
+def test_replays_call_the_c_launch_without_tritons_python_wrapper(standin, monkeypatch, name):
+    """A replay calls the C launch of each kernel directly (CudaLauncher.__call__ with no
+    scratch only forwards to it); the launches equal the full path's (the test above). A
+    launcher that needs scratch, or is not Triton's CudaLauncher, keeps its own __call__."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    c = make_case(4, 64, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=23,
+                  empty_rows=False)  # fmt: skip
+    for _ in range(3):
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=torch.empty_like(c.q),
+                                   config=dispatch.Choice(name), validate=False)  # fmt: skip
+    (p,) = _plans()
+    run = p.replay.checks[0][1].run
+    wrapped = []
+    real = type(run).__call__
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(type(run), "__call__", lambda self, *a: wrapped.append(1) or real(self, *a))
+        standin.clear()
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=torch.empty_like(c.q),
+                                   config=dispatch.Choice(name), validate=False)  # fmt: skip
+    assert len(standin) == p.replay.launches and wrapped == []
+    assert fastlaunch._raw_launch(run) is run.launch
+    monkeypatch.setattr(run, "global_scratch_size", 64)
+    assert fastlaunch._raw_launch(run) is None
+    monkeypatch.setattr(run, "global_scratch_size", 0)
+    monkeypatch.setattr(run, "profile_scratch_size", 64)
+    assert fastlaunch._raw_launch(run) is None
+
+    class Other(CudaLauncher):
+        def __call__(self, *a):
+            return super().__call__(*a)
+
+    assert fastlaunch._raw_launch(Other.__new__(Other)) is None
