@@ -5,6 +5,7 @@
 # gpu_tests_fp8_prefill.log.
 set -u
 OUT=${OUT:-/tmp}
+mkdir -p "$OUT"
 PY=${PY:-python}
 t0=$(date +%s)
 # 1. The GPU tests this branch adds (FP8 replays == full path, bitwise, and the fp32 reference)

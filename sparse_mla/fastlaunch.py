@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import threading
 from typing import Any
 
@@ -54,6 +55,7 @@ from . import runtime
 __all__ = [
     "Launcher",
     "Replay",
+    "Scratch",
     "TmaArg",
     "enabled",
     "frozen",
@@ -194,6 +196,31 @@ def _tma_map_of(t, block_shape, layout, padding, meta, meta_key, encode) -> tupl
     hit = _TMA_MAPS.get((meta_key, t.data_ptr(), t.shape, t.stride(), padding))
     if hit is None:
         hit = _tma_map(TmaArg(t, block_shape, layout, padding), meta, meta_key, encode)
+    return hit
+
+
+def _raw_launch(run):
+    """The C launch under Triton's ``CudaLauncher`` ``run`` when ``run(...)`` is exactly a call
+    of it: a ``CudaLauncher`` (its ``__call__`` Triton's own) whose kernel needs no global or
+    profile scratch (``__call__`` then passes None for both and adds nothing else); else None."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    if type(run).__call__ is not CudaLauncher.__call__:
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    return getattr(run, "launch", None)
+
+
+def _tma_slot(cache, t, block_shape, layout, padding, meta, meta_key, encode) -> tuple:
+    """:func:`_tma_map_of`, kept in ``cache`` by ``t``'s address: a :class:`Replay`'s
+    descriptor argument, whose tensor's dtype, shape and strides (and the block, layout,
+    padding and meta) are the same every replay, so the encoding is a function of the address
+    alone (at most 64 addresses a slot)."""
+    hit = _tma_map_of(t, block_shape, layout, padding, meta, meta_key, encode)
+    if len(cache) >= 64:
+        cache.clear()
+    cache[t.data_ptr()] = hit
     return hit
 
 
@@ -487,9 +514,10 @@ class Replay:
     (:data:`_EPOCH`), the active driver and current device, no pre-run or launch hook,
     ``debug`` / ``instrumentation_mode`` as when recorded, every constexpr global the same
     object. Alignment of the input tensors is the caller's key (``data_ptr() % 16``), as the
-    direct path's is."""
+    direct path's is; so are their dtypes, shapes and strides, on which a TMA descriptor
+    argument's encoding is kept by address alone (:func:`_tma_slot`)."""
 
-    __slots__ = ("_fire", "checks", "device", "driver", "epoch", "launches", "options")
+    __slots__ = ("_check", "_fire", "checks", "device", "driver", "epoch", "launches", "options")
 
     @classmethod
     def build(
@@ -507,7 +535,7 @@ class Replay:
             return None
         slot = {id(t): f"i{k}" for k, t in enumerate(inputs) if t is not None}
         slot.update({i: f"s{j}" for i, j in (scratch or {}).items()})
-        ns: dict[str, Any] = {"_tma": _tma_map_of}
+        ns: dict[str, Any] = {"_tma": _tma_slot}
         body = []
         checks = []
         keys = set()
@@ -532,14 +560,24 @@ class Replay:
                     if src is None:
                         ns[f"c{n}_{j}"] = a.tensor
                         src = f"c{n}_{j}"
-                    parts.append(f"*_tma({src}, *{name})")
+                    # the map by address alone: the rest of its key is fixed per slot here
+                    ns[f"m{n}_{j}"] = {}
+                    parts.append(f"*(m{n}_{j}.get({src}.data_ptr()) or _tma(m{n}_{j}, {src}, "
+                                 f"*{name}))")  # fmt: skip
                 elif isinstance(a, torch.Tensor) and id(a) in slot:
                     parts.append(slot[id(a)])
                 else:  # a scalar, None, or a tensor the call did not make (a cached dummy)
                     ns[f"c{n}_{j}"] = a
                     parts.append(f"c{n}_{j}")
             g = ", ".join(str(int(x)) for x in grid)
-            if e.tma is None:
+            raw = _raw_launch(e.run) if e.tma is None else None
+            if raw is not None:  # CudaLauncher.__call__ without scratch, inlined (as for TMA)
+                ns[f"raw{n}"] = raw
+                ns[f"coop{n}"] = e.run.launch_cooperative_grid
+                ns[f"pdl{n}"] = e.run.launch_pdl
+                body.append(f"    raw{n}({g}, stream, fn{n}, coop{n}, pdl{n}, None, None, pk{n}, "
+                            f"None, None, None, {', '.join(parts)}, *tail{n})")  # fmt: skip
+            elif e.tma is None:
                 body.append(f"    run{n}({g}, stream, fn{n}, pk{n}, None, None, None, "
                             f"{', '.join(parts)}, *tail{n})")  # fmt: skip
             else:
@@ -560,11 +598,55 @@ class Replay:
         (self.device, self.options) = next(iter(keys)) if keys else (None, None)
         self.driver = driver.active if recorded else None
         self.epoch = _EPOCH[0]
+        self._check = self._valid_fn()
         return self
+
+    def _valid_fn(self):
+        """:meth:`_valid` as straight-line code for these launches (the same tests in the same
+        order, each launch's and each constexpr global's unrolled), what :meth:`valid` calls."""
+        if not self.launches:
+            return _always
+        # the module's state read through the module, as _valid reads its globals
+        ns: dict[str, Any] = {"_fl": sys.modules[__name__], "_HC": HookChain, "_M": _MISSING,
+                              "drv": self.driver, "epoch": self.epoch, "opts": self.options,
+                              "dev": self.device}  # fmt: skip
+        conds = []
+        for n, (lau, e, dbg) in enumerate(self.checks):
+            ns[f"fn{n}"], ns[f"lau{n}"], ns[f"id{n}"], ns[f"dbg{n}"] = lau.fn, lau, id(lau.fn), dbg
+            conds.append(f"fn{n}.pre_run_hooks or (fn{n}.debug or debug) != dbg{n} "
+                         f"or _fl._LAUNCHERS.get(id{n}) is not lau{n}")  # fmt: skip
+            for k, (g, name, val) in enumerate(e.globals):
+                ns[f"g{n}_{k}"], ns[f"v{n}_{k}"] = g, val
+                conds.append(f"g{n}_{k}.get({name!r}, _M) is not v{n}_{k}")
+        src = "\n".join([
+            "def valid():",
+            "    if not _fl._ENABLED[0] or _fl._EPOCH[0] != epoch or _fl.driver.active is not drv:",
+            "        return False",
+            "    rt = _fl.knobs.runtime",
+            "    h = rt.launch_enter_hook",
+            "    if h is not None and (type(h) is not _HC or h.calls):",
+            "        return False",
+            "    h = rt.launch_exit_hook",
+            "    if h is not None and (type(h) is not _HC or h.calls):",
+            "        return False",
+            "    if _fl.knobs.compilation.instrumentation_mode != opts:",
+            "        return False",
+            "    if drv.get_current_device() != dev:",
+            "        return False",
+            "    debug = rt.debug",
+            *(f"    if {c}:\n        return False" for c in conds),
+            "    return True",
+        ])  # fmt: skip
+        exec(src, ns)  # code built above from the recorded launches only
+        return ns["valid"]
 
     def valid(self) -> bool:
         """Whether the recorded launches are still what Launcher's direct path would issue
         (class docstring); False: take the call's own path (which may record anew)."""
+        return self._check()
+
+    def _valid(self) -> bool:
+        """:meth:`valid` as a loop (the reference the generated one unrolls)."""
         if not self.launches:
             return True
         if not _ENABLED[0] or _EPOCH[0] != self.epoch or driver.active is not self.driver:
@@ -586,15 +668,95 @@ class Replay:
                     return False
         return True
 
-    def __call__(self, inputs: tuple, scratch: tuple = ()) -> None:
-        """Issue the launches on the current stream (call :meth:`valid` first)."""
+    def __call__(self, inputs: tuple, scratch: tuple | Scratch = ()) -> None:
+        """Issue the launches on the current stream (call :meth:`valid` first). ``scratch``:
+        the tensors themselves, or a :class:`Scratch` that lends them for this stream."""
         if self.launches:
             _STATS["fast"] += self.launches
-            self._fire(self.driver.get_current_stream(self.device), *inputs, *scratch)
+            stream = self.driver.get_current_stream(self.device)
+            if type(scratch) is not Scratch:
+                self._fire(stream, *inputs, *scratch)
+                return
+            key, bufs = scratch.take(stream)
+            self._fire(stream, *inputs, *bufs)
+            if key is not None:
+                scratch.keep(key, bufs)
+
+
+# Scratch tensors lent to replays: (layout of the set, stream, thread) -> the tensors, kept
+# between replays (a few sets, a bounded number of bytes; see Scratch).
+_SCRATCH: dict[tuple, tuple] = {}
+_SCRATCH_SETS = 8
+_SCRATCH_BYTES = 256 << 20
+_SCRATCH_HELD = [0]
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_current_stream_capturing()
+
+
+class Scratch:
+    """The scratch tensors a replay's launches use (``makers``: what the recorded call made
+    with ``torch.empty``, e.g. the KV splits' fp32 partials), lent to each replay instead of
+    made anew: a set is kept after a replay and the next replay with the same (set layout,
+    current stream, thread) takes it; any other call makes its own (``torch.empty``, the
+    caching allocator, as before).
+
+    Why reuse is safe: the launches that write and read a set are issued in order on one
+    stream by one thread, and a set goes back only after the replay issued them all, so the
+    next replay's launches that touch it are queued behind them on that same stream (stream
+    order, what the caching allocator relies on when it hands a freed block to the next
+    allocation of its stream). Another stream or thread never gets it (a set made on stream
+    A is only ever used on A: the allocator's rule too). Nothing made during a CUDA-graph
+    capture is kept (its memory is the graph's), nor lent to one (a graph would keep using a
+    set that later eager replays write). Kept: at most ``_SCRATCH_SETS`` sets and
+    ``_SCRATCH_BYTES`` bytes in all (past either, every kept set is dropped, back to the
+    allocator)."""
+
+    __slots__ = ("cuda", "key", "makers", "nbytes")
+
+    def __init__(self, makers: tuple, key: tuple, nbytes: int, cuda: bool):
+        self.makers = makers  # callables, each making one tensor (torch.empty)
+        self.key = key  # hashable: the set's sizes, dtypes and devices
+        self.nbytes = nbytes
+        self.cuda = cuda
+
+    def take(self, stream) -> tuple[tuple | None, tuple]:
+        """(key, tensors) for a replay on ``stream``: the set kept for (this layout, stream,
+        thread), else new tensors; key None: inside a graph capture (never kept)."""
+        if self.cuda and _capturing():
+            return None, tuple(f() for f in self.makers)
+        key = (self.key, stream, threading.get_ident())
+        bufs = _SCRATCH.pop(key, None)
+        if bufs is None:
+            return key, tuple(f() for f in self.makers)
+        _SCRATCH_HELD[0] -= self.nbytes
+        return key, bufs
+
+    def keep(self, key: tuple, bufs: tuple) -> None:
+        """Keep ``bufs`` for the next replay of ``key`` (after the launches that use them were
+        issued)."""
+        if self.nbytes > _SCRATCH_BYTES:
+            return
+        if len(_SCRATCH) >= _SCRATCH_SETS or _SCRATCH_HELD[0] + self.nbytes > _SCRATCH_BYTES:
+            clear_scratch()
+        _SCRATCH[key] = bufs
+        _SCRATCH_HELD[0] += self.nbytes
+
+
+def clear_scratch() -> None:
+    """Drop every kept scratch set (:class:`Scratch`): its memory goes back to torch's
+    caching allocator."""
+    _SCRATCH.clear()
+    _SCRATCH_HELD[0] = 0
 
 
 def _no_key(args):
     return None
+
+
+def _always() -> bool:
+    return True
 
 
 def _no_hook(h) -> bool:

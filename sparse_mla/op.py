@@ -164,9 +164,7 @@ def spec_of(config: Any) -> str:
     ``kernel`` string; any other config goes through :func:`config_spec` (a trace-time
     constant; a config object passed as an argument of a compiled function may not be
     reconstructible by older Dynamo versions: close over it instead)."""
-    from .dispatch import Choice
-
-    if torch.compiler.is_compiling() and type(config) is Choice and config.launch is None:
+    if _is_compiling() and type(config) is dispatch.Choice and config.launch is None:
         return '{"kernel": "' + config.kernel + '", "launch": null}'
     return config_spec(config)
 
@@ -212,9 +210,10 @@ def config_object(spec: str) -> Any:
 # stamp (dispatch.choice_stamp) and the direct-launch state (Replay.valid).
 #
 # A plan is recorded from a real call (_prefill_impl after the checks passed), and only when
-# that call ran no torch op but torch.empty (scratch such as the KV splits' partials, made anew
-# per replay), launched only through fastlaunch's direct path (a Triton launch any other way is
-# seen too: fastlaunch.recording) and at least once unless out is empty, with distinct inputs:
+# that call ran no torch op but torch.empty (scratch such as the KV splits' partials, lent to
+# each replay by fastlaunch.Scratch: kept per stream and thread, never across a graph capture),
+# launched only through fastlaunch's direct path (a Triton launch any other way is seen too:
+# fastlaunch.recording) and at least once unless out is empty, with distinct inputs:
 # then every launch argument is an input, a scratch tensor, or a value or tensor the call did
 # not make from its inputs. Calls in Triton's interpreter (CPU tensors), under a dispatch mode,
 # or with tensor subclasses never plan. Anything else (a new layout, a stale stamp, a failed
@@ -240,6 +239,7 @@ def set_plans_enabled(flag: bool) -> bool:
     ``_prefill_impl``, as before."""
     prev, _PLANS_ON[0] = _PLANS_ON[0], bool(flag)
     _PLANS.clear()
+    fastlaunch.clear_scratch()
     return prev
 
 
@@ -248,7 +248,7 @@ class _Plan:
 
 
 class _Watch(TorchDispatchMode):
-    """Every torch op of a recorded call: ``torch.empty`` (kept, to be made anew per replay)
+    """Every torch op of a recorded call: ``torch.empty`` (kept: the plan's scratch)
     or anything else (the call is not replayable)."""
 
     def __init__(self):
@@ -276,6 +276,20 @@ class _Watch(TorchDispatchMode):
 def _empty_maker(args, kwargs):
     kw = {k: v for k, v in kwargs.items() if v is not None}
     return functools.partial(torch.empty, *args, **kw)
+
+
+def _scratch(empties):
+    """A plan's scratch (what its call made with torch.empty) as a fastlaunch.Scratch, which
+    lends the same tensors to the next replay on the same stream and thread; () if none."""
+    if not empties:
+        return ()
+    made = [r for _, _, r in empties]
+    return fastlaunch.Scratch(
+        tuple(_empty_maker(a, kw) for a, kw, _ in empties),
+        tuple((tuple(r.shape), r.stride(), r.dtype, r.device, r.layout) for r in made),
+        sum(r.numel() * r.element_size() for r in made),
+        any(r.device.type == "cuda" for r in made),
+    )
 
 
 def _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, s, out, config):
@@ -314,7 +328,7 @@ def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
         if type(p) is _Plan:
             if _replayable(p, q, kv, kv_indices, kv_indptr, attn_sink, out, validate):
                 inputs = (q, kv, kv_indices, kv_indptr, attn_sink, out)
-                p.replay(inputs, tuple(f() for f in p.scratch) if p.scratch else ())
+                p.replay(inputs, p.scratch)
                 return
             p = None  # stale, or the overlap check fails: the full path (raises by name)
         if p is None or p < _PLAN_TRIES:
@@ -390,7 +404,7 @@ def _plan_from(key, tries, arch, stamp, layout, inputs, out, launch) -> None:
         return
     p = _Plan()
     p.arch, p.stamp, p.layout, p.replay = arch, stamp, layout, replay
-    p.scratch = tuple(_empty_maker(a, kw) for a, kw, _ in watch.empties)
+    p.scratch = _scratch(watch.empties)
     _store(key, p)
 
 
@@ -506,7 +520,7 @@ def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
             if _replayable(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out, validate):
                 raw = kv_cache if kv_cache.dtype == _U8 else kv_cache.view(_U8)
                 inputs = (q, raw, kv_indices, kv_indptr, attn_sink, out)
-                p.replay(inputs, tuple(f() for f in p.scratch) if p.scratch else ())
+                p.replay(inputs, p.scratch)
                 return
             p = None  # stale, or the overlap check fails: the full path (raises by name)
         if p is None or p < _PLAN_TRIES:

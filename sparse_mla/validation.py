@@ -169,19 +169,21 @@ def _record_layout(key, x: Inputs, q, kv, kv_indices, kv_indptr, attn_sink, out)
 def _overlaps_known(layout, q, kv, kv_indices, kv_indptr, attn_sink, out) -> bool:
     """Whether out overlaps q (other than as the same view) or an input, from the recorded
     extents and today's addresses (the test of _check_out_memory)."""
-    out_ext, q_ext, same_strides, exts = layout
+    out_ext, q_ext, same_strides, (e0, e1, e2, e3) = layout
     o0 = out.data_ptr()
     o1 = o0 + out_ext
     if q_ext:
         q0 = q.data_ptr()
         if not (same_strides and q0 == o0) and o0 < q0 + q_ext and q0 < o1:
             return True
-    for t, e in zip((kv, kv_indices, kv_indptr, attn_sink), exts, strict=True):
-        if e:  # 0: empty or absent (a dense call's kv_indptr, no sink)
-            t0 = t.data_ptr()
-            if o0 < t0 + e and t0 < o1:
-                return True
-    return False
+    # each input's extent; 0: empty or absent (a dense call's kv_indptr, no sink). Unrolled:
+    # the replay of a plan runs this on every call.
+    return bool(
+        (e0 and o0 < (t := kv.data_ptr()) + e0 and t < o1)
+        or (e1 and o0 < (t := kv_indices.data_ptr()) + e1 and t < o1)
+        or (e2 and o0 < (t := kv_indptr.data_ptr()) + e2 and t < o1)
+        or (e3 and o0 < (t := attn_sink.data_ptr()) + e3 and t < o1)
+    )
 
 
 def validate_inputs(

@@ -6,6 +6,7 @@ the fp32 reference) is tests/test_kernels_gpu.py-style, at the end of this file.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from dataclasses import replace
 
@@ -105,6 +106,11 @@ def test_replay_makes_the_launches_the_full_path_makes(standin, name, T):
         before = fastlaunch.stats()
         run(*inputs)
         replayed = list(standin)
+        standin.clear()
+        run(*inputs)  # again at the same addresses (a TMA map kept by address is reused)
+        assert [_comparable(x, inputs) for x in standin] == [
+            _comparable(x, inputs) for x in replayed
+        ]
         assert fastlaunch.stats()["slow"] == before["slow"]
         prev = op.set_plans_enabled(False)
         try:
@@ -341,3 +347,297 @@ def test_a_plan_keeps_no_input_alive(standin, name):
     standin.clear()  # the recording driver's own references
     gc.collect()
     assert [r() is None for r in refs] == [True] * 6
+
+
+# ----------------------------------------------------------------------------------------------
+# Scratch lent to replays (fastlaunch.Scratch): the KV splits' partials
+# ----------------------------------------------------------------------------------------------
+
+
+def _split_case(name, standin, seed=20):
+    """A gluon_mma / gluon_wgmma layout at T=4 that runs KV splits (two launches, fp32
+    partials), planned; returns (case, run)."""
+    c = make_case(4, 64, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=seed,
+                  empty_rows=False)  # fmt: skip
+    cfg = dispatch.Choice(name)
+
+    def run(q, kv, idx, ptr, sink, out):
+        prefill.sparse_mla_prefill(q, kv, idx, ptr, c.softmax_scale, attn_sink=sink, out=out,
+                                   config=cfg, validate=False)  # fmt: skip
+
+    for _ in range(3):
+        run(c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
+    (p,) = _plans()
+    assert p.replay.launches == 2 and type(p.scratch) is fastlaunch.Scratch
+    return c, run
+
+
+_HELD: list = []  # the tensors _scratch_args saw, alive till the test ends (ids stay theirs)
+
+
+def _scratch_args(calls, inputs):
+    """The ids of the tensors the recorded launches got that are no input (the partials) and
+    not a 1-element dummy; the tensors are held, so no later tensor reuses an id."""
+    got = [a for call in calls for a in call if isinstance(a, torch.Tensor)
+           and a.numel() > 1 and not any(a is t for t in inputs)]  # fmt: skip
+    _HELD.extend(got)
+    return {id(a) for a in got}
+
+
+def _kept_ids():
+    """The ids of the kept scratch tensors (held, as _scratch_args')."""
+    got = [t for bufs in fastlaunch._SCRATCH.values() for t in bufs]
+    _HELD.extend(got)
+    return {id(t) for t in got}
+
+
+@pytest.mark.parametrize("name", ["gluon_mma", "gluon_wgmma"])
+def test_split_partials_are_lent_to_the_next_replay_on_the_stream(standin, monkeypatch, name):
+    """A replay of a split layout takes the partials the last replay on the same stream and
+    thread kept (no torch.empty), and its launches are still the full path's (the partials by
+    layout); another stream or thread gets its own set."""
+    import threading
+
+    monkeypatch.setattr(fastlaunch, "_SCRATCH", {})
+    monkeypatch.setattr(fastlaunch, "_SCRATCH_HELD", [0])
+    monkeypatch.setattr(sys.modules[__name__], "_HELD", [])
+    c, run = _split_case(name, standin)
+    sets = []
+    for seed in (1, 2, 3):
+        inputs = (*_fresh(c, seed), torch.empty_like(c.q))
+        standin.clear()
+        run(*inputs)
+        replayed = list(standin)
+        sets.append(_scratch_args(replayed, inputs))
+        assert len(sets[-1]) == 2
+        prev = op.set_plans_enabled(False)
+        try:
+            standin.clear()
+            run(*inputs)
+            full = list(standin)
+        finally:
+            op.set_plans_enabled(prev)
+        assert [_comparable(x, inputs) for x in replayed] == [_comparable(x, inputs) for x in full]
+        for _ in range(3):  # the switch cleared the plans (and the kept sets): plan again
+            run(c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
+    # with the plan kept: the same set every replay on this stream and thread
+    inputs = (*_fresh(c, 4), torch.empty_like(c.q))
+    got = []
+    for _ in range(3):
+        standin.clear()
+        run(*inputs)
+        got.append(_scratch_args(standin, inputs))
+    assert got[0] == got[1] == got[2] and len(fastlaunch._SCRATCH) == 1
+    # another stream: its own set (both kept)
+    drv = fastlaunch.driver._active
+    monkeypatch.setattr(drv, "get_current_stream", lambda device: 78)
+    standin.clear()
+    run(*inputs)
+    other = _scratch_args(standin, inputs)
+    assert other and not other & got[0] and len(fastlaunch._SCRATCH) == 2
+    monkeypatch.setattr(drv, "get_current_stream", lambda device: 77)
+    standin.clear()
+    run(*inputs)
+    assert _scratch_args(standin, inputs) == got[0]
+    # another thread on the same stream: its own set too
+    seen = []
+
+    def in_thread():
+        n = len(standin)
+        run(*inputs)
+        seen.append(_scratch_args(standin[n:], inputs))
+
+    th = threading.Thread(target=in_thread)
+    th.start()
+    th.join()
+    assert seen[0] and not seen[0] & got[0] and len(fastlaunch._SCRATCH) == 3
+
+
+def test_kept_partials_are_bounded_and_never_cross_a_graph_capture(standin, monkeypatch):
+    """Past the byte budget a set is not kept (each replay makes its own); past the count of
+    sets every kept set is dropped; inside a CUDA-graph capture a replay neither takes a kept
+    set nor keeps its own."""
+    monkeypatch.setattr(fastlaunch, "_SCRATCH", {})
+    monkeypatch.setattr(fastlaunch, "_SCRATCH_HELD", [0])
+    monkeypatch.setattr(sys.modules[__name__], "_HELD", [])
+    c, run = _split_case("gluon_mma", standin, seed=21)
+    (p,) = _plans()
+    inputs = (*_fresh(c, 5), torch.empty_like(c.q))
+    run(*inputs)
+    assert len(fastlaunch._SCRATCH) == 1
+    assert fastlaunch._SCRATCH_HELD[0] == p.scratch.nbytes > 0
+    kept = _kept_ids()
+
+    # a capture (faked: the plan's set made CUDA, the current stream capturing)
+    monkeypatch.setattr(p.scratch, "cuda", True)
+    monkeypatch.setattr(fastlaunch, "_capturing", lambda: True)
+    standin.clear()
+    run(*inputs)
+    assert _scratch_args(standin, inputs).isdisjoint(kept)
+    assert _kept_ids() == kept
+    monkeypatch.setattr(fastlaunch, "_capturing", lambda: False)
+    standin.clear()
+    run(*inputs)
+    assert _scratch_args(standin, inputs) == kept
+
+    # one set at most: another stream's set replaces this one
+    monkeypatch.setattr(fastlaunch, "_SCRATCH_SETS", 1)
+    drv = fastlaunch.driver._active
+    monkeypatch.setattr(drv, "get_current_stream", lambda device: 79)
+    run(*inputs)
+    assert len(fastlaunch._SCRATCH) == 1 and fastlaunch._SCRATCH_HELD[0] == p.scratch.nbytes
+    assert not _kept_ids() & kept
+
+    # a budget below the set: nothing kept, every replay makes its own
+    monkeypatch.setattr(fastlaunch, "_SCRATCH_BYTES", p.scratch.nbytes - 1)
+    fastlaunch.clear_scratch()
+    standin.clear()
+    run(*inputs)
+    run(*inputs)
+    assert fastlaunch._SCRATCH == {} and fastlaunch._SCRATCH_HELD[0] == 0
+
+
+@pytest.mark.parametrize("name", ["gluon_ws", "gluon_mma"])
+def test_generated_replay_guard_answers_as_the_loop(standin, name):
+    """Replay.valid (straight-line code made per replay) says what Replay._valid (the loop over
+    launches and constexpr globals) says, for each thing either checks changed in turn."""
+    c = make_case(4, 64, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=22,
+                  empty_rows=False)  # fmt: skip
+    for _ in range(3):
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=torch.empty_like(c.q),
+                                   config=dispatch.Choice(name), validate=False)  # fmt: skip
+    (p,) = _plans()
+    r = p.replay
+    assert r.valid() is True and r._valid() is True
+    drv = fastlaunch.driver._active
+    rt = triton.knobs.runtime
+    hook = lambda metadata: None  # noqa: E731
+    globs = [(n, x) for n, (_, e, _) in enumerate(r.checks) for x in e.globals]
+    assert globs or name == "gluon_mma"
+
+    def rebind(m, n, k):
+        g, gname, val = r.checks[n][1].globals[k]
+        m.setitem(g, gname, type(val)(val.value))  # equal, not the same object
+
+    changes = [
+        ("direct path off", lambda m: m.setattr(fastlaunch, "_ENABLED", [False])),
+        ("epoch", lambda m: m.setattr(fastlaunch, "_EPOCH", [fastlaunch._EPOCH[0] + 1])),
+        ("driver", lambda m: m.setattr(fastlaunch.driver, "_active", object())),
+        ("enter hook", lambda m: m.setattr(rt, "launch_enter_hook", hook)),
+        ("exit hook chain", lambda m: m.setattr(rt.launch_exit_hook, "calls", [hook])),
+        ("instrumentation", lambda m: m.setattr(triton.knobs.compilation,
+                                                "instrumentation_mode", "x")),
+        ("device", lambda m: m.setattr(drv, "get_current_device", lambda: 1)),
+        ("debug", lambda m: m.setattr(rt, "debug", True)),
+    ]  # fmt: skip
+    for n, (lau, _, _) in enumerate(r.checks):
+        changes.append((f"pre-run hook {n}", lambda m, f=lau.fn: m.setattr(f, "pre_run_hooks",
+                                                                         [hook])))  # fmt: skip
+        changes.append((f"launcher {n}", lambda m, f=lau.fn: m.setitem(fastlaunch._LAUNCHERS,
+                                                                     id(f), None)))  # fmt: skip
+    for n in range(len(r.checks)):
+        for k in range(len(r.checks[n][1].globals)):
+            changes.append((f"global {n}.{k}", lambda m, n=n, k=k: rebind(m, n, k)))
+    for what, change in changes:
+        with pytest.MonkeyPatch.context() as m:
+            change(m)
+            assert (r.valid(), r._valid()) == (False, False), what
+        assert r.valid() is True and r._valid() is True, what
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("name", ["gluon_mma", "gluon_wgmma"])
+@pytest.mark.parametrize("H", [16, 64, 128])
+def test_gpu_kept_partials_back_to_back_streams_and_graphs(name, H):
+    """The KV splits' partials lent from replay to replay (fastlaunch.Scratch): five replays
+    queued back to back with no sync (each on new inputs, into its own out), one on a side
+    stream between them, and one captured in a CUDA graph then replayed: each equals the full
+    path (plans off) bit for bit."""
+    op._PLANS.clear()
+    fastlaunch.clear_scratch()
+    c = make_case(4, H, 512, N=4000, max_slots=900, device="cuda", seed=30 + H,
+                  empty_rows=False)  # fmt: skip
+    cfg = dispatch.Choice(name)
+    call = dispatch.Call(runtime.arch(), H, 512, c.q.dtype, c.kv, 4)
+    if dispatch.kernel(name).unavailable(call):
+        pytest.skip(f"{name} cannot run H={H}")
+
+    def run(inp, out):
+        q, kv, idx, ptr, sink = inp
+        prefill.sparse_mla_prefill(q, kv, idx, ptr, c.softmax_scale, attn_sink=sink, out=out,
+                                   config=cfg)  # fmt: skip
+
+    first = (c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink)
+    for _ in range(3):
+        run(first, torch.empty_like(c.q))
+    plans = _plans()
+    assert len(plans) == 1 and plans[0].replay.launches == 2, "no split plan"
+    inputs = [tuple(t.cuda() if t is not None else None for t in _fresh(c, s)) for s in range(7)]
+    outs = [poisoned_like(c.q) for _ in inputs]
+    side = torch.cuda.Stream()
+    for k in range(5):  # queued back to back on the current stream, one on a side stream
+        if k == 2:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run(inputs[k], outs[k])
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            run(inputs[k], outs[k])
+    assert len(fastlaunch._SCRATCH) >= 1  # a set was kept
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run(inputs[5], outs[5])  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        run(inputs[6], outs[6])
+    run(inputs[0], outs[0])  # an eager replay between capture and graph replay
+    g.replay()
+    torch.cuda.synchronize()
+    prev = op.set_plans_enabled(False)
+    try:
+        for k in range(7):
+            want = poisoned_like(c.q)
+            run(inputs[k], want)
+            torch.cuda.synchronize()
+            assert torch.equal(outs[k], want), (name, H, k)
+    finally:
+        op.set_plans_enabled(prev)
+
+
+@pytest.mark.parametrize("name", ["triton", "gluon_mma", "gluon_ws"])
+def test_replays_call_the_c_launch_without_tritons_python_wrapper(standin, monkeypatch, name):
+    """A replay calls the C launch of each kernel directly (CudaLauncher.__call__ with no
+    scratch only forwards to it); the launches equal the full path's (the test above). A
+    launcher that needs scratch, or is not Triton's CudaLauncher, keeps its own __call__."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    c = make_case(4, 64, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=23,
+                  empty_rows=False)  # fmt: skip
+    for _ in range(3):
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=torch.empty_like(c.q),
+                                   config=dispatch.Choice(name), validate=False)  # fmt: skip
+    (p,) = _plans()
+    run = p.replay.checks[0][1].run
+    wrapped = []
+    real = type(run).__call__
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(type(run), "__call__", lambda self, *a: wrapped.append(1) or real(self, *a))
+        standin.clear()
+        prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink, out=torch.empty_like(c.q),
+                                   config=dispatch.Choice(name), validate=False)  # fmt: skip
+    assert len(standin) == p.replay.launches and wrapped == []
+    assert fastlaunch._raw_launch(run) is run.launch
+    monkeypatch.setattr(run, "global_scratch_size", 64)
+    assert fastlaunch._raw_launch(run) is None
+    monkeypatch.setattr(run, "global_scratch_size", 0)
+    monkeypatch.setattr(run, "profile_scratch_size", 64)
+    assert fastlaunch._raw_launch(run) is None
+
+    class Other(CudaLauncher):
+        def __call__(self, *a):
+            return super().__call__(*a)
+
+    assert fastlaunch._raw_launch(Other.__new__(Other)) is None
