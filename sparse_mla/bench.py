@@ -2062,8 +2062,9 @@ def _one_call_ms(fn: Callable[[], Any], device: torch.device) -> float:
 def _bench_fp8_point(pt: GridPoint, p: _FP8Point, chosen, device, ceil, common, check_tokens,
                      quick, peers, say, *, budget_ms, seen, slow_factor):  # fmt: skip
     """Rows of every FP8-run provider at one point: check each against the fp32 reference over
-    the dequantized rows, estimate one call, time it unless it is ``slow_factor`` x slower
-    than the fastest provider timed so far at this point."""
+    the dequantized rows and estimate one call; then time, in turns on a GPU
+    (:func:`time_interleaved`), every one that passed and is not ``slow_factor`` x slower than
+    the fastest estimate at this point."""
     q = p.w.q
     T, H, D = q.shape
     nnz = p.wd.valid_slots  # valid against the cache's slots
@@ -2079,14 +2080,13 @@ def _bench_fp8_point(pt: GridPoint, p: _FP8Point, chosen, device, ceil, common, 
             say(f"    {prov}: {what}"[:500])
 
     refs = _References(p.wd, check_tokens)
-    fastest = math.inf
     rows = []
+    timers: list[tuple[dict[str, Any], Callable[[], Any], float]] = []
     for prov in chosen:
         row: dict[str, Any] = {**base, "provider": prov}
-        slot_bytes = None
         try:
             prepared = _fp8_provider(prov, p, device, peers)
-            slot_bytes = prepared.config.get("slot_bytes")
+            row["_slot_bytes"] = prepared.config.get("slot_bytes")
             row.update(provider=prepared.name, config=prepared.config)
             ok, rel, note = _check(prepared.run, p.wd, check_tokens, refs)
             row.update(ok=ok, rel_l2=rel, note=note or None)
@@ -2094,16 +2094,8 @@ def _bench_fp8_point(pt: GridPoint, p: _FP8Point, chosen, device, ceil, common, 
                 out = torch.empty_like(q)
                 fn = prepared.timed if prepared.timed is not None else (
                     lambda run=prepared.run, o=out: run(o))  # fmt: skip
-                ruled = math.isfinite(slow_factor) and math.isfinite(fastest)
-                est = _one_call_ms(fn, device) if ruled else 0.0
-                if est > slow_factor * fastest:
-                    row["note"] = (f"not timed: one call took {est:.4g} ms, more than "
-                                   f"{slow_factor:g}x the fastest provider here "
-                                   f"({fastest:.4g} ms)")  # fmt: skip
-                    say(f"    {row['provider']} at {pt.workload} T={T}: {row['note']}")
-                else:
-                    row["ms"] = _time(lambda _out, f=fn: f(), None, device, quick, budget_ms)
-                    fastest = min(fastest, row["ms"])
+                est = _one_call_ms(fn, device) if math.isfinite(slow_factor) else 0.0
+                timers.append((row, fn, est))
         except Unavailable as e:
             once(prov, f"skipped ({e})")
             continue
@@ -2112,6 +2104,28 @@ def _bench_fp8_point(pt: GridPoint, p: _FP8Point, chosen, device, ceil, common, 
                 once(prov, f"skipped, it raised ({type(e).__name__}: {e})")
                 continue
             row.update(ok=False, note=f"{type(e).__name__}: {e}"[:500])
+        rows.append(row)
+    # The slow-provider rule against the fastest one-call estimate, then the rest timed: in
+    # turns on a GPU with a budget (time_interleaved), else one after another.
+    fastest = min((est for _, _, est in timers), default=math.inf)
+    first = min(range(len(timers)), key=lambda i: timers[i][2], default=None)
+    timed = []
+    for i, (row, fn, est) in enumerate(timers):
+        if i != first and est > slow_factor * fastest:  # the fastest one is always timed
+            row["note"] = (f"not timed: one call took {est:.4g} ms, more than {slow_factor:g}x "
+                           f"the fastest provider here ({fastest:.4g} ms)")  # fmt: skip
+            say(f"    {row['provider']} at {pt.workload} T={T}: {row['note']}")
+        else:
+            timed.append((row, fn))
+    if timed and device.type == "cuda" and budget_ms is not None:
+        for (row, _), ms in zip(timed, time_interleaved([f for _, f in timed], budget_ms),
+                                strict=True):  # fmt: skip
+            row["ms"] = ms
+    else:
+        for row, fn in timed:
+            row["ms"] = _time(lambda _out, f=fn: f(), None, device, quick, budget_ms)
+    for row in rows:
+        slot_bytes = row.pop("_slot_bytes", None)
         if row.get("ms") is not None:
             s = row["ms"] * 1e-3
             row.update(tflops=flops / s / 1e12, gather_tbs=nnz * slot_bytes / s / 1e12)
@@ -2119,7 +2133,6 @@ def _bench_fp8_point(pt: GridPoint, p: _FP8Point, chosen, device, ceil, common, 
                 row["frac_of_floor"] = fl / row["ms"]
         elif not row.get("ok"):
             say(f"    {row['provider']} at {pt.workload} T={T}: FAIL ({row.get('note')})"[:500])
-        rows.append(row)
     return rows
 
 
@@ -2192,9 +2205,10 @@ def run_fp8(
     config's ``slot_bytes`` says which. ``floor_ms`` uses the FP8 bytes (the least any
     provider must read) at the gather rate of 1 KiB rows measured for a pool of the cache's
     size (``pool_bytes``): optimistic for 584-byte rows. A provider whose one call (after the
-    check) takes more than ``slow_factor`` x the fastest provider timed so far at the point
-    (the Triton FP8 kernel, run last, at T=16384) is not timed: its row has ``ok`` and
-    ``rel_l2``, no ``ms``, and the reason in ``note`` (also logged).
+    check) takes more than ``slow_factor`` x the fastest one-call estimate at the point (the
+    Triton FP8 kernel at T=16384) is not timed: its row has ``ok`` and ``rel_l2``, no ``ms``,
+    and the reason in ``note`` (also logged). On a GPU the others are timed in turns
+    (:func:`time_interleaved`), as in the grid.
 
     Args:
         points: default :func:`fp8_points` (``heads`` x ``tokens`` when either is given,
