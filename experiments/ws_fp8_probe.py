@@ -35,6 +35,7 @@ WS_FP8 = [
     ("ws_fp8_a4", FP8WSConfig(AHEAD=4)),  # 16 bytes of producer spills
     ("ws_fp8_c192p96a4", FP8WSConfig(CONSUMER_REGS=192, PRODUCER_REGS=96, AHEAD=4)),
 ]
+SMALL = dispatch.Choice("gluon_ws_small_fp8")
 
 
 def bench(fn):
@@ -46,7 +47,7 @@ def placed(buf: torch.Tensor, offset: int, src: torch.Tensor) -> torch.Tensor:
     and strides (its storage's span)."""
     span = (max((s - 1) * st for s, st in zip(src.shape, src.stride(), strict=True)) + 1
             ) * src.element_size()  # fmt: skip
-    dst = torch.as_strided(buf[offset: offset + span].view(src.dtype), src.shape, src.stride())
+    dst = torch.as_strided(buf[offset : offset + span].view(src.dtype), src.shape, src.stride())
     dst.copy_(src)
     return dst
 
@@ -63,12 +64,13 @@ def main() -> int:
         assert cache.data.data_ptr() - buf.data_ptr() > 2**31
         call = functools.partial(sparse_mla_prefill, q, kv_indices=idx, kv_indptr=ptr,
                                  softmax_scale=sc, attn_sink=sink)  # fmt: skip
-        runs = [("bf16_gluon_ws", functools.partial(call, kv=deq, config=dispatch.Choice("gluon_ws"))),
-                ("small_fp8", functools.partial(call, kv=cache,
-                                                config=dispatch.Choice("gluon_ws_small_fp8")))]  # fmt: skip
+        runs = [
+            ("bf16_gluon_ws", functools.partial(call, kv=deq, config=dispatch.Choice("gluon_ws"))),
+            ("small_fp8", functools.partial(call, kv=cache, config=SMALL)),
+        ]
         for name, cfg in WS_FP8:
-            runs.append((name, functools.partial(
-                call, kv=cache, config=dispatch.Choice("gluon_ws_fp8", cfg))))  # fmt: skip
+            f = functools.partial(call, kv=cache, config=dispatch.Choice("gluon_ws_fp8", cfg))
+            runs.append((name, f))
         runs.append(("fp8_default", functools.partial(call, kv=cache)))
         res, oks = {}, {}
         for name, f in runs:
@@ -81,8 +83,11 @@ def main() -> int:
                 print(f"  T={T} H={H} {name}: WRONG {rep}", flush=True)
                 continue
             res[name] = bench(f)
-        chosen = dispatch.choose(dispatch.Call("sm90", H, 512, torch.bfloat16, cache, T,
-                                               idx.numel(), kv_format=F.KV_FORMAT)).kernel
+        chosen = dispatch.choose(
+            dispatch.Call(
+                "sm90", H, 512, torch.bfloat16, cache, T, idx.numel(), kv_format=F.KV_FORMAT
+            )
+        ).kernel
         base = res.get("bf16_gluon_ws")
         shown = " ".join(
             f"{k}={v:.4f}" + (f"({v / base:.2f}x)" if base and k != "bf16_gluon_ws" else "")

@@ -665,7 +665,8 @@ def _prefill_ws_kernel(
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions."""
     q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars = _shared_state(
-        q_desc.dtype, 128  # READY: the producer's 128 lanes arrive, via cp.async
+        q_desc.dtype,
+        128,  # READY: the producer's 128 lanes arrive, via cp.async
     )
     args = (
         q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,

@@ -110,6 +110,12 @@ def _last(k):
 
 
 @constexpr_function
+def _next(k, ahead):
+    """The piece loaded at step ``k``: ``ahead`` pieces on, into the next pair past the end."""
+    return (k + ahead) % PIECES.value
+
+
+@constexpr_function
 def _ahead(ahead):
     """The launch's AHEAD, checked (None: unbound in a cross-compile's signature: the default)."""
     ahead = AHEAD.value if ahead is None else ahead
@@ -194,15 +200,14 @@ def _producer(
         win = ()
         sws = ()
         for k in gl.static_range(AHEAD):
-            if _tile(k) == 0:
-                slot = s0
-            else:
-                slot = s1
-            win = win + (_load_piece(cache_ptr, slot, block_size, block_shift, stride_block,
-                                     POW2, _chunk(k)),)  # fmt: skip
+            slot = s0 if _tile(k) == 0 else s1
+            w = _load_piece(cache_ptr, slot, block_size, block_shift, stride_block, POW2,
+                            _chunk(k))  # fmt: skip
+            win = win + (w,)  # noqa: RUF005 (a Gluon tuple: no unpacking in the JIT)
             if _first(k) and _chunk(k) < 7:
-                sws = sws + (_load_scales(cache_ptr, slot, block_size, block_shift,
-                                          stride_block, POW2, _chunk(k)),)  # fmt: skip
+                sw = _load_scales(cache_ptr, slot, block_size, block_shift, stride_block, POW2,
+                                  _chunk(k))  # fmt: skip
+                sws = sws + (sw,)  # noqa: RUF005
         num_pairs = (num_tiles + 1) // 2
         for j in range(num_pairs):
             ph = ((g0 + j) & 1) ^ 1  # a fresh barrier's "previous phase" counts as complete
@@ -210,26 +215,24 @@ def _producer(
             n0 = _slot_ids(idx_ptr, lo + (2 * j + 2) * BLOCK_K, hi, num_slots, PROWS)
             n1 = _slot_ids(idx_ptr, lo + (2 * j + 3) * BLOCK_K, hi, num_slots, PROWS)
             for k in gl.static_range(PIECES):
+                # Load piece k + AHEAD (of this pair, or of the next one past its end).
                 if k + AHEAD < PIECES:
-                    if _tile((k + AHEAD) % PIECES) == 0:
-                        slot = s0
-                    else:
-                        slot = s1
+                    slot = s0 if _tile(_next(k, AHEAD)) == 0 else s1
                 else:
-                    if _tile((k + AHEAD) % PIECES) == 0:
-                        slot = n0
-                    else:
-                        slot = n1
-                win = win + (_load_piece(cache_ptr, slot, block_size, block_shift,
-                                         stride_block, POW2, _chunk((k + AHEAD) % PIECES)),)  # fmt: skip
-                if _first((k + AHEAD) % PIECES) and _chunk((k + AHEAD) % PIECES) < 7:
-                    sws = sws + (_load_scales(cache_ptr, slot, block_size, block_shift,
-                                              stride_block, POW2, _chunk((k + AHEAD) % PIECES)),)  # fmt: skip
+                    slot = n0 if _tile(_next(k, AHEAD)) == 0 else n1
+                w = _load_piece(cache_ptr, slot, block_size, block_shift, stride_block, POW2,
+                                _chunk(_next(k, AHEAD)))  # fmt: skip
+                win = win + (w,)  # noqa: RUF005
+                if _first(_next(k, AHEAD)) and _chunk(_next(k, AHEAD)) < 7:
+                    sw = _load_scales(cache_ptr, slot, block_size, block_shift, stride_block,
+                                      POW2, _chunk(_next(k, AHEAD)))  # fmt: skip
+                    sws = sws + (sw,)  # noqa: RUF005
+                # Store piece k.
                 if _first(k):
                     mbarrier.wait(bars.index(FREE + _half(k)), ph)
-                    sw = sws[0]
+                    scales = sws[0]
                     sws = sws[1:]
-                _store_piece(kv_smem.index(_tile(k)), win[0], sw, _chunk(k))
+                _store_piece(kv_smem.index(_tile(k)), win[0], scales, _chunk(k))
                 win = win[1:]
                 if _last(k):
                     fence_async_shared()  # the generic-proxy stores before wgmma's reads
@@ -269,7 +272,8 @@ def _prefill_ws_fp8_kernel(
     """Persistent: grid (min(items, SMs),); 4 warps here (consumer 0) + 8 in the workers."""
     ahead: gl.constexpr = _ahead(AHEAD)
     q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars = _shared_state(
-        q_desc.dtype, 1  # READY: one arrival of the producer warpgroup, after its stores
+        q_desc.dtype,
+        1,  # READY: one arrival of the producer warpgroup, after its stores
     )
     # The consumers' arguments as hopper_ws's (the cache's bytes stand for the pool and
     # num_slots for its rows: the consumers read neither but the slot ids' bounds).
