@@ -349,14 +349,16 @@ def _partition_spills(isa: str) -> dict[int, int]:
 
 @pytest.mark.parametrize("H", [64, 128])
 def test_gluon_ws_fp8_cross_compiles_without_spills(H):
-    """The default launch: the register split 216 / 200 / 88 (consumer 0, consumer 1, the
-    producer), no local memory in any partition, gluon_ws's wgmmas, the dequantization without
-    an fp8 conversion, Q and O by TMA and no cp.async (the producer stores from registers)."""
+    """The default launch (int32 and int64 CSR ids): the register split 224 / 192 / 88
+    (consumer 0, consumer 1, the producer), no local memory in any partition, gluon_ws's
+    wgmmas, the dequantization without an fp8 conversion, Q and O by TMA and no cp.async (the
+    producer stores from registers)."""
     from sparse_mla import inspect as si
 
-    name, res = si.compile_kernel("gluon_ws_fp8", "sm90", num_heads=H)
+    ix = "int32" if H == 64 else "int64"
+    name, res = si.compile_kernel("gluon_ws_fp8", "sm90", num_heads=H, index_dtype=ix)
     assert name == "gluon_ws_fp8" and res.kernel_name.startswith("_prefill_ws_fp8")
-    assert res.resources.partitions == [("default", 4, 216), ("worker 0", 4, 200),
+    assert res.resources.partitions == [("default", 4, 224), ("worker 0", 4, 192),
                                         ("worker 1", 4, 88)]  # fmt: skip
     rows = dict(res.resources.as_rows())
     assert rows["local bytes"] == 0 and rows["stack bytes"] == 0, rows
@@ -376,15 +378,15 @@ def test_gluon_ws_fp8_config_checks_and_knobs():
     from sparse_mla.gluon.launch_fp8 import FP8WSConfig as C
 
     C().validate()
-    assert (C().CONSUMER_REGS, C().PRODUCER_REGS, C().AHEAD) == (200, 88, 3)
-    assert hopper_ws.register_split(200, 88) == (216, 200, 88)
+    assert (C().CONSUMER_REGS, C().PRODUCER_REGS, C().AHEAD) == (192, 88, 3)
+    assert hopper_ws.register_split(192, 88) == (224, 192, 88)
     for bad, needle in [
         (C(AHEAD=0), "AHEAD must be an int in"),
         (C(AHEAD=9), "AHEAD must be an int in"),
         (C(AHEAD=True), "AHEAD must be an int in"),
         (C(PRODUCER_REGS=100), "multiple of 8"),
         (C(CONSUMER_REGS=True), "multiple of 8"),
-        (C(PRODUCER_REGS=120), "consumer 0 would get 504 - 200 - 120 = 184"),
+        (C(PRODUCER_REGS=128), "consumer 0 would get 504 - 192 - 128 = 184"),
     ]:
         with pytest.raises(ValueError, match=needle):
             bad.validate()

@@ -14,8 +14,9 @@ fence), not cp.async's 128.
 
 The register budget decides the producer. The three warpgroups share 504 registers a thread;
 the consumers hold their O halves ([64, 256] fp32, 128 registers) and S, and cross-compile
-without spills at 216 (consumer 0, which also holds the next pair's S behind its PV) and 200
-(consumer 1), so the producer gets 88 (:data:`PRODUCER_REGS`, :data:`CONSUMER_REGS`). A
+without spills at 224 (consumer 0, which also holds the next pair's S behind its PV) and 192
+(consumer 1), so the producer gets 88 (:data:`PRODUCER_REGS`, :data:`CONSUMER_REGS`; 216 / 200
+/ 88 compiles without spills too, but consumer 0 spills with int64 ids there). A
 producer that held a whole half tile of fp8 bytes in registers (32-40 words a lane) and
 loaded the next half before storing this one would need ~130. So the producer streams the
 pair of tiles as 18 *pieces*, one 64-byte chunk of each of the 64 rows (a lane: 2 rows x 16
@@ -61,8 +62,8 @@ from .hopper_ws import (
 )
 
 # The register split (setmaxnreg) of the three warpgroups: consumer 1 and the producer take
-# these, consumer 0 the rest of the 504 a thread: 504 - 200 - 88 = 216 (hopper_ws.register_split).
-CONSUMER_REGS = gl.constexpr(200)
+# these, consumer 0 the rest of the 504 a thread: 504 - 192 - 88 = 224 (hopper_ws.register_split).
+CONSUMER_REGS = gl.constexpr(192)
 PRODUCER_REGS = gl.constexpr(88)
 AHEAD = gl.constexpr(3)  # pieces loaded ahead of the one being stored (4 KiB each)
 MAX_AHEAD = 8  # (host side and _ahead)

@@ -88,10 +88,11 @@ class FP8WSConfig:
 
     ``CONSUMER_REGS`` (consumer 1) and ``PRODUCER_REGS``: registers a thread; consumer 0 takes
     the rest of the 504 the three warpgroups share (:func:`hopper_ws.register_split`). The
-    default, 200 / 88 (consumer 0: 216), is the largest producer share with which the
-    consumers cross-compile without spills (consumer 0 spills at 208, consumer 1 at 192).
-    ``AHEAD``: 64-byte chunks of the tile's 64 rows (4 KiB, 4 words a lane) the producer
-    keeps loaded ahead of the one it stores; its registers grow by ~5 a piece."""
+    default, 192 / 88 (consumer 0: 224), is the largest producer share with which the kernel
+    cross-compiles without spills for int32 and int64 CSR ids (docs/PERF_NOTES.md, "The FP8
+    cache on Hopper at 33-128 heads"). ``AHEAD``: 64-byte chunks of the tile's 64 rows (4 KiB,
+    4 words a lane) the producer keeps loaded ahead of the one it stores (3: the most that fit
+    in 88 registers without spills)."""
 
     CONSUMER_REGS: int = hopper_ws_fp8.CONSUMER_REGS.value
     PRODUCER_REGS: int = hopper_ws_fp8.PRODUCER_REGS.value
