@@ -47,8 +47,9 @@ def bench(fn):
 def placed(buf: torch.Tensor, offset: int, src: torch.Tensor) -> torch.Tensor:
     """``src`` copied into ``buf`` (uint8) at byte ``offset`` (16-byte aligned), same shape
     and strides (its storage's span)."""
-    span = (max((s - 1) * st for s, st in zip(src.shape, src.stride(), strict=True)) + 1
-            ) * src.element_size()  # fmt: skip
+    span = (sum((n - 1) * st for n, st in zip(src.shape, src.stride(), strict=True)) + 1) * (
+        src.element_size()
+    )
     dst = torch.as_strided(buf[offset : offset + span].view(src.dtype), src.shape, src.stride())
     dst.copy_(src)
     return dst
