@@ -13,7 +13,7 @@ PY=${PY:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 t0=$(date +%s)
 # 1. Timing, same process: bf16 gluon_ws on the dequantized pool, gluon_ws_small_fp8,
-#    gluon_ws_fp8 (its default, AHEAD 1 / 2 / 4 and the 200 / 88 register split) and
+#    gluon_ws_fp8 (its default, 4 pieces ahead, and AHEAD 1 / 2 / 3 / 5) and
 #    config=None on the cache; every launch checked against the reference first.
 timeout 150 $PY experiments/ws_fp8_probe.py > "$OUT/ws_fp8_probe.log" 2>&1
 echo "rc=$? probe: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/ws_fp8_probe.log"

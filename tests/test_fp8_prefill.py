@@ -347,16 +347,18 @@ def _partition_spills(isa: str) -> dict[int, int]:
     return spills
 
 
-@pytest.mark.parametrize("H", [64, 128])
-def test_gluon_ws_fp8_cross_compiles_without_spills(H):
-    """The default launch (int32 and int64 CSR ids): the register split 224 / 192 / 88
-    (consumer 0, consumer 1, the producer), no local memory in any partition, gluon_ws's
-    wgmmas, the dequantization without an fp8 conversion, Q and O by TMA and no cp.async (the
-    producer stores from registers)."""
+@pytest.mark.parametrize(("H", "ix", "ahead"), [(64, "int32", None), (128, "int64", 3)])
+def test_gluon_ws_fp8_cross_compiles_without_spills(H, ix, ahead):
+    """The default launch with int32 CSR ids (4 pieces ahead) and 3 ahead with int64 ids: the
+    register split 224 / 192 / 88 (consumer 0, consumer 1, the producer), no local memory in
+    any partition, gluon_ws's wgmmas, the dequantization without an fp8 conversion, Q and O by
+    TMA and no cp.async (the producer stores from registers)."""
     from sparse_mla import inspect as si
+    from sparse_mla.gluon.launch_fp8 import FP8WSConfig
 
-    ix = "int32" if H == 64 else "int64"
-    name, res = si.compile_kernel("gluon_ws_fp8", "sm90", num_heads=H, index_dtype=ix)
+    cfg = None if ahead is None else FP8WSConfig(AHEAD=ahead)
+    name, res = si.compile_kernel("gluon_ws_fp8", "sm90", num_heads=H, index_dtype=ix,
+                                  config=cfg)  # fmt: skip
     assert name == "gluon_ws_fp8" and res.kernel_name.startswith("_prefill_ws_fp8")
     assert res.resources.partitions == [("default", 4, 224), ("worker 0", 4, 192),
                                         ("worker 1", 4, 88)]  # fmt: skip
@@ -378,7 +380,7 @@ def test_gluon_ws_fp8_config_checks_and_knobs():
     from sparse_mla.gluon.launch_fp8 import FP8WSConfig as C
 
     C().validate()
-    assert (C().CONSUMER_REGS, C().PRODUCER_REGS, C().AHEAD) == (192, 88, 3)
+    assert (C().CONSUMER_REGS, C().PRODUCER_REGS, C().AHEAD) == (192, 88, 4)
     assert hopper_ws.register_split(192, 88) == (224, 192, 88)
     for bad, needle in [
         (C(AHEAD=0), "AHEAD must be an int in"),

@@ -91,8 +91,9 @@ class FP8WSConfig:
     default, 192 / 88 (consumer 0: 224), is the largest producer share with which the kernel
     cross-compiles without spills for int32 and int64 CSR ids (docs/PERF_NOTES.md, "The FP8
     cache on Hopper at 33-128 heads"). ``AHEAD``: 64-byte chunks of the tile's 64 rows (4 KiB,
-    4 words a lane) the producer keeps loaded ahead of the one it stores (3: the most that fit
-    in 88 registers without spills)."""
+    4 words a lane) the producer keeps loaded ahead of the one it stores (4: the most that fit
+    in 88 registers without spills for int32 CSR ids and a power-of-two block size; 3 with
+    int64 ids or another block size)."""
 
     CONSUMER_REGS: int = hopper_ws_fp8.CONSUMER_REGS.value
     PRODUCER_REGS: int = hopper_ws_fp8.PRODUCER_REGS.value
