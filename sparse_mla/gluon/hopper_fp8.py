@@ -37,8 +37,9 @@ the warpgroup's stores and a proxy fence).
 Measured on the H200 (docs/PERF_NOTES.md, "The FP8 cache on Hopper"): correct at every launch,
 but 1.3-1.4x slower than the bf16 kernel at 8-32 heads whatever the producers; the next step
 there is ``experiments/fp8_seg128.py``'s loads. At 64 heads and more it runs two or four items
-a token and is 2.1-2.3x slower than a bf16 workspace fed to FlashMLA: an FP8 producer for the
-heads-on-M kernel (:mod:`hopper_ws`) is the missing piece.
+a token and is 2.1-2.3x slower than a bf16 workspace fed to FlashMLA; there the dispatch runs
+:mod:`hopper_ws_fp8` (``gluon_ws_fp8``: the heads-on-M kernel with an FP8 producer built from
+this module's loads and dequantization).
 """
 
 from __future__ import annotations

@@ -28,9 +28,15 @@ flight while it waits for a half to be free and while it dequantizes. A half's 3
 scales come with its first piece as one 4-byte load a row (bytes 0-3 for ``L``, 4-7 for
 ``R``: 7 scales and the pad byte), not one byte load a chunk.
 
-Slot ids travel as int32 (-1: absent) and each piece recomputes its rows' byte offsets from
-them (:func:`hopper_fp8._slot_bytes`): four of them (this pair's and the next pair's tiles)
-cost 8 registers, their 64-bit row and scale offsets would cost 32.
+Slot ids travel as int32 (-1: absent) and, with a power-of-two block size, each piece
+recomputes its rows' byte offsets from them (:func:`_per_piece`, :func:`hopper_fp8._slot_bytes`):
+four tiles' ids (this pair's and the next pair's) cost 8 registers, their 64-bit row offsets
+16 more. That is what lets 4 pieces be in flight (``AHEAD`` = 4, the default) in 88 registers
+without spills; docs/PERF_NOTES.md ("The FP8 cache on Hopper at 33-128 heads") has the
+cross-compiles behind the split and the window.
+
+The compiler puts a warpgroup barrier before each piece's shared stores (its hazard analysis
+sees the whole tile allocation, not the disjoint words of two pieces): ~20 a pair of tiles.
 
 Absent slots (< 0, >= num_slots, past the list) load nothing and store zeros (their logits
 are -inf in the consumers), so the cache is never read for them and NaN cannot reach the
