@@ -25,8 +25,9 @@ wall time (on a shared machine).
 ``--fp8``: the FP8-cache entry (``sparse_mla_prefill(q, FP8Cache, ...)`` ->
 ``torch.ops.sparse_mla.prefill_fp8``): the same workload's pool quantized into a MODEL1 cache
 of 64-token blocks (:func:`sparse_mla.fp8.quantize`), kernels ``default`` (config=None) and
-each registered FP8 kernel (``triton_fp8``, ``gluon_ws_small_fp8``); ``--parts`` then times the
-op, the op's kernel (a plan's replay when plans are on), the full FP8 entry and the launch.
+each registered FP8 kernel (``triton_fp8``, ``gluon_ws_small_fp8``, ``gluon_ws_fp8``);
+``--parts`` then times the op, the op's kernel (a plan's replay when plans are on), the full FP8
+entry and the launch.
 
 ``--fast off|on|both``: launches through ``kernel[grid]`` every call (off), or directly after
 the first (on, the package's default: :mod:`sparse_mla.fastlaunch`); ``both`` prints a row of

@@ -2,7 +2,8 @@
 
 Every kernel :func:`sparse_mla.sparse_mla_prefill` can run is a named :class:`Kernel` here:
 ``triton`` (every target and the CPU interpreter) and the Gluon kernels (``gluon_mma``,
-``gluon_wgmma``, ``gluon_ws``, ``gluon_ws_small``; :data:`sparse_mla.gluon.launch.KERNELS`).
+``gluon_wgmma``, ``gluon_ws``, ``gluon_ws_small``; :data:`sparse_mla.gluon.launch.KERNELS`);
+for an FP8 cache ``triton_fp8``, ``gluon_ws_small_fp8`` and ``gluon_ws_fp8``.
 Each says which targets it serves, which calls it can take and why not (``unavailable``), its
 knobs, and how to resolve, run and cross-compile a launch. One selector, :func:`choose`,
 picks the kernel for a call; nothing inside a launcher decides which kernel runs:
@@ -228,14 +229,22 @@ def _recorded(entry: configs.ConfigEntry, c: configs.KernelChoice) -> str:
 # more items per token fill more SMs: 11.9-12.4 us against 13.6-14.2 us at T=64, H 40-64; at
 # T=256 the 64-heads-on-M kernel wins again, 26.9-28.9 us against 32.5-33.0); the
 # 64-heads-on-M kernel above (its head blocks clipped at H). Triton is never chosen on sm90
-# where one of them can run: it measured 1.1-20x slower there.
+# where one of them can run: it measured 1.1-20x slower there. An FP8 cache takes the same rows
+# with the FP8 kernels (the bf16 ones refuse it): the heads-on-N one where its bf16 twin runs,
+# the 64-heads-on-M one (gluon_ws_fp8) above 32 heads from 128 tokens on, where the heads-on-N
+# one runs two or four items a token and measured 2.1-2.3x slower than FlashMLA on a bf16
+# workspace (gluon_ws_fp8 is not measured yet: docs/PERF_NOTES.md, "The FP8 cache on Hopper",
+# has the prediction).
 RULE: dict[str, tuple[tuple[int | None, int | None, tuple[str, ...]], ...]] = {
     "sm90": (
-        (32, None, ("gluon_ws_small", "gluon_ws", "gluon_mma", "gluon_ws_small_fp8")),
-        (64, 127, ("gluon_ws_small", "gluon_ws", "gluon_mma", "gluon_ws_small_fp8")),
-        (None, None, ("gluon_ws", "gluon_wgmma", "gluon_mma", "gluon_ws_small_fp8")),
+        (32, None, ("gluon_ws_small", "gluon_ws", "gluon_mma", "gluon_ws_small_fp8",
+                    "gluon_ws_fp8")),
+        (64, 127, ("gluon_ws_small", "gluon_ws", "gluon_mma", "gluon_ws_small_fp8",
+                   "gluon_ws_fp8")),
+        (None, None, ("gluon_ws", "gluon_wgmma", "gluon_mma", "gluon_ws_fp8",
+                      "gluon_ws_small_fp8")),
     ),
-}
+}  # fmt: skip
 
 
 def rule(call: Call) -> tuple[str, ...]:

@@ -129,5 +129,31 @@ def _register_all() -> None:
         )
     )
 
+    dispatch.register(
+        dispatch.Kernel(
+            "gluon_ws_fp8",
+            run=_lazy("gluon.launch_fp8", "run_ws"),
+            resolve=_lazy("gluon.launch_fp8", "resolve_ws"),
+            unavailable=_lazy("gluon.launch_fp8", "unavailable"),
+            config_type="sparse_mla.gluon.launch_fp8:FP8WSConfig",
+            to_dict=asdict,
+            summary=(
+                "sm90 warp-specialised sparse prefill from the FP8 cache (hopper_ws_fp8.py): "
+                "gluon_ws's two consumers (64 heads on wgmma's M), a producer that streams 64-byte "
+                "chunks of 576 + 8 bytes a slot through registers and dequantizes them into the "
+                "bf16 tile halves, persistent"
+            ),
+            targets=("sm90",),
+            knobs={
+                "CONSUMER_REGS": (184, 192, 200, 208),
+                "PRODUCER_REGS": (72, 80, 88, 96, 104),
+                "AHEAD": (1, 2, 3, 4, 5, 6),
+            },
+            compile_args=_lazy("gluon.launch_fp8", "compile_args_ws"),
+            kv_format=FP8_FORMAT,
+            dense_ids=True,
+        )
+    )
+
 
 _register_all()

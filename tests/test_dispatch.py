@@ -457,6 +457,7 @@ def test_the_registry_is_whole_whichever_module_comes_first():
         "triton",
         "triton_fp8",
         "gluon_ws_small_fp8",
+        "gluon_ws_fp8",
     }
     for first in ("sparse_mla.dispatch", "sparse_mla.prefill", "sparse_mla.fp8_prefill"):
         code = (f"import {first}, sys; from sparse_mla import dispatch; "

@@ -330,6 +330,121 @@ def test_gluon_fp8_config_checks():
             bad.validate()
 
 
+# gluon_ws_fp8: gluon_ws's consumers fed by an FP8 producer (hopper_ws_fp8.py)
+
+
+def _partition_spills(isa: str) -> dict[int, int]:
+    """Local-memory stores (STL) by partition of a warp-specialised kernel's SASS, each partition
+    named by the register count of the setmaxnreg that opens it."""
+    spills: dict[int, int] = {}
+    regs = 0
+    for line in isa.splitlines():
+        m = re.search(r"USETMAXREG\.\w+\.CTAPOOL\s+(?:UP0, )?(0x[0-9a-f]+)", line)
+        if m:
+            regs = int(m.group(1), 16)
+        if "STL" in line:
+            spills[regs] = spills.get(regs, 0) + 1
+    return spills
+
+
+@pytest.mark.parametrize(("H", "ix", "ahead"), [(64, "int32", None), (128, "int64", 3)])
+def test_gluon_ws_fp8_cross_compiles_without_spills(H, ix, ahead):
+    """The default launch with int32 CSR ids (4 pieces ahead) and 3 ahead with int64 ids: the
+    register split 224 / 192 / 88 (consumer 0, consumer 1, the producer), no local memory in
+    any partition, gluon_ws's wgmmas, the dequantization without an fp8 conversion, Q and O by
+    TMA and no cp.async (the producer stores from registers)."""
+    from sparse_mla import inspect as si
+    from sparse_mla.gluon.launch_fp8 import FP8WSConfig
+
+    cfg = None if ahead is None else FP8WSConfig(AHEAD=ahead)
+    name, res = si.compile_kernel("gluon_ws_fp8", "sm90", num_heads=H, index_dtype=ix,
+                                  config=cfg)  # fmt: skip
+    assert name == "gluon_ws_fp8" and res.kernel_name.startswith("_prefill_ws_fp8")
+    assert res.resources.partitions == [("default", 4, 224), ("worker 0", 4, 192),
+                                        ("worker 1", 4, 88)]  # fmt: skip
+    rows = dict(res.resources.as_rows())
+    assert rows["local bytes"] == 0 and rows["stack bytes"] == 0, rows
+    assert _partition_spills(res.isa) == {}
+    assert res.resources.shared_bytes <= 227 * 1024
+    ptx = res.asm["ptx"]
+    assert "HGMMA.64x64x16.F32.BF16" in res.isa and "HGMMA.64x256x16.F32.BF16" in res.isa
+    assert "PRMT" in res.isa and "HMUL2.BF16" in res.isa and "e4m3" not in ptx
+    assert "cp.async.bulk.tensor" in ptx and "cp.async.cg" not in ptx
+    # The gather: 16-byte loads of the rows' chunks and 4-byte loads of a half's scales, no
+    # one-byte scale loads.
+    assert "ld.global.v4.b32" in ptx and "ld.global.u8" not in ptx and "ld.global.b8" not in ptx
+
+
+def test_gluon_ws_fp8_config_checks_and_knobs():
+    from sparse_mla.gluon import hopper_ws
+    from sparse_mla.gluon.launch_fp8 import FP8WSConfig as C
+
+    C().validate()
+    assert (C().CONSUMER_REGS, C().PRODUCER_REGS, C().AHEAD) == (192, 88, 4)
+    assert hopper_ws.register_split(192, 88) == (224, 192, 88)
+    for bad, needle in [
+        (C(AHEAD=0), "AHEAD must be an int in"),
+        (C(AHEAD=9), "AHEAD must be an int in"),
+        (C(AHEAD=True), "AHEAD must be an int in"),
+        (C(PRODUCER_REGS=100), "multiple of 8"),
+        (C(CONSUMER_REGS=True), "multiple of 8"),
+        (C(PRODUCER_REGS=128), "consumer 0 would get 504 - 192 - 128 = 184"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            bad.validate()
+    k = dispatch.kernel("gluon_ws_fp8")
+    assert k.kv_format == F.KV_FORMAT and k.targets == ("sm90",) and k.dense_ids
+    call = dispatch.Call("sm90", 64, 512, torch.bfloat16, kv_format=F.KV_FORMAT)
+    for knob, values in k.knobs.items():  # every listed value is valid on the default launch
+        for v in values:
+            assert getattr(k.resolve({knob: v}, call), knob) == v
+    with pytest.raises(ValueError, match="unknown field"):
+        k.resolve({"STAGES": 2}, call)
+    with pytest.raises(TypeError, match="FP8WSConfig or a dict"):
+        k.resolve(3, call)
+
+
+def test_gluon_ws_fp8_why_not_and_dispatch():
+    """Where gluon_ws_fp8 cannot run, and the FP8 rule on sm90: the heads-on-N kernel up to 32
+    heads and, below 128 tokens, up to 64; gluon_ws_fp8 above (H64 and H128 of a long prompt)."""
+    from sparse_mla.gluon.launch_fp8 import FP8WSConfig
+
+    k = dispatch.kernel("gluon_ws_fp8")
+    sm90 = dispatch.Call("sm90", 64, 512, torch.bfloat16, kv_format=F.KV_FORMAT)
+    assert k.why_not(sm90) is None
+    for call, needle in [
+        (replace(sm90, kv_format="dense"), "reads an FP8 KV cache (MODEL1 layout), not a dense"),
+        (replace(sm90, arch=None), "need a GPU"),
+        (replace(sm90, arch="gfx950"), "needs sm90"),
+        (replace(sm90, arch="sm100"), "needs sm90"),
+        (replace(sm90, head_dim=576), "needs head_dim 512"),
+        (replace(sm90, dtype=torch.float16), "takes bf16 queries"),
+    ]:
+        assert needle in k.why_not(call), (call, k.why_not(call))
+    case = make_fp8_case(2, 64, num_blocks=2, block_size=4, seed=1)
+    assert "need a GPU" in k.why_not(replace(sm90, kv=case.cache))  # CPU tensors
+    for H, T, want in [
+        (64, None, "gluon_ws_fp8"),
+        (64, 16384, "gluon_ws_fp8"),
+        (128, 16384, "gluon_ws_fp8"),
+        (128, 1024, "gluon_ws_fp8"),
+        (128, 64, "gluon_ws_fp8"),
+        (33, 128, "gluon_ws_fp8"),
+        (64, 1024, "gluon_ws_fp8"),
+        (64, 127, "gluon_ws_small_fp8"),
+        (32, 16384, "gluon_ws_small_fp8"),
+        (16, 16384, "gluon_ws_small_fp8"),
+    ]:
+        got = dispatch.choose(replace(sm90, num_heads=H, num_tokens=T))
+        assert got.kernel == want, (H, T, got)
+    forced = dispatch.choose(replace(sm90, num_heads=16), config=FP8WSConfig(AHEAD=2))
+    assert forced.kernel == "gluon_ws_fp8" and forced.launch == FP8WSConfig(AHEAD=2)
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['AHEAD'\]"):  # a dict: Triton's
+        dispatch.choose(sm90, config={"AHEAD": 2})
+    line = dispatch.describe("sm90", 128, 512, num_tokens=16384, kv_format=F.KV_FORMAT)
+    assert ": gluon_ws_fp8 (rule for sm90 H=128" in line
+
+
 def _on(case: FP8Case, device, lead_bytes: int = 0) -> FP8Case:
     """The case on ``device``, its cache (poison included) copied to a byte offset past
     ``lead_bytes`` of a larger 0xFF buffer, the padded block stride kept."""
@@ -410,3 +525,46 @@ def test_gpu_out_views_and_empty_tokens(kernel):
     _check(case, out=view, **kw)
     assert torch.isnan(big[:, :2]).all() and torch.isnan(big[:, 22:]).all(), "wrote outside out"
     assert torch.isnan(big[..., :40]).all() and torch.isnan(big[..., 552:]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [None, *FP8_KERNELS])
+@pytest.mark.parametrize("H", [16, 64, 128])
+def test_gpu_dense_ids(kernel, H):
+    """Dense [T, K] ids (kv_indptr None) with -1 padding and invalid ids: gluon_ws_fp8 reads
+    them as they are (DENSE_IDS), the others get their CSR form; right against the reference."""
+    kw = _gpu_config(kernel)
+    case = make_fp8_case(37, H, num_blocks=20, block_size=64, max_slots=10, seed=H)
+    g = torch.Generator().manual_seed(H)
+    n = case.cache.num_slots
+    v = case.kv_indices.long()
+    used = v[(v >= 0) & (v < n)].unique()  # make_fp8_case poisons every other slot
+    ids = used[torch.randint(0, used.numel(), (37, 150), generator=g)]
+    ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
+    ids[torch.rand(ids.shape, generator=g) < 0.05] = n
+    ids[3] = -1  # a token with no valid slot
+    c = _on(case, "cuda")
+    ids = ids.to(torch.int32).cuda()
+    out = sparse_mla_prefill(c.q, c.cache, ids, None, c.softmax_scale, attn_sink=c.attn_sink,
+                             **kw)  # fmt: skip
+    assert not torch.isnan(out).any(), "a poisoned row was read"
+    rows = F.dequantize(c.cache)
+    rep = check_against_reference(out, c.q, rows, ids, None, c.softmax_scale,
+                                  attn_sink=c.attn_sink)  # fmt: skip
+    assert rep.ok, str(rep)
+    assert torch.all(out[3] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [None, *FP8_KERNELS])
+@pytest.mark.parametrize("H", [64, 128])
+def test_gpu_large_calls(kernel, H):
+    """A call whose slot lists exceed the small-call order's share (gluon_ws_fp8 then runs the
+    order every long prefill runs: hopper_ws.small_call is False), odd tile counts and empty
+    tokens included."""
+    from sparse_mla.gluon import hopper_ws
+
+    kw = _gpu_config(kernel)
+    case = make_fp8_case(1200, H, num_blocks=64, block_size=64, max_slots=1000, seed=H + 1)
+    assert not hopper_ws.small_call(case.kv_indices.numel(), 132)
+    _check(_on(case, "cuda"), out=None, **kw)

@@ -18,7 +18,7 @@ PAIRS = [(name, t) for name in dispatch.KERNELS for t in tune.kernel_targets(nam
 
 def _heads(name: str) -> int:
     # A shape every kernel serves at its default (gluon_ws: 64 heads on wgmma's M).
-    return 64 if name in ("gluon_ws", "gluon_wgmma") else 16
+    return 64 if name in ("gluon_ws", "gluon_wgmma", "gluon_ws_fp8") else 16
 
 
 def test_kernels_json_lists_the_registry(capsys):

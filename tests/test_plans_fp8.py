@@ -21,20 +21,21 @@ from sparse_mla import FP8Cache, configs, dispatch, fastlaunch, fp8_prefill, op,
 from sparse_mla import fp8 as F
 from sparse_mla.reference import check_against_reference
 
-FP8 = ["triton_fp8", "gluon_ws_small_fp8"]
+FP8 = ["triton_fp8", "gluon_ws_small_fp8", "gluon_ws_fp8"]
 
 
 @pytest.fixture
 def standin(monkeypatch):
     """The FP8 kernels compiled for sm90 here, launched on a driver whose C launch records its
     arguments (returned list); the plans and launchers are the test's own."""
-    from sparse_mla.gluon import hopper_fp8
+    from sparse_mla.gluon import hopper_fp8, hopper_ws_fp8
     from sparse_mla.gluon import launch as gluon_launch
 
     calls: list = []
     monkeypatch.setattr(fastlaunch.driver, "_active", _fake_sm90_driver(calls))
     for jit_fn in (fp8_prefill._sparse_mla_prefill_fp8_kernel,
-                   hopper_fp8._prefill_ws_small_fp8_kernel):  # fmt: skip
+                   hopper_fp8._prefill_ws_small_fp8_kernel,
+                   hopper_ws_fp8._prefill_ws_fp8_kernel):  # fmt: skip
         monkeypatch.setattr(jit_fn, "device_caches", defaultdict(jit_fn.create_binder))
     monkeypatch.setattr(fastlaunch, "_LAUNCHERS", {})
     monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
@@ -43,8 +44,9 @@ def standin(monkeypatch):
     monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
     monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
     monkeypatch.setattr(prefill, "_arch_of", lambda q: "sm90")
-    k = dispatch.KERNELS["gluon_ws_small_fp8"]  # refuses CPU tensors: allowed on the stand-in
-    monkeypatch.setitem(dispatch.KERNELS, k.name, replace(k, unavailable=lambda call: None))
+    for name in ("gluon_ws_small_fp8", "gluon_ws_fp8"):  # refuse CPU tensors: allowed here
+        k = dispatch.KERNELS[name]
+        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
     return calls
 
 
@@ -157,6 +159,11 @@ def test_replay_makes_the_launches_the_full_path_makes(standin, name, T):
         assert [_comparable(x, inputs) for x in replayed] == [_comparable(x, inputs) for x in full]
         for x in replayed:  # q, then the cache's bytes as uint8 at the new cache's address
             got = _comparable(x, inputs)
+            if got[10][0] == "tma":  # gluon_ws_fp8: a TMA descriptor of q (its shape, strides)
+                assert got[10][1] == inputs[0].data_ptr(), got[10]
+                cache = [a for a in got[11:] if type(a) is tuple and a[:2] == ("at input", 1)]
+                assert cache and cache[0][-1] == torch.uint8, got[10:]
+                continue
             assert got[10] == ("input", 0) and got[11][:2] == ("at input", 1), got[10:12]
             assert got[11][-1] == torch.uint8
         for _ in range(2):  # the switch cleared the plans: make this layout's again

@@ -37,8 +37,9 @@ the warpgroup's stores and a proxy fence).
 Measured on the H200 (docs/PERF_NOTES.md, "The FP8 cache on Hopper"): correct at every launch,
 but 1.3-1.4x slower than the bf16 kernel at 8-32 heads whatever the producers; the next step
 there is ``experiments/fp8_seg128.py``'s loads. At 64 heads and more it runs two or four items
-a token and is 2.1-2.3x slower than a bf16 workspace fed to FlashMLA: an FP8 producer for the
-heads-on-M kernel (:mod:`hopper_ws`) is the missing piece.
+a token and is 2.1-2.3x slower than a bf16 workspace fed to FlashMLA; there the dispatch runs
+:mod:`hopper_ws_fp8` (``gluon_ws_fp8``: the heads-on-M kernel with an FP8 producer built from
+this module's loads and dequantization).
 """
 
 from __future__ import annotations
@@ -167,14 +168,8 @@ def _scale_bf16x2(e):
 
 
 @gluon.jit
-def _rows(idx_ptr, pos0, hi, num_slots, block_size, block_shift, stride_block, POW2: gl.constexpr):
-    """Validity and the byte offsets of [NoPE | RoPE] and of the scales of the slots at CSR
-    positions pos0 .. pos0 + 63 ([64] each, in ROWS; invalid: offset 0, never read)."""
-    offs = pos0 + gl.arange(0, BLOCK_K, layout=ROWS)
-    in_list = offs < hi
-    slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
-    valid = in_list & (slot >= 0) & (slot < num_slots)
-    s = gl.where(valid, slot, 0).to(gl.int32)  # < num_slots < 2^31
+def _offsets(s, block_size, block_shift, stride_block, POW2: gl.constexpr):
+    """The byte offsets of [NoPE | RoPE] and of the scales of valid slots ``s`` (int32)."""
     if POW2:
         blk = s >> block_shift
         tok = s & (block_size - 1)
@@ -184,13 +179,34 @@ def _rows(idx_ptr, pos0, hi, num_slots, block_size, block_shift, stride_block, P
     base = blk.to(gl.int64) * stride_block
     row = base + tok * ROW_BYTES
     scl = base + block_size * ROW_BYTES + tok * SCALE_BYTES
+    return row, scl
+
+
+@gluon.jit
+def _slot_bytes(slot, block_size, block_shift, stride_block, POW2: gl.constexpr):
+    """Validity and the byte offsets of [NoPE | RoPE] and of the scales of slots ``slot``
+    (int32, -1: absent, as :func:`_slot_ids` gives them; invalid: offset 0, never read)."""
+    row, scl = _offsets(gl.maximum(slot, 0), block_size, block_shift, stride_block, POW2)
+    return slot >= 0, row, scl
+
+
+@gluon.jit
+def _rows(idx_ptr, pos0, hi, num_slots, block_size, block_shift, stride_block, POW2: gl.constexpr):
+    """Validity and the byte offsets of [NoPE | RoPE] and of the scales of the slots at CSR
+    positions pos0 .. pos0 + 63 ([64] each, in ROWS; invalid: offset 0, never read)."""
+    offs = pos0 + gl.arange(0, BLOCK_K, layout=ROWS)
+    in_list = offs < hi
+    slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
+    valid = in_list & (slot >= 0) & (slot < num_slots)
+    s = gl.where(valid, slot, 0).to(gl.int32)  # < num_slots < 2^31
+    row, scl = _offsets(s, block_size, block_shift, stride_block, POW2)
     return valid, row, scl
 
 
 @gluon.jit
-def _load_nope(cache_ptr, valid, row, scl, CH0: gl.constexpr, NCH: gl.constexpr):
-    """NoPE chunks CH0 .. CH0 + NCH - 1 of the rows: words [64, NCH, 16] (int32, 4 bytes each)
-    and scale bytes [64, NCH] (uint8); 0 for invalid rows."""
+def _load_words(cache_ptr, valid, row, CH0: gl.constexpr, NCH: gl.constexpr):
+    """64-byte chunks CH0 .. CH0 + NCH - 1 of the rows' 576 bytes (0-6: NoPE, 7-8: RoPE) as
+    words [64, NCH, 16] (int32, 4 bytes each) in nope_layout(NCH); 0 for invalid rows."""
     l3: gl.constexpr = nope_layout(NCH)
     rows: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, l3))
     row = gl.convert_layout(row, rows)
@@ -200,7 +216,18 @@ def _load_nope(cache_ptr, valid, row, scl, CH0: gl.constexpr, NCH: gl.constexpr)
     words = (cache_ptr + row).to(gl.pointer_type(gl.int32))  # rows are 16-byte aligned
     ptrs = words[:, None, None] + (offs_c * (CHUNK // 4))[None, :, None] + offs_w[None, None, :]
     ptrs = gl.max_contiguous(gl.multiple_of(ptrs, [16, 16, 16]), [1, 1, 4])  # bytes; words
-    w = gl.load(ptrs, mask=ok[:, None, None], other=0)
+    return gl.load(ptrs, mask=ok[:, None, None], other=0)
+
+
+@gluon.jit
+def _load_nope(cache_ptr, valid, row, scl, CH0: gl.constexpr, NCH: gl.constexpr):
+    """NoPE chunks CH0 .. CH0 + NCH - 1 of the rows: words [64, NCH, 16] (int32, 4 bytes each)
+    and scale bytes [64, NCH] (uint8); 0 for invalid rows."""
+    l3: gl.constexpr = nope_layout(NCH)
+    rows: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, l3))
+    w = _load_words(cache_ptr, valid, row, CH0, NCH)
+    ok = gl.convert_layout(valid, rows)
+    offs_c = CH0 + gl.arange(0, NCH, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))
     srow = gl.convert_layout(scl, rows)
     e = gl.load(cache_ptr + srow[:, None] + offs_c[None, :], mask=ok[:, None], other=0)
     return w, e

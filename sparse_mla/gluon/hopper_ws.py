@@ -207,13 +207,19 @@ def _item_range(
 
 
 @gluon.jit
-def _slots(idx_ptr, pos0, hi, num_kv):
-    """[64] slot ids at CSR positions pos0 .. pos0+63 as int32, -1 where absent (past the list,
-    < 0 or >= N: a valid id is < N < 2^31), one per gathered row of the producer's layout."""
-    offs = pos0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, GATHER))
+def _slot_ids(idx_ptr, pos0, hi, num_kv, layout: gl.constexpr):
+    """[64] slot ids at CSR positions pos0 .. pos0+63 as int32 in ``layout`` (a [64] layout),
+    -1 where absent (past the list, < 0 or >= N: a valid id is < N < 2^31)."""
+    offs = pos0 + gl.arange(0, BLOCK_K, layout=layout)
     in_list = offs < hi
     slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
     return gl.where(in_list & (slot >= 0) & (slot < num_kv), slot, -1).to(gl.int32)
+
+
+@gluon.jit
+def _slots(idx_ptr, pos0, hi, num_kv):
+    """:func:`_slot_ids` one per gathered row of the producer's layout."""
+    return _slot_ids(idx_ptr, pos0, hi, num_kv, gl.SliceLayout(1, GATHER))
 
 
 @gluon.jit
@@ -602,6 +608,38 @@ def _consumer1(
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
 
+@gluon.jit
+def _shared_state(dtype: gl.constexpr, READY_COUNT: gl.constexpr):
+    """The kernel's shared memory and its mbarriers, initialised: (q_smem, kv_smem, p0_smem,
+    p1_smem, m0_smem, m1_smem, l_smem, bars). ``READY_COUNT``: arrivals that complete a half's
+    ``ready`` barrier (128: the producer's lanes through cp.async; 1: one arrival of a producer
+    that stores the half itself, :mod:`hopper_ws_fp8`).
+
+    Shared memory (2-byte dtype): Q 64 x 512 x 2 = 65,536 B; the two KV tiles 2 x 64 x 512 x 2
+    = 131,072; P0 and P1 2 x 64 x 64 x 2 = 16,384; the row maxima and partial sums 6 x 64 x 4
+    = 1,536; 10 mbarriers x 8 = 80: 214,608 B of the 232,448 a block may have (227 KiB; the
+    compiler adds its scratch: 215,864 in all for sm90)."""
+    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
+    kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
+    # One allocation per buffer that one consumer writes and the other reads: the compiler's
+    # shared-memory hazard analysis sees whole allocations, and a write to one slot of a shared
+    # array followed by a read of another would cost a warpgroup barrier each.
+    p0_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_K], SMEM)
+    p1_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_K], SMEM)
+    # Each consumer's row max of the pair (m0_smem: consumer 0's), and the epilogue's partial
+    # sums (consumer 0's, consumer 1's, alternating by item parity), one [64] fp32 vector each.
+    m0_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
+    m1_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
+    l_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], VEC)
+    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
+        mbarrier.init(bars.index(READY + i), count=READY_COUNT)
+        mbarrier.init(bars.index(FREE + i), count=1)
+    mbarrier.init(bars.index(Q_READY), count=1)  # the producer's expect; the bytes by TMA
+    mbarrier.init(bars.index(Q_FREE), count=2)  # one arrival per consumer
+    return q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars
+
+
 @gluon.jit(do_not_specialize=["nnz"])
 def _prefill_ws_kernel(
     q_desc,  # TMA descriptor of q [R, H, 512]: boxes [1, BLOCK_H, Q_BLOCK], Q_SMEM
@@ -626,30 +664,10 @@ def _prefill_ws_kernel(
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions."""
-    dtype: gl.constexpr = q_desc.dtype
-    # Shared memory (2-byte dtype): Q 64 x 512 x 2 = 65,536 B; the two KV tiles 2 x 64 x 512 x 2
-    # = 131,072; P0 and P1 2 x 64 x 64 x 2 = 16,384; the row maxima and partial sums 6 x 64 x 4
-    # = 1,536; 10 mbarriers x 8 = 80: 214,608 B of the 232,448 a block may have (227 KiB; the
-    # compiler adds its scratch: 215,864 in all for sm90).
-    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
-    kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
-    # One allocation per buffer that one consumer writes and the other reads: the compiler's
-    # shared-memory hazard analysis sees whole allocations, and a write to one slot of a shared
-    # array followed by a read of another would cost a warpgroup barrier each.
-    p0_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_K], SMEM)
-    p1_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_K], SMEM)
-    # Each consumer's row max of the pair (m0_smem: consumer 0's), and the epilogue's partial
-    # sums (consumer 0's, consumer 1's, alternating by item parity), one [64] fp32 vector each.
-    m0_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
-    m1_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
-    l_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], VEC)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(4):
-        mbarrier.init(bars.index(READY + i), count=128)  # the producer's lanes, via cp.async
-        mbarrier.init(bars.index(FREE + i), count=1)
-    mbarrier.init(bars.index(Q_READY), count=1)  # the producer's expect; the bytes by TMA
-    mbarrier.init(bars.index(Q_FREE), count=2)  # one arrival per consumer
-
+    q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars = _shared_state(
+        q_desc.dtype,
+        128,  # READY: the producer's 128 lanes arrive, via cp.async
+    )
     args = (
         q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
         stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,

@@ -922,7 +922,8 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
-    *, out_tma=False, q_tma=False, constexprs=None, small_call=None,
+    *, out_tma=False, q_tma=False, constexprs=None, small_call=None, num_kv=None,
+    stride_kvn=None, extra_args=(),
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -935,7 +936,10 @@ def _launch_persistent(
     place of its pointer (q rows 16-byte aligned, as for the cp.async copies). ``small_call(nnz,
     programs)``: the kernel has a ``SMALL`` constexpr, set from it (``hopper_ws.small_call``).
     ``kv_indptr`` None: ``kv_indices`` is dense [R, K] (contiguous): ``DENSE_IDS`` and
-    ``ids_per_row`` = K, kv_indices standing in for the unused kv_indptr pointer."""
+    ``ids_per_row`` = K, kv_indices standing in for the unused kv_indptr pointer.
+    ``num_kv`` / ``stride_kvn``: the pool's rows and row stride when ``kv2`` is not a [N, D]
+    pool (an FP8 cache's bytes: its slots and block stride, :mod:`launch_fp8`);
+    ``extra_args``: the kernel's arguments after ``ids_per_row``."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     qs0, qs1, _ = q.stride()
@@ -961,18 +965,20 @@ def _launch_persistent(
             q, (1, heads_per_item, hopper_ws.Q_BLOCK.value), hopper_ws.Q_SMEM.value
         )
     common = (q_arg, kv2, kv_indices, kv_indptr, sink)
-    tail = (H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E, items, per_row)
+    n = kv2.shape[0] if num_kv is None else num_kv
+    tail = (H, n, kv_indices.numel(), float(sm_scale) * _LOG2E, items, per_row, *extra_args)
+    stride = kv2.stride(0) if stride_kvn is None else stride_kvn
     launch = fastlaunch.launcher(kernel)
     if not out_tma:
         os0, os1, _ = out.stride()
-        launch(grid, (*common, out, qs0, qs1, kv2.stride(0), os0, os1, *tail), kwargs)
+        launch(grid, (*common, out, qs0, qs1, stride, os0, os1, *tail), kwargs)
         return
     dst = out if _tma_addressable(out) else torch.empty(out.shape, dtype=out.dtype,
                                                          device=out.device)  # fmt: skip
     desc = fastlaunch.TmaArg(
         dst, (1, heads_per_item, hopper_ws.OUT_BLOCK.value), hopper_ws.OUT_SMEM.value
     )
-    launch(grid, (*common, desc, qs0, qs1, kv2.stride(0), *tail), kwargs)
+    launch(grid, (*common, desc, qs0, qs1, stride, *tail), kwargs)
     if dst is not out:
         out.copy_(dst)
 

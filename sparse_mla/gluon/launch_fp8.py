@@ -1,10 +1,13 @@
-"""Launch of the sm90 Gluon kernels that read the FP8 KV cache (:mod:`hopper_fp8`), and what the
-dispatch registry needs to know about them (``gluon_ws_small_fp8``; :mod:`sparse_mla.kernels`
-registers it with ``kv_format`` "fp8_model1").
+"""Launch of the sm90 Gluon kernels that read the FP8 KV cache (:mod:`hopper_fp8`,
+:mod:`hopper_ws_fp8`), and what the dispatch registry needs to know about them
+(``gluon_ws_small_fp8``, ``gluon_ws_fp8``; :mod:`sparse_mla.kernels` registers them with
+``kv_format`` "fp8_model1").
 
-The launch mirrors the bf16 heads-on-N kernel's (:func:`launch._launch_persistent`): persistent,
-one program per SM over R x cdiv(H, 16 x HEAD_GROUPS) work items, 4 warps in the default
-partition (the consumer) + 4 in each of the PRODUCERS producer partitions.
+``gluon_ws_small_fp8``'s launch mirrors the bf16 heads-on-N kernel's: persistent, one program
+per SM over R x cdiv(H, 16 x HEAD_GROUPS) work items, 4 warps in the default partition (the
+consumer) + 4 in each of the PRODUCERS producer partitions. ``gluon_ws_fp8`` is launched as the
+bf16 heads-on-M kernel is (:func:`launch._launch_persistent`: R x cdiv(H, 64) items, Q and O
+by TMA, the small-call order, dense ids), with the cache's bytes for the pool.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import torch
 from .. import dispatch, fastlaunch, runtime
 from .._consts import LOG2E
 from ..fp8 import HEAD_DIM, KV_FORMAT, FP8Cache
-from . import hopper_fp8, hopper_ws_small
+from . import hopper_fp8, hopper_ws, hopper_ws_fp8, hopper_ws_small
 from . import launch as _launch
 from .launch import SmallWSConfig, _regs_field, get_target
 
 NAME = "gluon_ws_small_fp8"  # its name in the registry (sparse_mla/kernels.py)
+WS_NAME = "gluon_ws_fp8"
 
 
 @dataclass(frozen=True)
@@ -77,35 +81,81 @@ class FP8SmallConfig:
             )
 
 
+@dataclass(frozen=True)
+class FP8WSConfig:
+    """Launch of ``gluon_ws_fp8`` (:mod:`hopper_ws_fp8`: 64 heads on wgmma's M, two consumer
+    warpgroups and one FP8 producer; the tiles and the ring are :mod:`hopper_ws`'s).
+
+    ``CONSUMER_REGS`` (consumer 1) and ``PRODUCER_REGS``: registers a thread; consumer 0 takes
+    the rest of the 504 the three warpgroups share (:func:`hopper_ws.register_split`). The
+    default, 192 / 88 (consumer 0: 224), is the largest producer share with which the kernel
+    cross-compiles without spills for int32 and int64 CSR ids (docs/PERF_NOTES.md, "The FP8
+    cache on Hopper at 33-128 heads"). ``AHEAD``: 64-byte chunks of the tile's 64 rows (4 KiB,
+    4 words a lane) the producer keeps loaded ahead of the one it stores (4: the most that fit
+    in 88 registers without spills for int32 CSR ids and a power-of-two block size; 3 with
+    int64 ids or another block size)."""
+
+    CONSUMER_REGS: int = hopper_ws_fp8.CONSUMER_REGS.value
+    PRODUCER_REGS: int = hopper_ws_fp8.PRODUCER_REGS.value
+    AHEAD: int = hopper_ws_fp8.AHEAD.value
+
+    def validate(self) -> None:
+        _regs_field("CONSUMER_REGS", self.CONSUMER_REGS)
+        _regs_field("PRODUCER_REGS", self.PRODUCER_REGS)
+        try:
+            hopper_ws.register_split(self.CONSUMER_REGS, self.PRODUCER_REGS)
+        except ValueError as e:
+            raise ValueError(f"config: {e}") from None
+        top = hopper_ws_fp8.MAX_AHEAD
+        if type(self.AHEAD) is not int or not 1 <= self.AHEAD <= top:
+            raise ValueError(
+                f"config: AHEAD must be an int in [1, {top}] (64-byte chunks of 64 rows the "
+                f"producer holds in registers ahead of its stores), got {self.AHEAD!r}"
+            )
+
+
 def default_config(num_heads: int) -> FP8SmallConfig:
     """One head group up to 16 heads, two above (more heads: several items a token); two
     producers."""
     return FP8SmallConfig(HEAD_GROUPS=1 if num_heads <= 16 else 2)
 
 
-def resolve(launch: Any, call: dispatch.Call) -> FP8SmallConfig:
-    """The launch (None: :func:`default_config`; a dict of its fields; the config), checked."""
+def _resolved(name: str, cls: type, default: Any, launch: Any) -> Any:
+    """``launch`` (None: ``default``; a dict of ``cls``'s fields; a ``cls``) as a checked
+    ``cls``, for kernel ``name``."""
     if launch is None:
-        cfg = default_config(call.num_heads)
-    elif isinstance(launch, FP8SmallConfig):
+        cfg = default
+    elif isinstance(launch, cls):
         cfg = launch
     elif isinstance(launch, dict):
-        unknown = sorted(set(launch) - set(FP8SmallConfig.__dataclass_fields__))
+        unknown = sorted(set(launch) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(
-                f"config: unknown field(s) {unknown} for {NAME}; it takes "
-                f"{sorted(FP8SmallConfig.__dataclass_fields__)}"
+                f"config: unknown field(s) {unknown} for {name}; it takes "
+                f"{sorted(cls.__dataclass_fields__)}"
             )
-        cfg = FP8SmallConfig(**launch)
+        cfg = cls(**launch)
     else:
-        raise TypeError(f"{NAME} takes an FP8SmallConfig or a dict, got {type(launch).__name__}")
+        raise TypeError(f"{name} takes an {cls.__name__} or a dict, got {type(launch).__name__}")
     cfg.validate()
     return cfg
 
 
+def resolve(launch: Any, call: dispatch.Call) -> FP8SmallConfig:
+    """The launch (None: :func:`default_config`; a dict of its fields; the config), checked."""
+    default = default_config(call.num_heads) if launch is None else None
+    return _resolved(NAME, FP8SmallConfig, default, launch)
+
+
+def resolve_ws(launch: Any, call: dispatch.Call) -> FP8WSConfig:
+    """``gluon_ws_fp8``'s launch (None: ``FP8WSConfig()``; a dict of its fields; the config),
+    checked."""
+    return _resolved(WS_NAME, FP8WSConfig, FP8WSConfig(), launch)
+
+
 def unavailable(call: dispatch.Call) -> str | None:
-    """Why the kernel cannot run ``call`` (None: it can): an FP8 cache whose blocks start
-    16-byte aligned, an sm90 GPU, head_dim 512, bf16 q."""
+    """Why the kernels cannot run ``call`` (None: they can): an FP8 cache whose blocks start
+    16-byte aligned, an sm90 GPU, head_dim 512, bf16 q (both kernels take any head count)."""
     if call.kv_format != KV_FORMAT:
         return "reads an FP8 KV cache (sparse_mla.FP8Cache, MODEL1 layout), not a dense pool"
     if call.arch is None or (call.kv is not None and call.kv.device.type == "cpu"):
@@ -185,3 +235,58 @@ def compile_args(target: str, *, num_heads: int = 16, config=None, index_dtype=t
     consts = _constexprs(cfg, block_size)
     sig.update({k: "constexpr" for k in consts})
     return hopper_fp8._prefill_ws_small_fp8_kernel, sig, consts, {"num_warps": 4, "num_stages": 1}
+
+
+def _ws_constexprs(cfg: FP8WSConfig, block_size: int) -> dict[str, Any]:
+    return {
+        "CONSUMER_REGS": cfg.CONSUMER_REGS,
+        "PRODUCER_REGS": cfg.PRODUCER_REGS,
+        "POW2": block_size & (block_size - 1) == 0,
+        "AHEAD": cfg.AHEAD,
+    }
+
+
+def run_ws(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+    """Launch ``gluon_ws_fp8`` on validated inputs (T > 0, at least one block; ``kv_indptr``
+    None: dense [T, K] ids, read as they are)."""
+    bs = cache.block_size
+    _launch._launch_persistent(
+        hopper_ws_fp8._prefill_ws_fp8_kernel, hopper_ws.BLOCK_H.value, q, cache.kernel_bytes(),
+        kv_indices, kv_indptr, attn_sink, out, softmax_scale, q.device.index or 0,
+        out_tma=True, q_tma=True, constexprs=_ws_constexprs(cfg, bs),
+        small_call=hopper_ws.small_call, num_kv=cache.num_slots, stride_kvn=cache.block_stride,
+        extra_args=(bs, int(math.log2(bs)) if bs & (bs - 1) == 0 else 0),
+    )  # fmt: skip
+    return out
+
+
+def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtype=torch.int32,
+                    block_size: int = 64, small: bool = False, dense: bool = False,
+                    **_ignored):  # fmt: skip
+    """(kernel, signature, constexprs, options) to cross-compile ``gluon_ws_fp8`` for
+    ``target`` as a launch at ``num_heads`` would (``small``: the small-call order;
+    ``dense``: dense [R, K] ids)."""
+    t = get_target(target)
+    call = dispatch.Call(t.name, num_heads, HEAD_DIM, kv_format=KV_FORMAT)
+    why = unavailable(call)
+    if why and call.arch is not None:
+        raise ValueError(f"{WS_NAME} cannot compile for {t.name}: {why}")
+    cfg = resolve_ws(config, call)
+    ix = "*i64" if index_dtype == torch.int64 else "*i32"
+    m = hopper_ws
+    q_box = [1, m.BLOCK_H.value, m.Q_BLOCK.value]
+    out_box = [1, m.BLOCK_H.value, m.OUT_BLOCK.value]
+    sig = {
+        "q_desc": f"tensordesc<bf16{q_box},{m.Q_SMEM.value!r}>", "cache_ptr": "*u8",
+        "idx_ptr": ix, "indptr_ptr": ix, "sink_ptr": "*fp32",
+        "out_desc": f"tensordesc<bf16{out_box},{m.OUT_SMEM.value!r}>", "stride_qr": "i32",
+        "stride_qh": "i32", "stride_block": "i32", "num_heads": "i32", "num_slots": "i32",
+        "nnz": "i32", "qk_scale": "fp32", "num_items": "i32", "ids_per_row": "i32",
+        "block_size": "i32", "block_shift": "i32",
+    }  # fmt: skip
+    consts = _ws_constexprs(cfg, block_size)
+    consts["SMALL"] = bool(small)
+    if dense:
+        consts["DENSE_IDS"] = True
+    sig.update({k: "constexpr" for k in consts})
+    return hopper_ws_fp8._prefill_ws_fp8_kernel, sig, consts, {"num_warps": 4, "num_stages": 1}
