@@ -88,7 +88,13 @@ def _fresh(c, seed):
     g = torch.Generator().manual_seed(seed)
     n = c.cache.num_slots
     q = torch.randn(c.q.shape, generator=g).bfloat16()
-    idx = torch.randint(-1, n + 1, c.kv_indices.shape, generator=g).to(c.kv_indices.dtype)
+    # New ids over the slots the case's ids reference (make_fp8_case fills every other slot with
+    # NaN bytes), and the two absent kinds (-1 and n).
+    ids = c.kv_indices.long()
+    live = ids[(ids >= 0) & (ids < n)].unique()
+    pool = torch.cat([live, torch.tensor([-1, n])])
+    pick = torch.randint(0, pool.numel(), c.kv_indices.shape, generator=g)
+    idx = pool[pick].to(c.kv_indices.dtype)
     sink = None if c.attn_sink is None else torch.randn(c.attn_sink.shape, generator=g)
     data = _copy_cache(c.cache.data)
     return q, data, idx, c.kv_indptr.clone(), sink
