@@ -23,7 +23,7 @@ from .._consts import LOG2E
 from ..fp8 import HEAD_DIM, KV_FORMAT, FP8Cache
 from . import hopper_fp8, hopper_ws, hopper_ws_fp8, hopper_ws_small
 from . import launch as _launch
-from .launch import SmallWSConfig, _regs_field, get_target
+from .launch import SmallWSConfig, WSConfig, _regs_field, get_target
 
 NAME = "gluon_ws_small_fp8"  # its name in the registry (sparse_mla/kernels.py)
 WS_NAME = "gluon_ws_fp8"
@@ -100,12 +100,8 @@ class FP8WSConfig:
     AHEAD: int = hopper_ws_fp8.AHEAD.value
 
     def validate(self) -> None:
-        _regs_field("CONSUMER_REGS", self.CONSUMER_REGS)
-        _regs_field("PRODUCER_REGS", self.PRODUCER_REGS)
-        try:
-            hopper_ws.register_split(self.CONSUMER_REGS, self.PRODUCER_REGS)
-        except ValueError as e:
-            raise ValueError(f"config: {e}") from None
+        # The register split as gluon_ws's (the same three warpgroups and the same pool).
+        WSConfig(CONSUMER_REGS=self.CONSUMER_REGS, PRODUCER_REGS=self.PRODUCER_REGS).validate()
         top = hopper_ws_fp8.MAX_AHEAD
         if type(self.AHEAD) is not int or not 1 <= self.AHEAD <= top:
             raise ValueError(
