@@ -282,6 +282,31 @@ def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h):
 
 
 @gluon.jit
+def _begin_item(
+    item, it, num_hb, q_desc, q_smem, bars, indptr_ptr, nnz, num_heads, BLOCK_H: gl.constexpr,
+    ids_per_row, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr,
+):  # fmt: skip
+    """Item ``item`` (the producer's ``it``-th): its slot range [lo, hi) and tile count
+    (:func:`_item_range`), with its Q sent by TMA. A small call sends the first item's Q before
+    the range's loads (nothing to wait for), the others' after them, as a large call does (the
+    range's loads first: in flight while the consumers finish the previous item)."""
+    if SMALL:
+        if it == 0:
+            _load_q(q_desc, q_smem, bars, it, (item // num_hb).to(gl.int64), item % num_hb)
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(
+            item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
+        )
+        if it > 0:
+            _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
+    else:
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(
+            item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
+        )
+        _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
+    return lo, hi, num_tiles
+
+
+@gluon.jit
 def _producer(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
@@ -294,22 +319,10 @@ def _producer(
     g0 = 0  # pairs of tiles gathered so far, over all items: the barriers' phase
     it = 0  # items so far
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        if SMALL:
-            # A small call: the first item's Q goes out before the range's loads (nothing to
-            # wait for), the others' after them, as in a large call.
-            if it == 0:
-                _load_q(q_desc, q_smem, bars, it, (item // num_hb).to(gl.int64), item % num_hb)
-            pid_r, pid_h, lo, hi, num_tiles = _item_range(
-                item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
-            )
-            if it > 0:
-                _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
-        else:
-            # The range's loads first: in flight while the consumers finish the previous item.
-            pid_r, pid_h, lo, hi, num_tiles = _item_range(
-                item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
-            )
-            _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
+        lo, hi, num_tiles = _begin_item(
+            item, it, num_hb, q_desc, q_smem, bars, indptr_ptr, nnz, num_heads, BLOCK_H,
+            ids_per_row, SMALL, DENSE_IDS,
+        )  # fmt: skip
 
         num_pairs = (num_tiles + 1) // 2
         for j in range(num_pairs):

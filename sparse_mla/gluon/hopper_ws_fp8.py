@@ -57,10 +57,9 @@ from .hopper_ws import (
     FREE,
     READY,
     _arrive,
+    _begin_item,
     _consumer0,
     _consumer1,
-    _item_range,
-    _load_q,
     _prefetch_ids,
     _shared_state,
     _slot_ids,
@@ -203,19 +202,10 @@ def _producer(
     g0 = 0  # pairs of tiles filled so far, over all items: the barriers' phase
     it = 0  # items so far
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        if SMALL:
-            if it == 0:
-                _load_q(q_desc, q_smem, bars, it, (item // num_hb).to(gl.int64), item % num_hb)
-            pid_r, pid_h, lo, hi, num_tiles = _item_range(
-                item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
-            )
-            if it > 0:
-                _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
-        else:
-            pid_r, pid_h, lo, hi, num_tiles = _item_range(
-                item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
-            )
-            _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
+        lo, hi, num_tiles = _begin_item(
+            item, it, num_hb, q_desc, q_smem, bars, indptr_ptr, nnz, num_heads, BLOCK_H,
+            ids_per_row, SMALL, DENSE_IDS,
+        )  # fmt: skip
         s0 = _slot_ids(idx_ptr, lo, hi, num_slots, PROWS)
         s1 = _slot_ids(idx_ptr, lo + BLOCK_K, hi, num_slots, PROWS)
         # The window: the pieces loaded and not yet stored (words), and the scale words of
