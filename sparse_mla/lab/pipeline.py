@@ -681,7 +681,8 @@ def source_events(function: str) -> list[tuple[str, str]]:
     arrivals (``_arrive``, ``cp.mbarrier_arrive``, ``mbarrier.expect``), the waits inside
     ``_qk`` / ``_qk_half`` (READY of the half or halves they read), the named barriers
     (``_bar_sync(NB_X)``: arrive at X, then wait on it; ``_bar_arrive(NB_X)``: arrive only)
-    and, for a call of ``_epilogue`` or ``_load_q``, the events of that function's own source."""
+    and, for a call of ``_epilogue``, ``_load_q`` or ``_begin_item``, the events of that
+    function's own source."""
     by_slot = {b.slot: b.name for b in MBARRIERS}
     by_id = {b.id: b.name for b in NAMED_BARRIERS}
     out: list[tuple[str, str]] = []
@@ -704,7 +705,7 @@ def source_events(function: str) -> list[tuple[str, str]]:
             out += [("arrive", bar), ("wait", bar)]
         elif name == "_bar_arrive":  # (bar_id): bar.arrive, no wait
             out.append(("arrive", by_id[_value(c.args[0])]))
-        elif name in ("_epilogue", "_load_q"):
+        elif name in ("_epilogue", "_load_q", "_begin_item"):
             out += source_events(name)
     return out
 
@@ -742,10 +743,11 @@ class Buffer:
 
 
 def smem_buffers(elem_bytes: int = 2) -> list[Buffer]:
-    """The kernel's ``gl.allocate_shared_memory`` calls (from ``_prefill_ws_kernel``'s source),
-    shaped by hopper_ws's constants; ``elem_bytes`` for the q/kv dtype (2: bf16/fp16)."""
+    """The kernel's ``gl.allocate_shared_memory`` calls (from the source of ``_shared_state``,
+    which ``_prefill_ws_kernel`` calls for its shared memory), shaped by hopper_ws's constants;
+    ``elem_bytes`` for the q/kv dtype (2: bf16/fp16)."""
     out = []
-    for node in ast.walk(_fn_tree("_prefill_ws_kernel")):
+    for node in ast.walk(_fn_tree("_shared_state")):
         if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
             continue
         if _callee(node.value) != "gl.allocate_shared_memory":
