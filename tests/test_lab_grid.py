@@ -167,6 +167,13 @@ def test_summary_counts_and_worst(rows):
                for ln in lines)  # fmt: skip
     assert any(ln.startswith("no default row at: H=4 T=4096") for ln in lines)
     assert "default ran: zz_a at 5 points, kern_b at 4 points" in lines
+    # the choice judged by the forced rows: kern_b at H=4 T=256 (0.8 against zz_a's 0.7); at
+    # H=48 T=64 default read 1.05 but the kernel it ran, forced, is the fastest (1.0)
+    choice = next(ln for ln in lines if ln.startswith("the kernel default ran"))
+    assert ": 6 of 7 points; worst 1.143 at H=4 T=256" in choice
+    assert choice.endswith("ran kern_b, fastest zz_a")
+    by = _by_cell(grid.grid_table(rows))
+    assert by[(48, 64)]["choice_vs_best"] == 1.0 and by[(96, 256)]["choice_vs_best"] is None
     assert "2026-12-01" in grid.grid_summary(rows, OLD).splitlines()[0]
 
 
