@@ -78,6 +78,35 @@ def _comparable(call, inputs):
     return tuple(out)
 
 
+def _full_path_launches(standin, run, inputs) -> list:
+    """The launches ``run(*inputs)`` makes with plans off (the entry's full path)."""
+    prev = op.set_plans_enabled(False)
+    try:
+        standin.clear()
+        run(*inputs)
+        return list(standin)
+    finally:
+        op.set_plans_enabled(prev)
+
+
+def assert_root_and_clear_take_the_full_path(run, seen: list, tmp_path) -> None:
+    """``run()`` of a planned layout (``seen`` counts the full path's calls): under another
+    configs root it takes the full path once and records anew, the next calls replay; after
+    ``fastlaunch.clear()`` the next call takes the full path and Triton's slow launch."""
+    n = len(seen)
+    with configs.use_root(tmp_path):
+        run()
+    assert len(seen) == n + 1  # another configs root: the full path, recorded anew
+    run()
+    assert len(seen) == n + 2
+    run()
+    n = len(seen)
+    fastlaunch.clear()
+    before = fastlaunch.stats()
+    run()
+    assert len(seen) == n + 1 and fastlaunch.stats()["slow"] > before["slow"]
+
+
 def _plans():
     return [p for p in op._PLANS.values() if type(p) is op._Plan]
 
@@ -112,13 +141,7 @@ def test_replay_makes_the_launches_the_full_path_makes(standin, name, T):
             _comparable(x, inputs) for x in replayed
         ]
         assert fastlaunch.stats()["slow"] == before["slow"]
-        prev = op.set_plans_enabled(False)
-        try:
-            standin.clear()
-            run(*inputs)
-            full = list(standin)
-        finally:
-            op.set_plans_enabled(prev)
+        full = _full_path_launches(standin, run, inputs)
         assert replayed and len(replayed) == len(full)
         assert [_comparable(x, inputs) for x in replayed] == [_comparable(x, inputs) for x in full]
         # the plan set was cleared with the switch: it is built again
@@ -166,18 +189,7 @@ def test_a_replay_rechecks_what_depends_on_more_than_the_layout(standin, tmp_pat
     out2 = big.view(N + T * H, D)[:N].view(-1)[: T * H * D].view(T, H, D)
     with pytest.raises(ValueError, match="out overlaps kv"):
         run(kv=kv2, out=out2)
-    n = len(seen)
-    with configs.use_root(tmp_path):
-        run()
-    assert len(seen) == n + 1  # another configs root: the full path, recorded anew
-    run()
-    assert len(seen) == n + 2
-    run()
-    n = len(seen)
-    fastlaunch.clear()
-    before = fastlaunch.stats()
-    run()
-    assert len(seen) == n + 1 and fastlaunch.stats()["slow"] > before["slow"]
+    assert_root_and_clear_take_the_full_path(run, seen, tmp_path)
 
 
 def test_the_op_is_seen_where_something_watches(standin):
@@ -410,13 +422,7 @@ def test_split_partials_are_lent_to_the_next_replay_on_the_stream(standin, monke
         replayed = list(standin)
         sets.append(_scratch_args(replayed, inputs))
         assert len(sets[-1]) == 2
-        prev = op.set_plans_enabled(False)
-        try:
-            standin.clear()
-            run(*inputs)
-            full = list(standin)
-        finally:
-            op.set_plans_enabled(prev)
+        full = _full_path_launches(standin, run, inputs)
         assert [_comparable(x, inputs) for x in replayed] == [_comparable(x, inputs) for x in full]
         for _ in range(3):  # the switch cleared the plans (and the kept sets): plan again
             run(c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))

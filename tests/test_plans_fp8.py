@@ -16,8 +16,9 @@ import torch
 import triton
 from test_fastlaunch import _fake_sm90_driver
 from test_fp8_prefill import make_fp8_case
+from test_plans import assert_root_and_clear_take_the_full_path
 
-from sparse_mla import FP8Cache, configs, dispatch, fastlaunch, fp8_prefill, op, prefill, runtime
+from sparse_mla import FP8Cache, dispatch, fastlaunch, fp8_prefill, op, prefill, runtime
 from sparse_mla import fp8 as F
 from sparse_mla.reference import check_against_reference
 
@@ -217,17 +218,7 @@ def test_a_replay_rechecks_what_depends_on_more_than_the_layout(standin, tmp_pat
     assert standin == [] and torch.isnan(out).all()
     run(ptr=ptr)  # not asked: the plan's launch (the kernel clamps), no check
     assert len(seen) == n and len(standin) == 1
-    with configs.use_root(tmp_path):
-        run()
-    assert len(seen) == n + 1  # another configs root: the full path, recorded anew
-    run()
-    assert len(seen) == n + 2
-    run()
-    n = len(seen)
-    fastlaunch.clear()
-    before = fastlaunch.stats()
-    run()
-    assert len(seen) == n + 1 and fastlaunch.stats()["slow"] > before["slow"]
+    assert_root_and_clear_take_the_full_path(run, seen, tmp_path)
 
 
 def test_out_overlapping_the_cache_takes_the_full_path(standin, monkeypatch):
