@@ -210,17 +210,22 @@ def run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out
     return out
 
 
-def compile_args(target: str, *, num_heads: int = 16, config=None, index_dtype=torch.int32,
-                 block_size: int = 64, **_ignored):  # fmt: skip
-    """(kernel, signature, constexprs, options) to cross-compile the kernel for ``target`` as a
-    launch at ``num_heads`` would (:func:`sparse_mla.inspect.compile_kernel`)."""
+def _compile_setup(name: str, resolve_fn, target: str, num_heads: int, config, index_dtype):
+    """The checked launch and the ids' pointer type of a cross-compile of kernel ``name``: the
+    target must be one it runs on (the registry's reason otherwise)."""
     t = get_target(target)
     call = dispatch.Call(t.name, num_heads, HEAD_DIM, kv_format=KV_FORMAT)
     why = unavailable(call)
     if why and call.arch is not None:
-        raise ValueError(f"{NAME} cannot compile for {t.name}: {why}")
-    cfg = resolve(config, call)
-    ix = "*i64" if index_dtype == torch.int64 else "*i32"
+        raise ValueError(f"{name} cannot compile for {t.name}: {why}")
+    return resolve_fn(config, call), "*i64" if index_dtype == torch.int64 else "*i32"
+
+
+def compile_args(target: str, *, num_heads: int = 16, config=None, index_dtype=torch.int32,
+                 block_size: int = 64, **_ignored):  # fmt: skip
+    """(kernel, signature, constexprs, options) to cross-compile the kernel for ``target`` as a
+    launch at ``num_heads`` would (:func:`sparse_mla.inspect.compile_kernel`)."""
+    cfg, ix = _compile_setup(NAME, resolve, target, num_heads, config, index_dtype)
     sig = {
         "q_ptr": "*bf16", "cache_ptr": "*u8", "idx_ptr": ix, "indptr_ptr": ix,
         "sink_ptr": "*fp32", "out_ptr": "*bf16", "stride_qr": "i32", "stride_qh": "i32",
@@ -262,13 +267,7 @@ def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtyp
     """(kernel, signature, constexprs, options) to cross-compile ``gluon_ws_fp8`` for
     ``target`` as a launch at ``num_heads`` would (``small``: the small-call order;
     ``dense``: dense [R, K] ids)."""
-    t = get_target(target)
-    call = dispatch.Call(t.name, num_heads, HEAD_DIM, kv_format=KV_FORMAT)
-    why = unavailable(call)
-    if why and call.arch is not None:
-        raise ValueError(f"{WS_NAME} cannot compile for {t.name}: {why}")
-    cfg = resolve_ws(config, call)
-    ix = "*i64" if index_dtype == torch.int64 else "*i32"
+    cfg, ix = _compile_setup(WS_NAME, resolve_ws, target, num_heads, config, index_dtype)
     m = hopper_ws
     q_box = [1, m.BLOCK_H.value, m.Q_BLOCK.value]
     out_box = [1, m.BLOCK_H.value, m.OUT_BLOCK.value]
