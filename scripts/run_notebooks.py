@@ -33,13 +33,19 @@ def _html_text(markup: str) -> str:
     return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def terminal_text(text: str) -> str:
+    """A stream as a terminal shows it: a carriage return rewrites its line, so a progress
+    bar's many updates leave only their last state."""
+    return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
+
+
 def cell_text(cell) -> str:
     """The text a code cell left behind (images are noted, not embedded)."""
     parts = []
     for out in cell.get("outputs", []):
         kind = out["output_type"]
         if kind == "stream":
-            parts.append(out["text"])
+            parts.append(terminal_text(out["text"]))
         elif kind == "error":
             parts.append("\n".join(re.sub(r"\x1b\[[0-9;]*m", "", t) for t in out["traceback"]))
         else:

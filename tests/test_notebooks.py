@@ -87,6 +87,8 @@ def test_run_notebooks_script_keeps_outputs_and_reports_failures(tmp_path, monke
     runner = _load_runner()
     cells = [
         "print('hello', 6 * 7)",
+        "import sys\nfor i in range(3):\n    sys.stderr.write(f'\\rbar {i}/2')\n"
+        "sys.stderr.write('\\n')",
         "from IPython.display import HTML\n"
         "HTML('<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>&lt;2</td></tr></table>')",
     ]
@@ -102,6 +104,7 @@ def test_run_notebooks_script_keeps_outputs_and_reports_failures(tmp_path, monke
     digest = (out / "digest.md").read_text()
     assert "good.ipynb: ok" in digest and "hello 42" in digest and "a | b" in digest
     assert "1 | <2" in digest
+    assert "bar 2/2" in digest and "bar 0/2" not in digest and "\r" not in digest
     executed = nbformat.read(out / "good.ipynb", as_version=4)
     assert executed.cells[0].outputs, "the executed copy keeps its outputs"
     assert nbformat.read(tmp_path / "good.ipynb", as_version=4).cells[0].outputs == []
