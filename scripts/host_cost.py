@@ -29,6 +29,10 @@ each registered FP8 kernel (``triton_fp8``, ``gluon_ws_small_fp8``, ``gluon_ws_f
 ``--parts`` then times the op, the op's kernel (a plan's replay when plans are on), the full FP8
 entry and the launch.
 
+``--pointers ints|tensors|both``: a replay's tensor arguments as addresses (the default) or as
+the tensors, whose every launch Triton's launcher then asks the driver about
+(``cuPointerGetAttribute``); both: a row of each (the plans made anew for each).
+
 ``--fast off|on|both``: launches through ``kernel[grid]`` every call (off), or directly after
 the first (on, the package's default: :mod:`sparse_mla.fastlaunch`); ``both`` prints a row of
 each per kernel, before/after in one run.
@@ -42,6 +46,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import pstats
 import statistics
 import sys
@@ -132,6 +137,14 @@ def main(argv=None) -> int:
         "every call through torch.ops.sparse_mla.prefill and the full _prefill_impl",
     )
     ap.add_argument(
+        "--pointers",
+        choices=("ints", "tensors", "both"),
+        default="ints",
+        help="how a plan's replay hands tensor arguments to Triton's launcher: as addresses "
+        "(ints, the package's default) or the tensors (the launcher then calls data_ptr() and "
+        "asks the driver about each); both: a row of each, one after the other",
+    )
+    ap.add_argument(
         "--fp8",
         action="store_true",
         help="the FP8-cache entry (an FP8Cache of the pool, 64-token blocks) and its kernels",
@@ -176,11 +189,14 @@ def main(argv=None) -> int:
     names = ["default", *mine] if args.kernels is None else args.kernels.split(",")
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.fast]
     plan_modes = {"off": [False], "on": [True], "both": [False, True]}[args.plans]
+    ptr_modes = {"ints": [True], "tensors": [False], "both": [False, True]}[args.pointers]
+    if not hasattr(fastlaunch, "_POINTER_INTS"):  # older commits: tensors
+        ptr_modes = [None]
     has_plans = hasattr(op_mod, "set_plans_enabled")  # older commits: no plans
     if not has_plans:
         plan_modes = [False]
     print(f"# clock: {args.clock}, {args.stat} of {args.windows} windows of 200 calls")
-    print(f"{'shape':<12} {'kernel':<16} {'fast':<5} {'plan':<5} {'host_us':>8}  parts")
+    print(f"{'shape':<12} {'kernel':<16} {'fast':<5} {'plan':<5} {'ptr':<5} {'host_us':>8}  parts")
     for shape in args.shapes.split(","):
         H, T = (int(x) for x in shape.split("x"))
         q, kv, idx, indptr, scale, sink = workload(H, T, device)
@@ -199,26 +215,31 @@ def main(argv=None) -> int:
             def full(cfg=cfg, a=(q, kv, idx, indptr, scale), sink=sink, out=out):
                 sparse_mla_prefill(*a, attn_sink=sink, out=out, config=cfg, validate=validate)
 
-            for fast in modes:
-                for plans in plan_modes:
-                    fastlaunch.set_enabled(fast)
-                    if has_plans:
-                        op_mod.set_plans_enabled(plans)
-                    us = host_us(full, sync)
-                    parts = ""
-                    if args.parts and args.fp8:
-                        parts = _parts_fp8(q, kv, idx, indptr, scale, sink, out, cfg, validate,
-                                           sync)  # fmt: skip
-                    elif args.parts:
-                        parts = _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync)
-                    if plans and has_plans and hasattr(op_mod, "_IMPL"):
-                        parts = f"{_replays(op_mod, full, args.fp8)} {parts}".rstrip()
-                    fl, pl = ("on" if fast else "off"), ("on" if plans else "off")
-                    print(f"H{H} T{T:<7} {name:<16} {fl:<5} {pl:<5} {us:8.1f}  {parts}",
-                          flush=True)  # fmt: skip
-                    if args.profile:
-                        _profile(full, sync)
+            for fast, plans, ints in itertools.product(modes, plan_modes, ptr_modes):
+                fastlaunch.set_enabled(fast)
+                if has_plans:
+                    op_mod.set_plans_enabled(plans)
+                if ints is not None:
+                    fastlaunch._POINTER_INTS[0] = ints
+                    op_mod._PLANS.clear()  # replays built anew with this setting
+                us = host_us(full, sync)
+                parts = ""
+                if args.parts and args.fp8:
+                    parts = _parts_fp8(q, kv, idx, indptr, scale, sink, out, cfg, validate,
+                                       sync)  # fmt: skip
+                elif args.parts:
+                    parts = _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync)
+                if plans and has_plans and hasattr(op_mod, "_IMPL"):
+                    parts = f"{_replays(op_mod, full, args.fp8)} {parts}".rstrip()
+                fl, pl = ("on" if fast else "off"), ("on" if plans else "off")
+                pt = {None: "-", True: "ints", False: "tens"}[ints]
+                print(f"H{H} T{T:<7} {name:<16} {fl:<5} {pl:<5} {pt:<5} {us:8.1f}  {parts}",
+                      flush=True)  # fmt: skip
+                if args.profile:
+                    _profile(full, sync)
     fastlaunch.set_enabled(True)
+    if ptr_modes != [None]:
+        fastlaunch._POINTER_INTS[0] = True
     if has_plans:
         op_mod.set_plans_enabled(True)
     return 0

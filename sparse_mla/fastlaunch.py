@@ -78,6 +78,12 @@ _EPOCH = [0]
 # (thread id, list) while recording() runs on that thread: each launch appends what it issued.
 _RECORDING: list = [None]
 _RECORDING_LOCK = threading.Lock()
+# Replay passes a tensor argument as its address (an int) when on: Triton's C launcher then takes
+# the int as is, where for a tensor it calls ``data_ptr()`` and asks the driver whether the
+# address is a device pointer (``cuPointerGetAttribute``, one driver call per tensor argument and
+# launch). A replay's tensors are keyed on their device (:mod:`sparse_mla.op`), so that check
+# cannot fail there. Off: the tensors themselves (what the recorded call passed; for measuring).
+_POINTER_INTS = [True]
 
 
 def enabled() -> bool:
@@ -536,6 +542,7 @@ class Replay:
         slot = {id(t): f"i{k}" for k, t in enumerate(inputs) if t is not None}
         slot.update({i: f"s{j}" for i, j in (scratch or {}).items()})
         ns: dict[str, Any] = {"_tma": _tma_slot}
+        ints = _POINTER_INTS[0]
         body = []
         checks = []
         keys = set()
@@ -565,7 +572,11 @@ class Replay:
                     parts.append(f"*(m{n}_{j}.get({src}.data_ptr()) or _tma(m{n}_{j}, {src}, "
                                  f"*{name}))")  # fmt: skip
                 elif isinstance(a, torch.Tensor) and id(a) in slot:
-                    parts.append(slot[id(a)])
+                    parts.append(f"{slot[id(a)]}.data_ptr()" if ints else slot[id(a)])
+                elif isinstance(a, torch.Tensor) and ints:  # a tensor the call did not make
+                    ns[f"k{n}_{j}"] = a  # (a cached dummy): kept alive with the replay
+                    ns[f"c{n}_{j}"] = a.data_ptr()
+                    parts.append(f"c{n}_{j}")
                 else:  # a scalar, None, or a tensor the call did not make (a cached dummy)
                     ns[f"c{n}_{j}"] = a
                     parts.append(f"c{n}_{j}")

@@ -41,6 +41,9 @@ def standin(monkeypatch):
     monkeypatch.setattr(fastlaunch, "_LAUNCHERS", {})
     monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
     monkeypatch.setattr(op, "_PLANS", {})
+    # replays pass tensors, as the full path does, so launches compare argument by argument;
+    # their addresses as ints (the default) are test_replay_passes_addresses's
+    monkeypatch.setattr(fastlaunch, "_POINTER_INTS", [False])
     monkeypatch.setattr(runtime, "runs_interpreted", lambda t: False)
     monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
     monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
@@ -109,6 +112,32 @@ def assert_root_and_clear_take_the_full_path(run, seen: list, tmp_path) -> None:
 
 def _plans():
     return [p for p in op._PLANS.values() if type(p) is op._Plan]
+
+
+def assert_replay_passes_addresses(standin, run, plan_inputs, inputs) -> None:
+    """The replay of a plan made from ``run(*plan_inputs)`` on ``inputs``, built with tensor
+    arguments as their addresses (fastlaunch's default) and as the tensors (the standin
+    fixtures' setting): the first gives the C launcher exactly the second's arguments with each
+    tensor as its ``data_ptr()`` (what Triton's launcher reads of it), and no tensor."""
+    got = {}
+    for ints in (False, True):
+        fastlaunch._POINTER_INTS[0] = ints
+        op._PLANS.clear()
+        for _ in range(3):
+            run(*plan_inputs)
+        assert len(_plans()) == 1
+        standin.clear()
+        before = fastlaunch.stats()
+        run(*inputs)
+        assert fastlaunch.stats()["slow"] == before["slow"]
+        assert fastlaunch.stats()["fast"] - before["fast"] == _plans()[0].replay.launches
+        got[ints] = list(standin)
+    as_tensors, as_ints = got[False], got[True]
+    assert as_tensors and len(as_ints) == len(as_tensors)
+    for a, b in zip(as_tensors, as_ints, strict=True):
+        assert any(isinstance(x, torch.Tensor) for x in a)
+        assert not any(isinstance(x, torch.Tensor) for x in b)
+        assert tuple(b) == tuple(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in a)
 
 
 @pytest.mark.parametrize("name", DENSE)
@@ -359,6 +388,25 @@ def test_a_plan_keeps_no_input_alive(standin, name):
     standin.clear()  # the recording driver's own references
     gc.collect()
     assert [r() is None for r in refs] == [True] * 6
+
+
+@pytest.mark.parametrize("name", [*DENSE, "gluon_mma split", "gluon_wgmma split"])
+def test_replay_passes_addresses(standin, name):
+    """A replay hands Triton's launcher each tensor argument as its address (no data_ptr()
+    call and driver pointer query per tensor there): the same values the tensors give it, for
+    every kernel, its TMA maps and the split kernels' lent partials included."""
+    if name.endswith("split"):
+        c, run = _split_case(name.split()[0], standin)
+    else:
+        c = make_case(4, 64, 512, N=300, max_slots=100, dtype=torch.bfloat16, seed=3)
+        cfg = dispatch.Choice(name)
+
+        def run(q, kv, idx, ptr, sink, out):
+            prefill.sparse_mla_prefill(q, kv, idx, ptr, c.softmax_scale, attn_sink=sink,
+                                       out=out, config=cfg, validate=False)  # fmt: skip
+
+    first = (c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
+    assert_replay_passes_addresses(standin, run, first, (*_fresh(c, 5), torch.empty_like(c.q)))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 import triton
 from test_fastlaunch import _fake_sm90_driver
 from test_fp8_prefill import make_fp8_case
-from test_plans import assert_root_and_clear_take_the_full_path
+from test_plans import assert_replay_passes_addresses, assert_root_and_clear_take_the_full_path
 
 from sparse_mla import FP8Cache, dispatch, fastlaunch, fp8_prefill, op, prefill, runtime
 from sparse_mla import fp8 as F
@@ -41,6 +41,9 @@ def standin(monkeypatch):
     monkeypatch.setattr(fastlaunch, "_LAUNCHERS", {})
     monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
     monkeypatch.setattr(op, "_PLANS", {})
+    # replays pass tensors, as the full path does, so launches compare argument by argument;
+    # their addresses as ints (the default) are test_replay_passes_addresses's
+    monkeypatch.setattr(fastlaunch, "_POINTER_INTS", [False])
     monkeypatch.setattr(runtime, "runs_interpreted", lambda t: False)
     monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
     monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
@@ -133,6 +136,20 @@ def test_direct_launch_makes_the_driver_call_triton_makes(standin, name):
     assert [_comparable(x, inputs) for x in fast] == [_comparable(x, inputs) for x in slow]
     assert all(type(h) is triton.knobs.HookChain and not h.calls for h in slow[0][11:13])
     assert fast[0][10:13] == (None, None, None)
+
+
+@pytest.mark.parametrize("name", [None, *FP8])
+def test_replay_passes_addresses(standin, name):
+    """An FP8 replay hands Triton's launcher each tensor argument as its address: the values
+    the tensors give it (test_plans.assert_replay_passes_addresses), for every FP8 kernel."""
+    c = make_fp8_case(4, 64, num_blocks=5, block_size=64, max_slots=100, seed=6)
+    cfg = None if name is None else dispatch.Choice(name)
+
+    def run(*args):
+        _call(*args, block_size=64, scale=c.softmax_scale, config=cfg)
+
+    first = (c.q, c.cache.data, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
+    assert_replay_passes_addresses(standin, run, first, (*_fresh(c, 7), torch.empty_like(c.q)))
 
 
 @pytest.mark.parametrize("name", [None, *FP8])
