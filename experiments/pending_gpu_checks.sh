@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checks left open when a session's H200 time ran out, in one place, for the next run.
-# (The seventh session's list ran on 389977b in the eighth: logs data/bench/*389977b*.) This is
-# the eighth session's list. From the repository root, with `.peers` carried (step grid) and
-# the workbook wheels as `.whl` (step workbook; the device README says how):
-#   OUT=dir COMMIT=sha STEP=plans|workbook|fp8host|host|grid|all bash experiments/pending_gpu_checks.sh
-# Each step writes under $OUT and is capped; `all` runs them in this order (about 9 minutes).
+# (The eighth session's list ran on dafac34 in the ninth: logs data/bench/*dafac34*, the
+# workbook digest data/bench/workbook_h200_dafac34.md.) This is the ninth session's list. From
+# the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as
+# `.whl` (step workbook; the device README says how):
+#   OUT=dir COMMIT=sha STEP=window|fp8bench|grid|plans|workbook|host|all bash experiments/pending_gpu_checks.sh
+# Each step writes under $OUT and is capped; `all` runs window, fp8bench and grid (about 8
+# minutes); plans, workbook, fp8host and host are the eighth session's steps, kept for reruns.
 # Keep few files under $OUT: the device returns a limited number.
-#   plans     tests/test_plans_fp8.py's GPU tests after their fresh-ids fix (ea8fa6c; the run
-#             of c24f1b2 failed 2 cases on the test's own NaN slots)
-#   workbook  notebook 03 (sweeping the shipped kernel) and 05 on the GPU with their digest
-#   fp8host   experiments/h26d_gpu_check.sh: the FP8 entry's plans and host cost
-#   host      host cost at H64 T=16384 (cut by the step limit in the run of c24f1b2)
+#   window    experiments/host_window.py: is a 200-call host-time window bound by the launch
+#             queue (the GPU) rather than the host? queue depth, GPU time, windows of 25-200
+#   fp8bench  sparse-mla bench --fp8 with gluon_ws_fp8 registered (the CSV's rows are of 5f8256d)
 #   grid      sparse-mla bench --grid with FlashMLA, at least 5 calls a round in turns
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -18,7 +18,7 @@ OUT=${OUT:-/tmp/pending_gpu_checks}
 STEP=${STEP:-all}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$OUT"
-want() { [ "$STEP" = all ] || [ "$STEP" = "$1" ]; }
+want() { [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && case $1 in window|fp8bench|grid) true;; *) false;; esac; }; }
 if want plans; then
   timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_plans_fp8.py \
     > "$OUT/plans_fp8.log" 2>&1
@@ -43,9 +43,19 @@ if want host; then
   timeout 90 python3 scripts/host_cost.py --plans both --shapes 64x16384 > "$OUT/host_cost.log" 2>&1
   echo "host: rc=$?"; tail -n 14 "$OUT/host_cost.log"
 fi
+if want window; then
+  timeout 110 python3 experiments/host_window.py > "$OUT/host_window.log" 2>&1
+  echo "window: rc=$?"; cat "$OUT/host_window.log"
+fi
+if want fp8bench; then
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 130 \
+    python3 -m sparse_mla.cli bench --fp8 --time-limit 90 --commit "$COMMIT" \
+    --out "$OUT/nvidia-h200_fp8.csv" > "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log" 2>&1
+  echo "fp8bench: rc=$?"; grep "^\[" "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log"
+fi
 if want grid; then
-  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 300 \
-    python3 -m sparse_mla.cli bench --grid --time-limit 260 --commit "$COMMIT" \
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 260 \
+    python3 -m sparse_mla.cli bench --grid --time-limit 225 --commit "$COMMIT" \
     --out "$OUT/nvidia-h200_grid.csv" > "$OUT/nvidia-h200_grid_${COMMIT:0:7}.log" 2>&1
   echo "grid: rc=$?"; tail -n 5 "$OUT/nvidia-h200_grid_${COMMIT:0:7}.log"
 fi
