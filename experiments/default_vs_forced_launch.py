@@ -3,7 +3,7 @@
 With Triton's driver replaced by the stand-in of ``scripts/host_cost.py --cpu-launch`` (sm90
 compiles, a no-op launch that here records its arguments), both calls run at H, T and list
 length K (argv; default 112 16384 64) with plans off and on, and the last launch of each is
-printed: kernel name, grid, and every scalar argument (tensors by type). Shown on 2026-12-01 at
+printed: kernel name, grid, and every scalar argument (tensors by address). Shown on 2026-12-01 at
 H112 T16384: the four launches are the same kernel with the same arguments (grid 132, the
 TMA map shapes, CONSUMER_REGS 224, PRODUCER_REGS 48, the large-call order), so the grids' 3-6%
 between `default` and the forced kernel at the heavy points is not a different launch.
@@ -65,7 +65,10 @@ def main(H: int = 112, T: int = 16384, K: int = 64) -> None:
             for _ in range(3):
                 sparse_mla_prefill(q, kv, idx, indptr, 0.05, attn_sink=sink, out=out, config=cfg)
             name, args = rec[-1]
-            scalars = [a if isinstance(a, (int, float, str, tuple, type(None))) else
+            # a tensor as its address: what Triton's C launcher reads of it (a plan's replay
+            # passes the address itself, fastlaunch._POINTER_INTS)
+            scalars = [a.data_ptr() if isinstance(a, torch.Tensor) else a
+                       if isinstance(a, (int, float, str, tuple, type(None))) else
                        type(a).__name__ for a in args]  # fmt: skip
             shown[(label, plans)] = (name, scalars)
             print(f"{label} plans={'on' if plans else 'off'}: {name} {scalars}")

@@ -276,56 +276,18 @@ def _replays(op_mod, fn, fp8: bool, n: int = 200) -> str:
 
 
 def _fake_sm90() -> None:
-    """Triton's active driver replaced by a stand-in for one sm90 GPU whose launch does nothing
-    (``--cpu-launch``): compiles target sm90 (ptxas ships with Triton); the launcher is
-    ``CudaLauncher``'s Python around a no-op instead of the compiled C module."""
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia import driver as nvd
+    """Triton's active driver replaced by :func:`sparse_mla.standin.sm90_driver`, whose launch
+    does nothing (``--cpu-launch``): compiles target sm90; the launcher is ``CudaLauncher``'s
+    Python around a no-op instead of the compiled C module."""
     from triton.runtime import driver
 
-    from sparse_mla import runtime
+    from sparse_mla import runtime, standin
     from sparse_mla.gluon import launch as gluon_launch
 
-    class Utils:
-        def get_device_properties(self, device):
-            return {"max_shared_mem": 232448, "multiprocessor_count": 132}
-
-        def load_binary(self, name, kernel, shared, device):
-            return (None, 0, 0, 0, 1024)
-
-        def fill_tma_descriptor(self, *a):
-            return object()
-
-    nvd_attrs = ("global_scratch_size", "global_scratch_align", "profile_scratch_size",
-                 "profile_scratch_align", "launch_cooperative_grid", "launch_pdl")  # fmt: skip
-
-    class Launcher:
-        __call__ = nvd.CudaLauncher.__call__
-
-        def __init__(self, src, metadata):
-            meta = getattr(metadata, "tensordesc_meta", None)
-            self.num_ctas = getattr(metadata, "num_ctas", 1)
-            self.launch = nvd.wrap_handle_tensordesc(lambda *a: None, dict(src.signature), meta)
-            for k in nvd_attrs:
-                setattr(self, k, getattr(metadata, k))
-
-    class Driver:
-        launcher_cls = Launcher
-        utils = Utils()
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device):
-            return 0
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-    driver.set_active(Driver())
+    driver.set_active(standin.sm90_driver())
     runtime.runs_interpreted = lambda t: False
     runtime.arch = lambda device=0: "sm90"
-    gluon_launch._num_compute_units = lambda device: 132
+    gluon_launch._num_compute_units = lambda device: standin.NUM_SMS
 
 
 def _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync) -> str:

@@ -17,7 +17,7 @@ from conftest import make_case, poisoned_like
 from triton.backends.compiler import BaseBackend
 from triton.runtime.jit import create_function_from_signature
 
-from sparse_mla import fastlaunch
+from sparse_mla import fastlaunch, standin
 from sparse_mla.reference import check_against_reference
 
 G_SCALE = tl.constexpr(2)
@@ -408,55 +408,6 @@ def test_interpreter_path_unchanged():
 # ----------------------------------------------------------------------------------------------
 
 
-def _fake_sm90_driver(calls):
-    """Triton's driver for one sm90 GPU whose C launch records its arguments: compiles go to
-    sm90 (ptxas ships with Triton); the launcher is CudaLauncher's own Python (scratch, the TMA
-    descriptor wrapper) around the recording launch; a TMA map is the tuple of what would be
-    encoded, so two launches compare equal exactly when they would encode the same bytes."""
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia import driver as nvd
-
-    attrs = ("global_scratch_size", "global_scratch_align", "profile_scratch_size",
-             "profile_scratch_align", "launch_cooperative_grid", "launch_pdl")  # fmt: skip
-
-    class Utils:
-        def get_device_properties(self, device):
-            return {"max_shared_mem": 232448, "multiprocessor_count": 132}
-
-        def load_binary(self, name, kernel, shared, device):
-            return (None, 0xF00, 0, 0, 1024)
-
-        def fill_tma_descriptor(self, *a):
-            return ("tma", *(tuple(x) if isinstance(x, list) else x for x in a))
-
-    class Launcher:
-        __call__ = nvd.CudaLauncher.__call__
-
-        def __init__(self, src, metadata):
-            meta = getattr(metadata, "tensordesc_meta", None)
-            self.num_ctas = getattr(metadata, "num_ctas", 1)
-            self.launch = nvd.wrap_handle_tensordesc(
-                lambda *a: calls.append(a), dict(src.signature), meta
-            )
-            for k in attrs:
-                setattr(self, k, getattr(metadata, k))
-
-    class Driver:
-        launcher_cls = Launcher
-        utils = Utils()
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device):
-            return 77
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-    return Driver()
-
-
 def _comparable(call):
     """A recorded launch without its metadata and hooks (indices 10-12); tensors by layout."""
     keep = call[:10] + call[13:]
@@ -480,7 +431,7 @@ def test_direct_launch_makes_the_driver_call_triton_makes(name, monkeypatch):
     from sparse_mla.gluon import launch as gluon_launch
 
     calls = []
-    monkeypatch.setattr(fastlaunch.driver, "_active", _fake_sm90_driver(calls))
+    monkeypatch.setattr(fastlaunch.driver, "_active", standin.sm90_driver(calls))
     # Nothing made with the stand-in driver may outlive the test (a GPU test later in the same
     # process would get its recording launcher): Triton's per-device caches of each kernel, the
     # launchers and the TMA maps are the test's own.

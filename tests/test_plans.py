@@ -15,11 +15,11 @@ import torch
 import triton
 import triton.language as tl
 from conftest import make_case, poisoned_like
-from test_fastlaunch import _fake_sm90_driver
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sparse_mla import configs, dispatch, fastlaunch, op, prefill, runtime
 from sparse_mla.reference import check_against_reference
+from sparse_mla.standin import sm90_driver
 
 DENSE = ["triton", "gluon_ws", "gluon_ws_small", "gluon_mma", "gluon_wgmma"]
 
@@ -32,7 +32,7 @@ def standin(monkeypatch):
     from sparse_mla.gluon import launch as gluon_launch
 
     calls: list = []
-    monkeypatch.setattr(fastlaunch.driver, "_active", _fake_sm90_driver(calls))
+    monkeypatch.setattr(fastlaunch.driver, "_active", sm90_driver(calls))
     kernels = (prefill._sparse_mla_prefill_kernel, algorithm._mla_fwd_kernel,
                algorithm._mla_reduce_kernel, hopper_prefill._prefill_wgmma_kernel,
                hopper_ws._prefill_ws_kernel, hopper_ws_small._prefill_ws_small_kernel)  # fmt: skip

@@ -14,13 +14,13 @@ from dataclasses import replace
 import pytest
 import torch
 import triton
-from test_fastlaunch import _fake_sm90_driver
 from test_fp8_prefill import make_fp8_case
 from test_plans import assert_replay_passes_addresses, assert_root_and_clear_take_the_full_path
 
 from sparse_mla import FP8Cache, dispatch, fastlaunch, fp8_prefill, op, prefill, runtime
 from sparse_mla import fp8 as F
 from sparse_mla.reference import check_against_reference
+from sparse_mla.standin import sm90_driver
 
 FP8 = ["triton_fp8", "gluon_ws_small_fp8", "gluon_ws_fp8"]
 
@@ -33,7 +33,7 @@ def standin(monkeypatch):
     from sparse_mla.gluon import launch as gluon_launch
 
     calls: list = []
-    monkeypatch.setattr(fastlaunch.driver, "_active", _fake_sm90_driver(calls))
+    monkeypatch.setattr(fastlaunch.driver, "_active", sm90_driver(calls))
     for jit_fn in (fp8_prefill._sparse_mla_prefill_fp8_kernel,
                    hopper_fp8._prefill_ws_small_fp8_kernel,
                    hopper_ws_fp8._prefill_ws_fp8_kernel):  # fmt: skip
