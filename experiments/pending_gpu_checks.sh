@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
 # The GPU checks left open when a session's H200 time ran out, in one place, for the next run.
 # (The eighth session's list ran on dafac34 in the ninth: logs data/bench/*dafac34*, the
-# workbook digest data/bench/workbook_h200_dafac34.md.) This is the ninth session's list. From
-# the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as
-# `.whl` (step workbook; the device README says how):
-#   OUT=dir COMMIT=sha STEP=window|fp8bench|grid|plans|workbook|host|all bash experiments/pending_gpu_checks.sh
-# Each step writes under $OUT and is capped; `all` runs window, fp8bench and grid (about 8
-# minutes); plans, workbook, fp8host and host are the eighth session's steps, kept for reruns.
+# workbook digest data/bench/workbook_h200_dafac34.md; the ninth's window, fp8bench and grid
+# ran on b72baa6: data/bench/*b72baa6*.) This is the tenth session's list. From the repository
+# root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
+# workbook, nb05; the device README says how):
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|plans|workbook|fp8host|host|all \
+#     bash experiments/pending_gpu_checks.sh
+# Each step writes under $OUT and is capped; `all` runs profile, smem and fp8bench (at most 8
+# minutes); nb05 (up to 7 minutes) in a command of its own; the others are earlier sessions'
+# steps, kept for reruns.
 # Keep few files under $OUT: the device returns a limited number.
-#   window    experiments/host_window.py: is a 200-call host-time window bound by the launch
-#             queue (the GPU) rather than the host? queue depth, GPU time, windows of 25-200
-#   fp8bench  sparse-mla bench --fp8 with gluon_ws_fp8 registered (the CSV's rows are of 5f8256d)
-#   grid      sparse-mla bench --grid with FlashMLA, at least 5 calls a round in turns
+#   profile   tests/test_profile.py's GPU test, verbose: the ncu view's evidence (it passed in the
+#             run of 389977b, whose log was not kept)
+#   smem      the shared-memory ceiling hypothesis of PERF_NOTES ("Shared-memory accounting"):
+#             Nsight Compute's memory sections of gluon_ws_small_fp8 and the bf16 gluon_ws_small
+#             at H16 T=2048 (experiments/h28fp8s_gpu_check.sh STEP=ncu)
+#   fp8bench  sparse-mla bench --fp8 with room for its T = 1024 and 256 points (cut at b72baa6)
+#   nb05      notebook 05 at its full size (it outlasted a 200 s cap at dafac34)
+#   window    experiments/host_window.py (ran at b72baa6)
+#   grid      sparse-mla bench --grid with FlashMLA, at least 5 calls a round (ran at b72baa6)
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 OUT=${OUT:-/tmp/pending_gpu_checks}
 STEP=${STEP:-all}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$OUT"
-want() { [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && case $1 in window|fp8bench|grid) true;; *) false;; esac; }; }
+want() { [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && case $1 in profile|smem|fp8bench) true;; *) false;; esac; }; }
 if want plans; then
   timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_plans_fp8.py \
     > "$OUT/plans_fp8.log" 2>&1
@@ -43,13 +51,32 @@ if want host; then
   timeout 90 python3 scripts/host_cost.py --plans both --shapes 64x16384 > "$OUT/host_cost.log" 2>&1
   echo "host: rc=$?"; tail -n 14 "$OUT/host_cost.log"
 fi
+if want profile; then
+  timeout 120 python3 -m pytest -v -p no:cacheprovider -m gpu tests/test_profile.py \
+    > "$OUT/profile_test.log" 2>&1
+  echo "profile: rc=$?"; tail -n 5 "$OUT/profile_test.log"
+fi
+if want smem; then
+  OUT="$OUT/smem" PY=python3 STEP=ncu timeout 160 bash experiments/h28fp8s_gpu_check.sh \
+    > /dev/null 2>&1
+  echo "smem: rc=$?"; ls "$OUT/smem"
+fi
+if want nb05; then
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  fi
+  PYTHONPATH=$PWD:/tmp/site timeout 400 python3 scripts/run_notebooks.py \
+    notebooks/05_gluon_mla.ipynb --out "$OUT/nb05" > "$OUT/nb05.log" 2>&1
+  echo "nb05: rc=$?"; rm -f "$OUT"/nb05/*.ipynb; tail -n 3 "$OUT/nb05.log"
+fi
 if want window; then
   timeout 110 python3 experiments/host_window.py > "$OUT/host_window.log" 2>&1
   echo "window: rc=$?"; cat "$OUT/host_window.log"
 fi
 if want fp8bench; then
-  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 130 \
-    python3 -m sparse_mla.cli bench --fp8 --time-limit 90 --commit "$COMMIT" \
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
+    python3 -m sparse_mla.cli bench --fp8 --time-limit 150 --commit "$COMMIT" \
     --out "$OUT/nvidia-h200_fp8.csv" > "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log" 2>&1
   echo "fp8bench: rc=$?"; grep "^\[" "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log"
 fi
