@@ -1670,6 +1670,10 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
     defer = device.type == "cuda" and budget_ms is not None
     pending: list[tuple[dict[str, Any], Callable[[], Any]]] = []
     spent: dict[int, float] = {}
+    # One output buffer for every timed provider that writes into one (the package's): none is
+    # timed on an allocation of its own (at T = 16384 an out is 0.3-2.1 GB; the providers' own
+    # buffers left `default` and the same kernel forced timed on different memory).
+    timing_out = torch.empty_like(w.q)
     for prov in chosen:
         t0 = time.perf_counter()
         row = {**base, "provider": prov}
@@ -1682,8 +1686,8 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
                 prepared = _provider(prov, w, device, peers)
                 row.update(provider=prepared.name, config=prepared.config)
                 res, timer = _check_and_time(prepared, w, device, check_tokens, quick, refs=refs,
-                                             budget_ms=budget_ms, host=host,
-                                             defer=defer)  # fmt: skip
+                                             budget_ms=budget_ms, host=host, defer=defer,
+                                             out=timing_out)  # fmt: skip
                 row.update(res)
                 if timer is not None:
                     pending.append((row, timer))
@@ -1731,19 +1735,21 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
 
 
 def _check_and_time(p: Prepared, w, device, check_tokens: int, quick: bool, *, refs=None,
-                    budget_ms=None, host=False,
-                    defer=False) -> tuple[dict[str, Any], Callable[[], Any] | None]:  # fmt: skip
+                    budget_ms=None, host=False, defer=False,
+                    out=None) -> tuple[dict[str, Any], Callable[[], Any] | None]:  # fmt: skip
     """ok / rel_l2 / note from the gate, and ms when it passed (and host_us with ``host``).
 
     With ``defer`` nothing is timed here: a call that passed comes back as the second item (a
-    zero-argument callable, its output allocated), for the caller to time with the point's
-    other providers (:func:`time_interleaved`) and to measure its host time; else that item
-    is None."""
+    zero-argument callable writing ``out``), for the caller to time with the point's other
+    providers (:func:`time_interleaved`) and to measure its host time; else that item is None.
+    ``out``: the buffer the timed calls write (shaped as ``w.q``; None: one of its own). The
+    gate checks on outputs of its own (NaN-poisoned), never on this one."""
     ok, rel, note = _check(p.run, w, check_tokens, refs)
     res: dict[str, Any] = {"ok": ok, "rel_l2": rel, "note": note or None}
     if not ok:
         return res, None
-    out = torch.empty_like(w.q)
+    if out is None:
+        out = torch.empty_like(w.q)
     fn = p.timed if p.timed is not None else (lambda: p.run(out))
     if defer:
         return res, fn
@@ -2082,6 +2088,7 @@ def _bench_fp8_point(pt: GridPoint, p: _FP8Point, chosen, device, ceil, common, 
     refs = _References(p.wd, check_tokens)
     rows = []
     timers: list[tuple[dict[str, Any], Callable[[], Any], float]] = []
+    out = torch.empty_like(q)  # every timed provider's output, as in _bench_workload
     for prov in chosen:
         row: dict[str, Any] = {**base, "provider": prov}
         try:
@@ -2091,7 +2098,6 @@ def _bench_fp8_point(pt: GridPoint, p: _FP8Point, chosen, device, ceil, common, 
             ok, rel, note = _check(prepared.run, p.wd, check_tokens, refs)
             row.update(ok=ok, rel_l2=rel, note=note or None)
             if ok:
-                out = torch.empty_like(q)
                 fn = prepared.timed if prepared.timed is not None else (
                     lambda run=prepared.run, o=out: run(o))  # fmt: skip
                 est = _one_call_ms(fn, device) if math.isfinite(slow_factor) else 0.0

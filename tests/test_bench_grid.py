@@ -188,6 +188,41 @@ def test_run_grid_failures_are_rows_and_lines(monkeypatch):
     assert "torch FAIL" in next(ln for ln in lines if ln.startswith("[1/1"))
 
 
+def test_run_grid_times_every_provider_into_one_buffer(monkeypatch):
+    """A point's timed calls of the package's providers all write one output buffer (none timed
+    on an allocation of its own), while each gate checks on outputs of its own."""
+    real_provider, real_check = bench._provider, bench._check
+    seen = {"timed": {}, "checked": {}}
+    gate = [False]
+
+    def watched(name, w, device, peers=None):
+        p = real_provider(name, w, device, peers)
+
+        def run(out):
+            kind = "checked" if gate[0] else "timed"
+            seen[kind].setdefault(name, set()).add(out.data_ptr())
+            return p.run(out)
+
+        return replace(p, run=run)
+
+    def checking(*a, **k):
+        gate[0] = True
+        try:
+            return real_check(*a, **k)
+        finally:
+            gate[0] = False
+
+    monkeypatch.setattr(bench, "_provider", watched)
+    monkeypatch.setattr(bench, "_check", checking)
+    rows = bench.run_grid(heads=[2], tokens=[5], device="cpu", ceilings=False, quick=True,
+                          providers=["triton", "default"], log=None, D=64)  # fmt: skip
+    assert len(rows) == 2 and all(r["ok"] and r["ms"] for r in rows)
+    timed, checked = seen["timed"], seen["checked"]
+    assert set(timed) == set(checked) == {"triton", "default"}
+    (shared,) = set().union(*timed.values())  # one buffer for every timed call
+    assert all(shared not in ptrs for ptrs in checked.values())
+
+
 def test_run_grid_time_limit_stops_before_the_next_point():
     lines: list[str] = []
     rows = bench.run_grid(heads=[2, 4], tokens=[4], device="cpu", ceilings=False,
