@@ -19,7 +19,9 @@
 #   fp8bench  sparse-mla bench --fp8 with room for its T = 1024 and 256 points (cut at b72baa6)
 #   nb05      notebook 05 at its full size (it outlasted a 200 s cap at dafac34)
 #   window    experiments/host_window.py (ran at b72baa6)
-#   grid      sparse-mla bench --grid with FlashMLA, at least 5 calls a round (ran at b72baa6)
+#   grid      sparse-mla bench --grid with FlashMLA, at least 5 calls a round (ran at b72baa6;
+#             again after 4784978: timed providers share one output buffer, PERF_NOTES "Timing
+#             in turns" predicts default / forced within 1.00 +- 0.01 at the heavy points)
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 OUT=${OUT:-/tmp/pending_gpu_checks}
