@@ -510,7 +510,8 @@ class Replay:
     """The direct launches one call made (:func:`recording`), as one function of the next
     call's tensors: ``replay(inputs, scratch)`` issues the same launches (same compiled
     kernels, grids, keyword dicts, scalar arguments, constant tensors) with each argument that
-    was ``inputs[i]`` (or ``scratch[j]``, a tensor the call allocated) taken from this call's.
+    was ``inputs[i]`` (or ``scratch[j]``, a tensor the call allocated) taken from this call's,
+    a tensor handed to the launcher as its address (:data:`_POINTER_INTS`).
 
     What makes that the launch the call itself would make is the caller's to guarantee (here:
     :mod:`sparse_mla.op`, which keys a replay on everything its kernels read but the tensors'
