@@ -187,16 +187,17 @@ def _issue(cache_ptr, nope_st, scl_st, tile, e, idx_ptr, pos0, hi, num_slots, bl
         ptrs = gl.max_contiguous(gl.multiple_of(base[:, None] + offs_w[None, :], [16, 16]), [1, 4])
         cp.async_copy_global_to_shared(nope_st.index(e * NCHUNK + ch), ptrs,
                                        mask=valid[:, None], cache_modifier=".cg")  # fmt: skip
-    # RoPE: 8 lanes x 16 bytes a row (ROPE_L), so a quarter-warp fills one 128-byte row of the
-    # tile's last swizzle atom: 8 distinct 16-byte units, conflict-free.
-    rrow = gl.convert_layout(row, gl.SliceLayout(1, S.ROPE_L))
-    rvalid = gl.convert_layout(valid, gl.SliceLayout(1, S.ROPE_L))
-    offs_r = gl.arange(0, 32, layout=gl.SliceLayout(0, S.ROPE_L))
-    rbase = (cache_ptr + rrow + K.NOPE).to(gl.pointer_type(gl.int32))
+    # RoPE: in the package's RoPE layout (K.ROPE, whose rows are K.ROWS, as above): 4 lanes x 16
+    # bytes a row, so a quarter-warp's 16-byte units in the tile's last swizzle atom collide
+    # 2-way (+64 wavefronts a tile). ROPE_L (8 lanes a row) would be conflict-free but needs
+    # the rows in another layout: a convert_layout through shared memory (two barriers) or the
+    # ids loaded again (+52 instructions a tile), each dearer than the conflict.
+    offs_r = gl.arange(0, 32, layout=gl.SliceLayout(0, K.ROPE))
+    rbase = (cache_ptr + row + K.NOPE).to(gl.pointer_type(gl.int32))
     rptrs = gl.max_contiguous(gl.multiple_of(rbase[:, None] + offs_r[None, :], [16, 16]), [1, 4])
     words = tile._reinterpret(gl.int32, [BLOCK_K, 256], K.WORDS)
     cp.async_copy_global_to_shared(words.slice(K.NOPE // 2, 32, dim=1), rptrs,
-                                   mask=rvalid[:, None], cache_modifier=".cg")  # fmt: skip
+                                   mask=valid[:, None], cache_modifier=".cg")  # fmt: skip
     sptrs = (cache_ptr + scl).to(gl.pointer_type(gl.int32))
     cp.async_copy_global_to_shared(scl_st.index(e * 2), sptrs, mask=valid)
     cp.async_copy_global_to_shared(scl_st.index(e * 2 + 1), sptrs + 1, mask=valid)
@@ -243,25 +244,51 @@ def _loader(q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_
 
 
 @gluon.jit
-def _qk_chunk(s, tile, q_tile, nope, sw, ch: gl.constexpr):
-    """NoPE chunk ``ch``: fp8 bytes from staging -> bf16 (scale byte ch % 4 of the rows' scale
-    word ``sw``) -> S^T += K_ch Q_ch^T with K_ch from registers (async) and the same values
-    into the V tile (physical order)."""
+def _qk_chunk(s, q_tile, nope, sw, ch: gl.constexpr):
+    """NoPE chunk ``ch``: fp8 bytes from staging -> bf16 y (scale byte ch % 4 of the rows' scale
+    word ``sw``) -> S^T += K_ch Q_ch^T with K_ch = y from registers (async); returns y too, for
+    the V tile (physical order)."""
     x = nope.load(LOAD_L)  # [64, 64] uint8
     e = (sw >> (8 * (ch % 4))) & 0xFF
     scale = (K._scale_bf16x2(e) & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
     y = _dequant4(x, scale[:, None])  # [64 slots, 64 dims] bf16
     a = gl.convert_layout(_k_order(y), DOT_K)
     b = q_tile.slice(ch * 64, 64, dim=1).permute((1, 0))  # [64 dims (logical), 16 heads]
-    s = warpgroup_mma(a, b, s, use_acc=ch > 0, is_async=True)
-    tile.slice(ch * 64, 64, dim=1).store(y)
-    return s
+    s = warpgroup_mma(a, b, s, is_async=True)
+    return s, y
+
+
+@gluon.jit
+def _cat2(y0, y1):
+    """[64, 64] x 2 -> [64, 128] (y0's columns first): a relabelling of registers."""
+    return gl.join(y0, y1).permute((0, 2, 1)).reshape([BLOCK_K, 128])
+
+
+@gluon.jit
+def _store_v(tile, y0, y1, y2, y3, y4, y5, y6, STORES: gl.constexpr):
+    """The NoPE chunks' bf16 values into the V tile: ``STORES`` = 7, a store a chunk; 3, chunks
+    0-3, 4-5 and 6 as one store each. The same STS.128s either way; the compiler's
+    shared-memory analysis puts a warpgroup barrier between two stores to one buffer (it does
+    not prove the column slices disjoint), so 3 stores mean 2 barriers a tile instead of 6."""
+    if STORES == 7:
+        tile.slice(0, 64, dim=1).store(y0)
+        tile.slice(64, 64, dim=1).store(y1)
+        tile.slice(128, 64, dim=1).store(y2)
+        tile.slice(192, 64, dim=1).store(y3)
+        tile.slice(256, 64, dim=1).store(y4)
+        tile.slice(320, 64, dim=1).store(y5)
+        tile.slice(384, 64, dim=1).store(y6)
+    else:
+        y03 = gl.join(_cat2(y0, y1), _cat2(y2, y3)).permute((0, 2, 1)).reshape([BLOCK_K, 256])
+        tile.slice(0, 256, dim=1).store(y03)
+        tile.slice(256, 128, dim=1).store(_cat2(y4, y5))
+        tile.slice(384, 64, dim=1).store(y6)
 
 
 @gluon.jit
 def _consumer(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stride_oh,
               num_heads, num_slots, nnz, qk_scale, num_items, q_smem, kv_smem, p_smem, nope_st,
-              scl_st, bars):  # fmt: skip
+              scl_st, bars, STORES: gl.constexpr):  # fmt: skip
     """hopper_ws_small._consumer at HEAD_GROUPS = 1 with S^T computed from the staged fp8 bytes
     (:func:`_qk_chunk`); the softmax, PV and epilogue are copied from it line for line (its
     body is one function, not pieces to import)."""
@@ -293,17 +320,20 @@ def _consumer(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stri
             sw0 = scl_st.index(e * 2).load(LOAD_ROWS)
             sw1 = scl_st.index(e * 2 + 1).load(LOAD_ROWS)
             s = gl.zeros([BLOCK_K, heads], gl.float32, layout=MMA_ST)
-            s = _qk_chunk(s, tile, q_tile, nope_st.index(e * NCHUNK + 0), sw0, 0)
-            s = _qk_chunk(s, tile, q_tile, nope_st.index(e * NCHUNK + 1), sw0, 1)
-            s = _qk_chunk(s, tile, q_tile, nope_st.index(e * NCHUNK + 2), sw0, 2)
-            s = _qk_chunk(s, tile, q_tile, nope_st.index(e * NCHUNK + 3), sw0, 3)
-            s = _qk_chunk(s, tile, q_tile, nope_st.index(e * NCHUNK + 4), sw1, 4)
-            s = _qk_chunk(s, tile, q_tile, nope_st.index(e * NCHUNK + 5), sw1, 5)
-            s = _qk_chunk(s, tile, q_tile, nope_st.index(e * NCHUNK + 6), sw1, 6)
-            # RoPE: A from the V tile, where the loader put it (not permuted, nor is Q's).
+            # RoPE first: A from the V tile, where the loader put it (not permuted, nor is
+            # Q's), read before the NoPE stores touch the tile (no barrier between them).
             rope = tile.slice(K.NOPE, 64, dim=1)
             s = warpgroup_mma(rope, q_tile.slice(K.NOPE, 64, dim=1).permute((1, 0)), s,
-                              is_async=True)  # fmt: skip
+                              use_acc=False, is_async=True)  # fmt: skip
+            # The A fragments stay in registers until the wait below (112 a lane).
+            s, y0 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 0), sw0, 0)
+            s, y1 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 1), sw0, 1)
+            s, y2 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 2), sw0, 2)
+            s, y3 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 3), sw0, 3)
+            s, y4 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 4), sw1, 4)
+            s, y5 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 5), sw1, 5)
+            s, y6 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 6), sw1, 6)
+            _store_v(tile, y0, y1, y2, y3, y4, y5, y6, STORES)
             s = warpgroup_mma_wait(0, deps=[s])
             if t + 1 == num_tiles:
                 _arrive(bars.index(Q_FREE))  # done with this item's Q
@@ -342,7 +372,7 @@ def _consumer(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stri
 def k_consumer(
     q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
     stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale, num_items,
-    block_size, block_shift, POW2: gl.constexpr = True,
+    block_size, block_shift, POW2: gl.constexpr = True, STORES: gl.constexpr = 3,
 ):  # fmt: skip
     """The kernel (CSR lists, H <= 16; fp8_stage.k_stage's arguments, so its launcher serves):
     consumer (default partition, 4 warps) and loader (4 warps). Persistent grid
@@ -358,6 +388,7 @@ def k_consumer(
         (_consumer, (
             cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stride_oh, num_heads,
             num_slots, nnz, qk_scale, num_items, q_smem, kv_smem, p_smem, nope_st, scl_st, bars,
+            STORES,
         )),
         (_loader, (
             q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block, num_heads,
@@ -370,12 +401,17 @@ def k_consumer(
     )  # fmt: skip
 
 
-def run(w, cache, out):
-    """Launch :func:`k_consumer` on workload ``w`` (bf16 q [T, H <= 16, 512]) and FP8 cache
-    ``cache``, writing ``out``."""
+def run(w, cache, out, stores=3):
+    """Launch :func:`k_consumer` (``STORES`` = ``stores``) on workload ``w`` (bf16 q
+    [T, H <= 16, 512]) and FP8 cache ``cache``, writing ``out``."""
     assert w.q.shape[1] <= BLOCK_H.value, "H <= 16 only (HEAD_GROUPS = 1)"
     bs = cache.block_size
-    return S._launch(k_consumer, w, cache, out, POW2=(bs & (bs - 1)) == 0)
+    return S._launch(k_consumer, w, cache, out, POW2=(bs & (bs - 1)) == 0, STORES=stores)
+
+
+# The variants checked and timed: the V tile's NoPE in 3 stores (2 compiler barriers a tile) or
+# 7 (6 barriers); the same kernel otherwise.
+VARIANTS = {"fp8_consumer": 3, "fp8_consumer_st7": 7}
 
 
 def main() -> int:
@@ -409,13 +445,16 @@ def main() -> int:
                 ptr[5] = ptr[4]  # token 4's list is empty (the tokens after it shift)
                 wc = dataclasses.replace(w, kv_indices=idx, kv_indptr=ptr)
             deq = F.dequantize(cache)
-            try:
-                good, rep = S._check("consumer", lambda o, w=wc, c=cache: run(w, c, o), wc, deq)
-            except Exception as exc:  # a launch or compile failure is a failed check, said so
-                good, rep = False, f"raised {type(exc).__name__}: {exc}"
-            ok_all &= good
-            print(f"check T={T} H={H} topk={topk} bs={bs} edge={edge} sink={sink}: "
-                  f"{'ok' if good else 'FAIL'} {rep}", flush=True)  # fmt: skip
+            for name, stores in VARIANTS.items():
+                try:
+                    good, rep = S._check(
+                        name, lambda o, w=wc, c=cache, n=stores: run(w, c, o, n), wc, deq
+                    )
+                except Exception as exc:  # a launch or compile failure is a failed check
+                    good, rep = False, f"raised {type(exc).__name__}: {exc}"
+                ok_all &= good
+                print(f"check {name} T={T} H={H} topk={topk} bs={bs} edge={edge} sink={sink}: "
+                      f"{'ok' if good else 'FAIL'} {rep}", flush=True)  # fmt: skip
     if not ok_all:
         print("checks: FAILED (no timing)")
         return 1
@@ -425,11 +464,13 @@ def main() -> int:
         w = W.dsv4_csa(T, H, topk=512, device="cuda", seed=1)
         cache = F.quantize(w.kv.reshape(w.kv.shape[0], -1), 64)
         deq = F.dequantize(cache)
-        good, rep = S._check("consumer", lambda o, w=w, c=cache: run(w, c, o), w, deq)
-        print(f"check (timed point) T={T} H={H}: {'ok' if good else 'FAIL'} {rep}", flush=True)
-        if not good:
-            print("checks: FAILED (no timing)")
-            return 1
+        for name, stores in VARIANTS.items():
+            good, rep = S._check(name, lambda o, w=w, c=cache, n=stores: run(w, c, o, n), w, deq)
+            print(f"check {name} (timed point) T={T} H={H}: {'ok' if good else 'FAIL'} {rep}",
+                  flush=True)  # fmt: skip
+            if not good:
+                print("checks: FAILED (no timing)")
+                return 1
         out = torch.empty_like(w.q)
         kw = {"attn_sink": w.attn_sink, "out": out}
         timed = {
@@ -440,8 +481,9 @@ def main() -> int:
             "bf16_gluon_ws_small": lambda w=w, d=deq, k=kw: sparse_mla_prefill(
                 w.q, d, w.kv_indices, w.kv_indptr, w.softmax_scale, **k
             ),
-            "fp8_consumer": lambda w=w, c=cache, o=out: run(w, c, o),
         }
+        for name, stores in VARIANTS.items():
+            timed[name] = lambda w=w, c=cache, o=out, n=stores: run(w, c, o, n)
         for rnd in range(2):  # two rounds: the spread between them is the noise
             for name, fn in timed.items():
                 fn()
@@ -463,7 +505,8 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--compile":
         # CPU: cross-compile for sm90 (registers, spills, shared memory).
-        for cx in ({"POW2": True}, {"POW2": False}):
+        for cx in ({"POW2": True, "STORES": 3}, {"POW2": False, "STORES": 3},
+                   {"POW2": True, "STORES": 7}):  # fmt: skip
             c, usage, sass = S.cross_compile(k_consumer, **cx)
             spills = f"STL {sass.count('STL')} LDL {sass.count('LDL')}"
             print("k_consumer", cx, " ".join(usage.split()[:4]), "dynamic shared",
