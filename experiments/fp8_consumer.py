@@ -145,6 +145,34 @@ def _dequant4(x, scale):
 
 
 @gluon.jit
+def _dequant4_1mul(x, factor):
+    """Ablation ``ONE_MUL``: :func:`_dequant4` with the two multiplies folded into one by
+    ``factor`` = 2^120 x scale = 2^(E - 7); the same bits while that is a bf16 (E <= 134, scales
+    up to 2^7, and E = 255), not for larger scales."""
+    return gl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 z, t0, t1;
+        mov.b32 z, 0;
+        prmt.b32 t0, $2, z, 0x9180;
+        prmt.b32 t1, $2, z, 0xB3A2;
+        shl.b32 t0, t0, 4;
+        shl.b32 t1, t1, 4;
+        and.b32 t0, t0, 0x87F087F0;
+        and.b32 t1, t1, 0x87F087F0;
+        mul.rn.bf16x2 $0, t0, $3;
+        mul.rn.bf16x2 $1, t1, $4;
+        }
+        """,
+        "=r,=r,r,r,r",
+        [x, factor],
+        dtype=gl.bfloat16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
 def _k_order(y):
     """[64, 64] physical dims p = 16 t + 4 kb + 2 h + e -> logical k' = 16 kb + 8 h + 2 t + e
     (a reshape and a permute: a relabelling of registers, no data movement)."""
@@ -244,14 +272,19 @@ def _loader(q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_
 
 
 @gluon.jit
-def _qk_chunk(s, q_tile, nope, sw, ch: gl.constexpr):
+def _qk_chunk(s, q_tile, nope, sw, ch: gl.constexpr, ONE_MUL: gl.constexpr):
     """NoPE chunk ``ch``: fp8 bytes from staging -> bf16 y (scale byte ch % 4 of the rows' scale
     word ``sw``) -> S^T += K_ch Q_ch^T with K_ch = y from registers (async); returns y too, for
     the V tile (physical order)."""
     x = nope.load(LOAD_L)  # [64, 64] uint8
     e = (sw >> (8 * (ch % 4))) & 0xFF
-    scale = (K._scale_bf16x2(e) & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    y = _dequant4(x, scale[:, None])  # [64 slots, 64 dims] bf16
+    if ONE_MUL:
+        bits = gl.where(e == 255, 0x7FC0, (e + 120) << 7)  # 2^(E - 7)
+        factor = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
+        y = _dequant4_1mul(x, factor[:, None])
+    else:
+        scale = (K._scale_bf16x2(e) & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+        y = _dequant4(x, scale[:, None])  # [64 slots, 64 dims] bf16
     a = gl.convert_layout(_k_order(y), DOT_K)
     b = q_tile.slice(ch * 64, 64, dim=1).permute((1, 0))  # [64 dims (logical), 16 heads]
     s = warpgroup_mma(a, b, s, is_async=True)
@@ -269,8 +302,11 @@ def _store_v(tile, y0, y1, y2, y3, y4, y5, y6, STORES: gl.constexpr):
     """The NoPE chunks' bf16 values into the V tile: ``STORES`` = 7, a store a chunk; 3, chunks
     0-3, 4-5 and 6 as one store each. The same STS.128s either way; the compiler's
     shared-memory analysis puts a warpgroup barrier between two stores to one buffer (it does
-    not prove the column slices disjoint), so 3 stores mean 2 barriers a tile instead of 6."""
-    if STORES == 7:
+    not prove the column slices disjoint), so 3 stores mean 2 barriers a tile instead of 6.
+    0 (ablation, timed only): none; PV then reads whatever the tile held."""
+    if STORES == 0:
+        pass  # ablation: no stores (PV reads stale NoPE; timed only, outputs wrong)
+    elif STORES == 7:
         tile.slice(0, 64, dim=1).store(y0)
         tile.slice(64, 64, dim=1).store(y1)
         tile.slice(128, 64, dim=1).store(y2)
@@ -288,7 +324,7 @@ def _store_v(tile, y0, y1, y2, y3, y4, y5, y6, STORES: gl.constexpr):
 @gluon.jit
 def _consumer(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stride_oh,
               num_heads, num_slots, nnz, qk_scale, num_items, q_smem, kv_smem, p_smem, nope_st,
-              scl_st, bars, STORES: gl.constexpr):  # fmt: skip
+              scl_st, bars, STORES: gl.constexpr, ONE_MUL: gl.constexpr):  # fmt: skip
     """hopper_ws_small._consumer at HEAD_GROUPS = 1 with S^T computed from the staged fp8 bytes
     (:func:`_qk_chunk`); the softmax, PV and epilogue are copied from it line for line (its
     body is one function, not pieces to import)."""
@@ -326,13 +362,13 @@ def _consumer(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stri
             s = warpgroup_mma(rope, q_tile.slice(K.NOPE, 64, dim=1).permute((1, 0)), s,
                               use_acc=False, is_async=True)  # fmt: skip
             # The A fragments stay in registers until the wait below (112 a lane).
-            s, y0 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 0), sw0, 0)
-            s, y1 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 1), sw0, 1)
-            s, y2 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 2), sw0, 2)
-            s, y3 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 3), sw0, 3)
-            s, y4 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 4), sw1, 4)
-            s, y5 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 5), sw1, 5)
-            s, y6 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 6), sw1, 6)
+            s, y0 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 0), sw0, 0, ONE_MUL)
+            s, y1 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 1), sw0, 1, ONE_MUL)
+            s, y2 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 2), sw0, 2, ONE_MUL)
+            s, y3 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 3), sw0, 3, ONE_MUL)
+            s, y4 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 4), sw1, 4, ONE_MUL)
+            s, y5 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 5), sw1, 5, ONE_MUL)
+            s, y6 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 6), sw1, 6, ONE_MUL)
             _store_v(tile, y0, y1, y2, y3, y4, y5, y6, STORES)
             s = warpgroup_mma_wait(0, deps=[s])
             if t + 1 == num_tiles:
@@ -373,6 +409,7 @@ def k_consumer(
     q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
     stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale, num_items,
     block_size, block_shift, POW2: gl.constexpr = True, STORES: gl.constexpr = 3,
+    ONE_MUL: gl.constexpr = False,
 ):  # fmt: skip
     """The kernel (CSR lists, H <= 16; fp8_stage.k_stage's arguments, so its launcher serves):
     consumer (default partition, 4 warps) and loader (4 warps). Persistent grid
@@ -388,7 +425,7 @@ def k_consumer(
         (_consumer, (
             cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stride_oh, num_heads,
             num_slots, nnz, qk_scale, num_items, q_smem, kv_smem, p_smem, nope_st, scl_st, bars,
-            STORES,
+            STORES, ONE_MUL,
         )),
         (_loader, (
             q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block, num_heads,
@@ -401,17 +438,25 @@ def k_consumer(
     )  # fmt: skip
 
 
-def run(w, cache, out, stores=3):
-    """Launch :func:`k_consumer` (``STORES`` = ``stores``) on workload ``w`` (bf16 q
+def run(w, cache, out, **constexprs):
+    """Launch :func:`k_consumer` (``constexprs``: STORES, ONE_MUL) on workload ``w`` (bf16 q
     [T, H <= 16, 512]) and FP8 cache ``cache``, writing ``out``."""
     assert w.q.shape[1] <= BLOCK_H.value, "H <= 16 only (HEAD_GROUPS = 1)"
     bs = cache.block_size
-    return S._launch(k_consumer, w, cache, out, POW2=(bs & (bs - 1)) == 0, STORES=stores)
+    return S._launch(k_consumer, w, cache, out, POW2=(bs & (bs - 1)) == 0, **constexprs)
 
 
-# The variants checked and timed: the V tile's NoPE in 3 stores (2 compiler barriers a tile) or
-# 7 (6 barriers); the same kernel otherwise.
-VARIANTS = {"fp8_consumer": 3, "fp8_consumer_st7": 7}
+# Checked and timed: the kernel (the V tile's NoPE in 3 stores), the same with 7 stores (6
+# compiler barriers a tile instead of 2), and with the one-multiply dequantization (exact for
+# scales up to 2^7, which the random checks' caches have: ~110 fewer instructions a tile).
+VARIANTS = {
+    "fp8_consumer": {},
+    "fp8_consumer_st7": {"STORES": 7},
+    "fp8_consumer_1mul": {"ONE_MUL": True},
+}
+# Timed only (outputs wrong): no V-tile stores, the kernel minus 56 KiB of shared-memory
+# stores and their instructions.
+ABLATIONS = {"fp8_consumer_nostore": {"STORES": 0}}
 
 
 def main() -> int:
@@ -445,10 +490,10 @@ def main() -> int:
                 ptr[5] = ptr[4]  # token 4's list is empty (the tokens after it shift)
                 wc = dataclasses.replace(w, kv_indices=idx, kv_indptr=ptr)
             deq = F.dequantize(cache)
-            for name, stores in VARIANTS.items():
+            for name, cx in VARIANTS.items():
                 try:
                     good, rep = S._check(
-                        name, lambda o, w=wc, c=cache, n=stores: run(w, c, o, n), wc, deq
+                        name, lambda o, w=wc, c=cache, cx=cx: run(w, c, o, **cx), wc, deq
                     )
                 except Exception as exc:  # a launch or compile failure is a failed check
                     good, rep = False, f"raised {type(exc).__name__}: {exc}"
@@ -464,8 +509,8 @@ def main() -> int:
         w = W.dsv4_csa(T, H, topk=512, device="cuda", seed=1)
         cache = F.quantize(w.kv.reshape(w.kv.shape[0], -1), 64)
         deq = F.dequantize(cache)
-        for name, stores in VARIANTS.items():
-            good, rep = S._check(name, lambda o, w=w, c=cache, n=stores: run(w, c, o, n), w, deq)
+        for name, cx in VARIANTS.items():
+            good, rep = S._check(name, lambda o, w=w, c=cache, cx=cx: run(w, c, o, **cx), w, deq)
             print(f"check {name} (timed point) T={T} H={H}: {'ok' if good else 'FAIL'} {rep}",
                   flush=True)  # fmt: skip
             if not good:
@@ -482,8 +527,8 @@ def main() -> int:
                 w.q, d, w.kv_indices, w.kv_indptr, w.softmax_scale, **k
             ),
         }
-        for name, stores in VARIANTS.items():
-            timed[name] = lambda w=w, c=cache, o=out, n=stores: run(w, c, o, n)
+        for name, cx in {**VARIANTS, **ABLATIONS}.items():
+            timed[name] = lambda w=w, c=cache, o=out, cx=cx: run(w, c, o, **cx)
         for rnd in range(2):  # two rounds: the spread between them is the noise
             for name, fn in timed.items():
                 fn()
@@ -502,14 +547,41 @@ def main() -> int:
     return 0
 
 
+def _tile_loops(sass):
+    """The innermost SASS loops (a back edge) that issue wgmmas (the consumer's tile loop) or
+    cp.asyncs (the loader's): (name, instructions a warp a tile, a count of the notable ones)."""
+    import re
+    from collections import Counter
+
+    ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for addr, text in ins:
+        m = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if not (m and int(m.group(1), 16) < addr):
+            continue
+        body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+        ops = Counter(t.split()[1 if t.startswith("@") else 0].split(".")[0] for t in body)
+        ops["LDS"] = sum("LDS" in t and "@!PT" not in t for t in body)  # not the padding
+        name = "consumer" if ops["HGMMA"] else "loader" if ops["LDGSTS"] else None
+        if name:
+            loops.append((len(body), name, ops))
+    out = []
+    for name in ("consumer", "loader"):
+        n, _, ops = min((x for x in loops if x[1] == name), default=(0, name, Counter()))
+        keys = ("HGMMA", "LDGSTS", "LDS", "STS", "BAR", "HMUL2", "PRMT", "LOP3", "IMAD")
+        out.append(f"{name} {n} a tile (" + ", ".join(f"{k} {ops[k]}" for k in keys) + ")")
+    return "; ".join(out)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--compile":
         # CPU: cross-compile for sm90 (registers, spills, shared memory).
-        for cx in ({"POW2": True, "STORES": 3}, {"POW2": False, "STORES": 3},
-                   {"POW2": True, "STORES": 7}):  # fmt: skip
+        for cx in ({"POW2": True}, {"POW2": False}, {"STORES": 7}, {"ONE_MUL": True},
+                   {"STORES": 0}):  # fmt: skip
             c, usage, sass = S.cross_compile(k_consumer, **cx)
             spills = f"STL {sass.count('STL')} LDL {sass.count('LDL')}"
             print("k_consumer", cx, " ".join(usage.split()[:4]), "dynamic shared",
                   c.metadata.shared, spills)  # fmt: skip
+            print("  SASS instructions a warp:", _tile_loops(sass))
         sys.exit(0)
     sys.exit(main())
