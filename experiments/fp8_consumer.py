@@ -23,7 +23,9 @@ registers, so the bf16 tile is read by one MMA only:
   S^T += K_chunk Q_chunk^T with K_chunk as wgmma's A operand **from registers**
   (``DotOperandLayout(0, MMA_ST, k_width=2)``), and stores the same bf16 values into the V tile
   (4 ``STS.128`` a lane, conflict-free in the 128-byte swizzle); the RoPE chunk's QK takes A
-  from the V tile. Softmax, sink, empty rows and O^T += V^T P^T are ``hopper_ws_small``'s.
+  from the V tile and is issued first (the loader's bytes are there on ``ready``), so the
+  stores come after every QK read of the tile. Softmax, sink, empty rows and
+  O^T += V^T P^T are ``hopper_ws_small``'s.
 
 The register A fragment of m64nNk16 (bf16) gives a lane, per 16-wide k step, the columns
 2t, 2t + 1, 2t + 8, 2t + 9 (t = lane % 4) of rows r and r + 8; over a 64-wide chunk that is 16
@@ -38,24 +40,44 @@ Q's NoPE columns are loaded permuted (Q's RoPE chunk, like K's, is not permuted)
 
 Shared-memory bytes a tile (H16): 28 KiB of fp8 + 8 KiB of RoPE in, 28 KiB of fp8 read, 56 KiB
 of bf16 written, 8 KiB (RoPE, QK's A) + 64 KiB (PV's A) read: 192 KiB, the bf16 kernel's own
-traffic (Q and P^T, read by both, aside). **Prediction** (T = 16384, CSA top-k 512 + window
-128): about the bf16 kernel's time, ~1.75 ms at H16 and H8 (package FP8 2.40), IF shared
-memory is the ceiling; if the consumer's serial chain is (the bf16 kernel's math-only
-ablation), slower than bf16 by the dequantization the consumer now issues itself (~110
-instructions a lane a tile and 14 LDS + 28 STS), i.e. between 1.75 and ~2.1 ms. Not measured yet.
+traffic (Q and P^T, read by both, aside), against 256 KiB for the package FP8 kernel.
+
+What the sm90 cross-compile says (``--compile``; SASS of the tile loops, a warp): no spills; the
+wgmmas take A from registers (``HGMMA.64x16x16.F32.BF16 R24, R96, gdesc``), all 8 QK groups in
+flight with one wait, so the 7 chunks' A fragments (112 registers a lane) live until it; the
+layout change to the dot operand is register moves only (no shuffles, no shared memory). But
+the consumer issues **1,264 instructions a tile** (the bf16 kernel's: 471): 14 LDS.128 + 28
+STS.128, 120 PRMT, 120 LOP3, 224 HMUL2 (two multiplies a value pair), ~220 IMAD (the shifts
+and ~90 register moves: STS.128 wants a row's 8 values in 4 consecutive registers, wgmma's A
+wants rows r and r + 8 interleaved). The compiler also puts a warpgroup barrier between two
+stores into one shared buffer (it does not prove column slices disjoint): ``STORES`` = 3 (the
+default: chunks 0-3, 4-5, 6) has 3 such barriers a tile, 7 stores have 7. Loader: 139.
+
+**Prediction** (T = 16384, CSA top-k 512 + window 128): IF shared memory is the ceiling, about
+the bf16 kernel's time, **~1.75 ms at H16 and H8** (package FP8 2.40, ``fp8_stage`` 2.28). If
+instead issue binds (PERF_NOTES' line through the bf16 and package kernels, ~0.62 ns a tile per
+instruction a sub-partition issues: 1,403 here against 599 for bf16), ~2.2-2.3 ms: no gain
+over ``fp8_stage``. Not measured yet. The ablations say which: ``ONE_MUL`` (the two multiplies
+folded into one, exact only for scales up to 2^7: 1,124 instructions) gains ~0.1 ms if issue
+binds and nothing if shared memory does; ``STORES`` = 0 (no V stores, outputs wrong) removes
+56 KiB of stores a tile and 143 instructions; 7 stores add 4 barriers.
 
 Shared memory: Q 16 KiB, P^T 2 KiB, two entries of [V tile 64 KiB | fp8 28 KiB | scales 512 B]:
-206,848 bytes before the compiler's scratch (a third entry does not fit in 227 KiB; the bf16
-kernel on a 2-tile ring measured as on 3, PERF_NOTES). H <= 16 only (HEAD_GROUPS = 1, N = 16),
-CSR int32 ids, any block size (``POW2`` False for a block size that is not a power of two), sink
+207,872 bytes, 212,036 with the compiler's scratch (a third entry does not fit in 227 KiB; the
+bf16 kernel on a 2-tile ring measured as on 3, PERF_NOTES). The RoPE's fill is 2-way
+bank-conflicted (K.ROPE's rows, 4 lanes a row: a conflict-free layout would need the rows'
+offsets converted through shared memory or computed twice). H <= 16 only (HEAD_GROUPS = 1,
+N = 16), CSR int32 ids, any block size (``POW2`` False for one that is not a power of two), sink
 optional.
 
-``python experiments/fp8_consumer.py --compile`` (CPU): cross-compiles the kernel for sm90 and
-prints registers, spills and shared memory. Without arguments, on the H200 (repository root,
-``PYTHONPATH=.``): checks against the package's fp32 reference over ``fp8.dequantize(cache)``
-(NaN-poisoned out, fresh random inputs, block sizes 64 and 2, absent ids, an empty list, sink
-on and off), then do_bench medians beside the package FP8 kernel and the bf16 default on the
-dequantized pool at T = 16384 H16 and H8.
+``python experiments/fp8_consumer.py --compile`` (CPU): cross-compiles the kernel and its
+ablations for sm90 and prints registers, spills, shared memory and each partition's SASS
+instructions a tile. Without arguments, on the H200 (repository root, ``PYTHONPATH=.``): checks
+the kernel, ``STORES`` = 7 and ``ONE_MUL`` against the package's fp32 reference over
+``fp8.dequantize(cache)`` (NaN-poisoned out, fresh random inputs, H 1/8/16, block sizes 64 and
+2, absent ids, an empty list, sink on and off, and at each timed point), then do_bench medians
+(two rounds) beside the package FP8 kernel (``gluon_ws_small_fp8``) and the bf16
+``gluon_ws_small`` on the dequantized pool at T = 16384 H16 and H8.
 """
 
 from __future__ import annotations
