@@ -481,26 +481,20 @@ VARIANTS = {
 ABLATIONS = {"fp8_consumer_nostore": {"STORES": 0}}
 
 
-def main() -> int:
-    import torch
-    import triton
-
+def _cases(device="cuda"):
+    """The checks' workloads: (label, workload, cache, dequantized pool). Fresh random inputs
+    (distinct seeds), H 1/8/16, block sizes 64 and 2, absent ids (-1, past the cache) with an
+    empty list, sink on and off."""
     from sparse_mla import fp8 as F
-    from sparse_mla import sparse_mla_prefill
     from sparse_mla import workloads as W
-    from sparse_mla.gluon.launch_fp8 import FP8SmallConfig
 
-    torch.manual_seed(0)
-    ok_all = True
-    # Checks: fresh random workloads (distinct seeds), block sizes 64 and 2, absent ids (-1, past
-    # the cache) with an empty list, sink on and off, H 1/8/16; NaN-poisoned out each time.
     cases = [  # (T, H, topk, seed, edge, sink)
         (37, 16, 100, 11, False, True), (300, 8, 700, 12, False, False),
         (64, 1, 64, 13, False, True), (45, 16, 80, 14, True, True),
         (45, 16, 80, 15, True, False), (2048, 16, 512, 16, False, True),
     ]  # fmt: skip
     for T, H, topk, seed, edge, sink in cases:
-        w = W.dsv4_csa(T, H, topk=topk, device="cuda", seed=seed, sink=sink)
+        w = W.dsv4_csa(T, H, topk=topk, device=device, seed=seed, sink=sink)
         for bs in (64, 2):
             cache = F.quantize(w.kv.reshape(w.kv.shape[0], -1), bs)
             wc = w
@@ -511,62 +505,78 @@ def main() -> int:
                 ptr = w.kv_indptr.clone()
                 ptr[5] = ptr[4]  # token 4's list is empty (the tokens after it shift)
                 wc = dataclasses.replace(w, kv_indices=idx, kv_indptr=ptr)
-            deq = F.dequantize(cache)
-            for name, cx in VARIANTS.items():
-                try:
-                    good, rep = S._check(
-                        name, lambda o, w=wc, c=cache, cx=cx: run(w, c, o, **cx), wc, deq
-                    )
-                except Exception as exc:  # a launch or compile failure is a failed check
-                    good, rep = False, f"raised {type(exc).__name__}: {exc}"
-                ok_all &= good
-                print(f"check {name} T={T} H={H} topk={topk} bs={bs} edge={edge} sink={sink}: "
-                      f"{'ok' if good else 'FAIL'} {rep}", flush=True)  # fmt: skip
-    if not ok_all:
-        print("checks: FAILED (no timing)")
-        return 1
-    rows = []
+            label = f"T={T} H={H} topk={topk} bs={bs} edge={edge} sink={sink}"
+            yield label, wc, cache, F.dequantize(cache)
+
+
+def _check_variant(name, cx, w, cache, deq, label):
+    """One check with NaN-poisoned out; a raised error (compile, launch) counts as a failure."""
+    try:
+        good, rep = S._check(name, lambda o: run(w, cache, o, **cx), w, deq)
+    except Exception as exc:
+        good, rep = False, f"raised {type(exc).__name__}: {exc}"
+    print(f"check {name} {label}: {'ok' if good else 'FAIL'} {rep}", flush=True)
+    return good
+
+
+def main(names) -> int:
+    """The package FP8 and bf16 kernels timed at the timed points, then each variant in
+    ``names`` in turn: its checks, then its times. A variant that fails a check is not timed;
+    one that faults the GPU ends the run (run the others by name: ``python
+    experiments/fp8_consumer.py NAME ...``). Ablations are timed only."""
+    import torch
+    import triton
+
+    from sparse_mla import fp8 as F
+    from sparse_mla import sparse_mla_prefill
+    from sparse_mla import workloads as W
+    from sparse_mla.gluon.launch_fp8 import FP8SmallConfig
+
+    torch.manual_seed(0)
     cfg = FP8SmallConfig()  # the package's default FP8 launch
-    for T, H in [(16384, 16), (16384, 8)]:
+    points = []
+    for T, H in [(16384, 16), (16384, 8)]:  # CSA top-k 512 + window 128
         w = W.dsv4_csa(T, H, topk=512, device="cuda", seed=1)
         cache = F.quantize(w.kv.reshape(w.kv.shape[0], -1), 64)
-        deq = F.dequantize(cache)
-        for name, cx in VARIANTS.items():
-            good, rep = S._check(name, lambda o, w=w, c=cache, cx=cx: run(w, c, o, **cx), w, deq)
-            print(f"check {name} (timed point) T={T} H={H}: {'ok' if good else 'FAIL'} {rep}",
-                  flush=True)  # fmt: skip
-            if not good:
-                print("checks: FAILED (no timing)")
-                return 1
-        out = torch.empty_like(w.q)
-        kw = {"attn_sink": w.attn_sink, "out": out}
-        timed = {
-            "gluon_ws_small_fp8": lambda w=w, c=cache, k=kw: sparse_mla_prefill(
-                w.q, c, w.kv_indices, w.kv_indptr, w.softmax_scale, config=cfg, **k
-            ),
-            # config=None on the dequantized bf16 pool: gluon_ws_small at H <= 16.
-            "bf16_gluon_ws_small": lambda w=w, d=deq, k=kw: sparse_mla_prefill(
-                w.q, d, w.kv_indices, w.kv_indptr, w.softmax_scale, **k
-            ),
-        }
-        for name, cx in {**VARIANTS, **ABLATIONS}.items():
-            timed[name] = lambda w=w, c=cache, o=out, cx=cx: run(w, c, o, **cx)
+        points.append((T, H, w, cache, F.dequantize(cache), torch.empty_like(w.q)))
+    rows, failed = [], []
+
+    def time_it(name, fn, T, H):
         for rnd in range(2):  # two rounds: the spread between them is the noise
-            for name, fn in timed.items():
-                fn()
-                torch.cuda.synchronize()
-                ms = triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
-                rows.append((T, H, name, ms))
-                print(f"time T={T} H={H} {name} round{rnd}: {ms:.4f} ms", flush=True)
-    print(
-        f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}"
-    )
+            fn()
+            torch.cuda.synchronize()
+            ms = triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+            rows.append((T, H, name, ms))
+            print(f"time T={T} H={H} {name} round{rnd}: {ms:.4f} ms", flush=True)
+
+    for T, H, w, cache, deq, out in points:  # the package's kernels, once
+        kw = {"attn_sink": w.attn_sink, "out": out}
+        args = (w.q, cache, w.kv_indices, w.kv_indptr, w.softmax_scale)
+        time_it("gluon_ws_small_fp8", lambda a=args, k=kw: sparse_mla_prefill(*a, config=cfg, **k),
+                T, H)  # fmt: skip
+        # config=None on the dequantized bf16 pool: gluon_ws_small at H <= 16.
+        args = (w.q, deq, w.kv_indices, w.kv_indptr, w.softmax_scale)
+        time_it("bf16_gluon_ws_small", lambda a=args, k=kw: sparse_mla_prefill(*a, **k), T, H)
+    for name in names:
+        cx = {**VARIANTS, **ABLATIONS}[name]
+        if name in VARIANTS:
+            good = all([_check_variant(name, cx, *c[1:], c[0]) for c in _cases()])
+            for T, H, w, cache, deq, _ in points:
+                good &= _check_variant(name, cx, w, cache, deq, f"(timed point) T={T} H={H}")
+            if not good:
+                failed.append(name)
+                print(f"{name}: a check FAILED, not timed", flush=True)
+                continue
+        for T, H, w, cache, _, out in points:
+            time_it(name, lambda w=w, c=cache, o=out, cx=cx: run(w, c, o, **cx), T, H)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+          f"{triton.__version__}")  # fmt: skip
     print("| T | H | kernel | ms (round 0 / 1) |\n| --- | --- | --- | --- |")
     for key in dict.fromkeys((t, h, n) for t, h, n, _ in rows):
         ms = [m for t, h, n, m in rows if (t, h, n) == key]
         print(f"| {key[0]} | {key[1]} | {key[2]} | {' / '.join(f'{m:.3f}' for m in ms)} |")
-    print("checks: ALL OK (timings above)")
-    return 0
+    print("checks:", f"FAILED: {', '.join(failed)}" if failed else "ALL OK")
+    return 1 if failed else 0
 
 
 def _tile_loops(sass):
@@ -606,4 +616,5 @@ if __name__ == "__main__":
                   c.metadata.shared, spills)  # fmt: skip
             print("  SASS instructions a warp:", _tile_loops(sass))
         sys.exit(0)
-    sys.exit(main())
+    # GPU: the variants named (default: all, the kernel first).
+    sys.exit(main(sys.argv[1:] or [*VARIANTS, *ABLATIONS]))
