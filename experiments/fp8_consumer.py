@@ -60,7 +60,14 @@ instruction a sub-partition issues: 1,403 here against 599 for bf16), ~2.2-2.3 m
 over ``fp8_stage``. Not measured yet. The ablations say which: ``ONE_MUL`` (the two multiplies
 folded into one, exact only for scales up to 2^7: 1,124 instructions) gains ~0.1 ms if issue
 binds and nothing if shared memory does; ``STORES`` = 0 (no V stores, outputs wrong) removes
-56 KiB of stores a tile and 143 instructions; 7 stores add 4 barriers.
+56 KiB of stores a tile and 143 instructions; 7 stores add 4 barriers. ``PIPE`` is the step
+if the consumer's chain binds: tile t - 1's PV (32 wgmmas, one group) is issued before tile t's
+loads and dequantization and waited (``wgmma.wait_group 8``; ptxas emits ``DEPBAR.LE gsb0,
+0x7``, also retiring the RoPE group) before tile t's softmax, so it runs under the ~1,000
+dequantization instructions instead of after them; no value is in flight across a branch or
+the loop's back edge (the package's ``pipe`` variant failed that way, PERF_NOTES): tile 0 is
+peeled into an ``if`` that waits its own S^T, and the last PV is issued and waited after the
+loop. Cross-compiled: no spills, O^T's 64 registers untouched between issue and wait.
 
 Shared memory: Q 16 KiB, P^T 2 KiB, two entries of [V tile 64 KiB | fp8 28 KiB | scales 512 B]:
 207,872 bytes, 212,036 with the compiler's scratch (a third entry does not fit in 227 KiB; the
@@ -426,12 +433,141 @@ def _consumer(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stri
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
 
+@gluon.jit
+def _qk_tile(idx_ptr, lo, hi, num_slots, n, t, q_smem, kv_smem, nope_st, scl_st, bars,
+             STORES: gl.constexpr, ONE_MUL: gl.constexpr):  # fmt: skip
+    """(``PIPE``) The program's tile ``n`` (the item's ``t``): wait for it, issue its S^T
+    (8 wgmma groups, in flight on return) and store its V tile, as :func:`_consumer` does;
+    returns S^T (in flight) and the slots' validity."""
+    e = n % RING
+    z = _opaque_zero(t)  # keeps the wgmma descriptors inside the loop
+    tile = kv_smem.index(e + z)
+    q_tile = q_smem.index(z)
+    offs = lo + t * BLOCK_K + gl.arange(0, BLOCK_K, layout=ROW_ST)
+    in_list = offs < hi
+    slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
+    valid = in_list & (slot >= 0) & (slot < num_slots)
+    mbarrier.wait(bars.index(READY + e), (n // RING) & 1)
+    fence_async_shared()  # cp.async writes (RoPE, Q) before wgmma reads (async proxy)
+    sw0 = scl_st.index(e * 2).load(LOAD_ROWS)
+    sw1 = scl_st.index(e * 2 + 1).load(LOAD_ROWS)
+    s = gl.zeros([BLOCK_K, BLOCK_H], gl.float32, layout=MMA_ST)
+    rope = tile.slice(K.NOPE, 64, dim=1)
+    s = warpgroup_mma(rope, q_tile.slice(K.NOPE, 64, dim=1).permute((1, 0)), s, use_acc=False,
+                      is_async=True)  # fmt: skip
+    s, y0 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 0), sw0, 0, ONE_MUL)
+    s, y1 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 1), sw0, 1, ONE_MUL)
+    s, y2 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 2), sw0, 2, ONE_MUL)
+    s, y3 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 3), sw0, 3, ONE_MUL)
+    s, y4 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 4), sw1, 4, ONE_MUL)
+    s, y5 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 5), sw1, 5, ONE_MUL)
+    s, y6 = _qk_chunk(s, q_tile, nope_st.index(e * NCHUNK + 6), sw1, 6, ONE_MUL)
+    _store_v(tile, y0, y1, y2, y3, y4, y5, y6, STORES)
+    return s, valid
+
+
+@gluon.jit
+def _softmax_p(s, valid, m_i, l2, acc, qk_scale, p_tile):
+    """(``PIPE``) hopper_ws_small._consumer's softmax step (copied): S^T -> P^T into
+    ``p_tile``, the running max, the denominators and O^T rescaled; then the fence and barrier
+    that let wgmma read P^T and the V tile."""
+    s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # [slots, heads]
+    m_new = gl.maximum(m_i, gl.max(s, 0))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[None, :])
+    l2 = l2 * alpha[None, :] + p
+    acc = acc * alpha[None, :]
+    p_tile.store(p.to(gl.bfloat16))
+    fence_async_shared()  # also orders the V tile's stores before PV's wgmma reads
+    gl.thread_barrier()  # every warp's part of P^T and V is in before the wgmma reads it
+    return m_new, l2, acc
+
+
+@gluon.jit
+def _consumer_pipe(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stride_oh,
+                   num_heads, num_slots, nnz, qk_scale, num_items, q_smem, kv_smem, p_smem,
+                   nope_st, scl_st, bars, STORES: gl.constexpr, ONE_MUL: gl.constexpr):  # fmt: skip
+    """``PIPE``: :func:`_consumer` with tile t - 1's PV issued before tile t's loads and
+    dequantization, so the tensor cores run it while the consumer issues them; waited (the
+    oldest of 9 groups) before tile t's softmax. Nothing is in flight across a branch or the
+    loop's back edge: tile 0 is peeled off (its S^T waited inside its ``if``) and the last PV
+    issued and waited after the loop. Registers: O^T (64) in flight beside the A fragments."""
+    heads: gl.constexpr = BLOCK_H
+    g = 0
+    it = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        pid_r, pid_h, lo, hi, num_tiles = K._csr_range(item, indptr_ptr, nnz, num_heads, heads)
+        m_i = gl.full([heads], M_INIT, gl.float32, layout=COL_ST)
+        l2 = gl.zeros([BLOCK_K, heads], gl.float32, layout=MMA_ST)
+        acc = gl.zeros([HEAD_DIM, heads], gl.float32, layout=MMA_ST)  # O^T
+        mbarrier.wait(bars.index(Q_READY), it & 1)
+        if num_tiles == 0:
+            _arrive(bars.index(Q_FREE))
+        if num_tiles > 0:
+            s, valid = _qk_tile(idx_ptr, lo, hi, num_slots, g, 0, q_smem, kv_smem, nope_st,
+                                scl_st, bars, STORES, ONE_MUL)  # fmt: skip
+            s = warpgroup_mma_wait(0, deps=[s])
+            if num_tiles == 1:
+                _arrive(bars.index(Q_FREE))  # done with this item's Q
+            m_i, l2, acc = _softmax_p(s, valid, m_i, l2, acc, qk_scale, p_smem.index(0))
+        for t in range(1, num_tiles):
+            z = _opaque_zero(t)
+            prev = (g + t - 1) % RING
+            # PV of tile t - 1 (its P^T and V are in): one group, the oldest of the next 9.
+            acc = warpgroup_mma(kv_smem.index(prev + z).permute((1, 0)), p_smem.index(z), acc,
+                                is_async=True)  # fmt: skip
+            s, valid = _qk_tile(idx_ptr, lo, hi, num_slots, g + t, t, q_smem, kv_smem, nope_st,
+                                scl_st, bars, STORES, ONE_MUL)  # fmt: skip
+            acc = warpgroup_mma_wait(8, deps=[acc])  # the PV; S^T's 8 groups may still run
+            _arrive(bars.index(FREE + prev))
+            s = warpgroup_mma_wait(0, deps=[s])
+            if t + 1 == num_tiles:
+                _arrive(bars.index(Q_FREE))  # done with this item's Q
+            m_i, l2, acc = _softmax_p(s, valid, m_i, l2, acc, qk_scale, p_smem.index(z))
+        if num_tiles > 0:
+            z = _opaque_zero(num_tiles)
+            last = (g + num_tiles - 1) % RING
+            acc = warpgroup_mma(kv_smem.index(last + z).permute((1, 0)), p_smem.index(z), acc,
+                                is_async=True)  # fmt: skip
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            _arrive(bars.index(FREE + last))
+        g += num_tiles
+
+        # Copied from hopper_ws_small._consumer (the epilogue).
+        l_i = gl.sum(l2, 0)
+        offs_h = pid_h * heads + gl.arange(0, heads, layout=COL_ST)
+        sink = gl.load(sink_ptr + offs_h, mask=offs_h < num_heads, other=float("-inf")) * LOG2E
+        den = l_i + gl.exp2(sink - m_i)
+        inv = gl.where(l_i > 0.0, 1.0 / den, 0.0)  # a head with no valid slot gets zeros
+        o = gl.convert_layout((acc * inv[None, :]).to(gl.bfloat16), STORE)  # [512, heads]
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, STORE))
+        offs_ho = pid_h * heads + gl.arange(0, heads, layout=gl.SliceLayout(0, STORE))
+        o_ptrs = out_ptr + pid_r * stride_or + offs_ho[None, :] * stride_oh + offs_d[:, None]
+        gl.store(o_ptrs, o, mask=(offs_ho < num_heads)[None, :])
+        it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
+
+
+@gluon.jit
+def _consumer_any(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stride_oh,
+                  num_heads, num_slots, nnz, qk_scale, num_items, q_smem, kv_smem, p_smem,
+                  nope_st, scl_st, bars, STORES: gl.constexpr, ONE_MUL: gl.constexpr,
+                  PIPE: gl.constexpr):  # fmt: skip
+    if PIPE:
+        _consumer_pipe(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stride_oh,
+                       num_heads, num_slots, nnz, qk_scale, num_items, q_smem, kv_smem, p_smem,
+                       nope_st, scl_st, bars, STORES, ONE_MUL)  # fmt: skip
+    else:
+        _consumer(cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stride_oh,
+                  num_heads, num_slots, nnz, qk_scale, num_items, q_smem, kv_smem, p_smem,
+                  nope_st, scl_st, bars, STORES, ONE_MUL)  # fmt: skip
+
+
 @gluon.jit(do_not_specialize=["nnz"])
 def k_consumer(
     q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
     stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale, num_items,
     block_size, block_shift, POW2: gl.constexpr = True, STORES: gl.constexpr = 3,
-    ONE_MUL: gl.constexpr = False,
+    ONE_MUL: gl.constexpr = False, PIPE: gl.constexpr = False,
 ):  # fmt: skip
     """The kernel (CSR lists, H <= 16; fp8_stage.k_stage's arguments, so its launcher serves):
     consumer (default partition, 4 warps) and loader (4 warps). Persistent grid
@@ -444,10 +580,10 @@ def k_consumer(
     nope_w = nope_st._reinterpret(gl.int32, [RING * NCHUNK, BLOCK_K, 16], BYTES)  # the loader's
     gl.warp_specialize(
         [
-        (_consumer, (
+        (_consumer_any, (
             cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_or, stride_oh, num_heads,
             num_slots, nnz, qk_scale, num_items, q_smem, kv_smem, p_smem, nope_st, scl_st, bars,
-            STORES, ONE_MUL,
+            STORES, ONE_MUL, PIPE,
         )),
         (_loader, (
             q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block, num_heads,
@@ -469,12 +605,15 @@ def run(w, cache, out, **constexprs):
 
 
 # Checked and timed: the kernel (the V tile's NoPE in 3 stores), the same with 7 stores (6
-# compiler barriers a tile instead of 2), and with the one-multiply dequantization (exact for
-# scales up to 2^7, which the random checks' caches have: ~110 fewer instructions a tile).
+# compiler barriers a tile instead of 2), with the one-multiply dequantization (exact for
+# scales up to 2^7, which the random checks' caches have: ~140 fewer instructions a tile), and
+# pipelined (PIPE).
 VARIANTS = {
     "fp8_consumer": {},
     "fp8_consumer_st7": {"STORES": 7},
     "fp8_consumer_1mul": {"ONE_MUL": True},
+    # Tile t - 1's PV issued before tile t's dequantization (overlapped with it).
+    "fp8_consumer_pipe": {"PIPE": True},
 }
 # Timed only (outputs wrong): no V-tile stores, the kernel minus 56 KiB of shared-memory
 # stores and their instructions.
@@ -609,7 +748,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--compile":
         # CPU: cross-compile for sm90 (registers, spills, shared memory).
         for cx in ({"POW2": True}, {"POW2": False}, {"STORES": 7}, {"ONE_MUL": True},
-                   {"STORES": 0}):  # fmt: skip
+                   {"STORES": 0}, {"PIPE": True}):  # fmt: skip
             c, usage, sass = S.cross_compile(k_consumer, **cx)
             spills = f"STL {sass.count('STL')} LDL {sass.count('LDL')}"
             print("k_consumer", cx, " ".join(usage.split()[:4]), "dynamic shared",
