@@ -78,13 +78,16 @@ N = 16), CSR int32 ids, any block size (``POW2`` False for one that is not a pow
 optional.
 
 ``python experiments/fp8_consumer.py --compile`` (CPU): cross-compiles the kernel and its
-ablations for sm90 and prints registers, spills, shared memory and each partition's SASS
-instructions a tile. Without arguments, on the H200 (repository root, ``PYTHONPATH=.``): checks
-the kernel, ``STORES`` = 7 and ``ONE_MUL`` against the package's fp32 reference over
-``fp8.dequantize(cache)`` (NaN-poisoned out, fresh random inputs, H 1/8/16, block sizes 64 and
-2, absent ids, an empty list, sink on and off, and at each timed point), then do_bench medians
-(two rounds) beside the package FP8 kernel (``gluon_ws_small_fp8``) and the bf16
-``gluon_ws_small`` on the dequantized pool at T = 16384 H16 and H8.
+variants for sm90 and prints registers (REG is the launch's 255; setmaxnreg gives the loader 64
+and the consumer 256), spills, shared memory and each partition's SASS instructions a tile
+(``PIPE``: consumer 1,309). Without arguments, on the H200 (repository root,
+``PYTHONPATH=.``): times the package FP8 kernel (``gluon_ws_small_fp8``) and the bf16
+``gluon_ws_small`` on the dequantized pool at T = 16384 H16 and H8, then for each variant (the
+kernel, ``STORES`` = 7, ``ONE_MUL``, ``PIPE``; or those named on the command line) checks it
+against the package's fp32 reference over ``fp8.dequantize(cache)`` (NaN-poisoned out, fresh
+random inputs, H 1/8/16, block sizes 64 and 2, absent ids, an empty list, sink on and off, and
+at each timed point) and, if it passes, times it (do_bench medians, two rounds); ``STORES`` = 0
+is timed only.
 """
 
 from __future__ import annotations
