@@ -83,11 +83,11 @@ and the consumer 256), spills, shared memory and each partition's SASS instructi
 (``PIPE``: consumer 1,309). Without arguments, on the H200 (repository root,
 ``PYTHONPATH=.``): times the package FP8 kernel (``gluon_ws_small_fp8``) and the bf16
 ``gluon_ws_small`` on the dequantized pool at T = 16384 H16 and H8, then for each variant (the
-kernel, ``STORES`` = 7, ``ONE_MUL``, ``PIPE``; or those named on the command line) checks it
-against the package's fp32 reference over ``fp8.dequantize(cache)`` (NaN-poisoned out, fresh
-random inputs, H 1/8/16, block sizes 64 and 2, absent ids, an empty list, sink on and off, and
-at each timed point) and, if it passes, times it (do_bench medians, two rounds); ``STORES`` = 0
-is timed only.
+kernel, ``STORES`` = 7, ``ONE_MUL``, ``PIPE``, ``PIPE`` with ``ONE_MUL``; or those named on
+the command line) checks it against the package's fp32 reference over ``fp8.dequantize(cache)``
+(NaN-poisoned out, fresh random inputs, H 1/8/16, block sizes 64 and 2, absent ids, an empty
+list, sink on and off, and at each timed point) and, if it passes, times it (do_bench medians,
+two rounds); ``STORES`` = 0 is timed only.
 """
 
 from __future__ import annotations
@@ -617,6 +617,7 @@ VARIANTS = {
     "fp8_consumer_1mul": {"ONE_MUL": True},
     # Tile t - 1's PV issued before tile t's dequantization (overlapped with it).
     "fp8_consumer_pipe": {"PIPE": True},
+    "fp8_consumer_pipe_1mul": {"PIPE": True, "ONE_MUL": True},
 }
 # Timed only (outputs wrong): no V-tile stores, the kernel minus 56 KiB of shared-memory
 # stores and their instructions.
@@ -751,7 +752,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--compile":
         # CPU: cross-compile for sm90 (registers, spills, shared memory).
         for cx in ({"POW2": True}, {"POW2": False}, {"STORES": 7}, {"ONE_MUL": True},
-                   {"STORES": 0}, {"PIPE": True}):  # fmt: skip
+                   {"STORES": 0}, {"PIPE": True}, {"PIPE": True, "ONE_MUL": True}):  # fmt: skip
             c, usage, sass = S.cross_compile(k_consumer, **cx)
             spills = f"STL {sass.count('STL')} LDL {sass.count('LDL')}"
             print("k_consumer", cx, " ".join(usage.split()[:4]), "dynamic shared",
