@@ -86,7 +86,7 @@ and the consumer 256), spills, shared memory and each partition's SASS instructi
 kernel, ``STORES`` = 7, ``ONE_MUL``, ``PIPE``, ``PIPE`` with ``ONE_MUL``; or those named on
 the command line) checks it against the package's fp32 reference over ``fp8.dequantize(cache)``
 (NaN-poisoned out, fresh random inputs, H 1/8/16, block sizes 64 and 2, absent ids, an empty
-list, sink on and off, and at each timed point) and, if it passes, times it (do_bench medians,
+list, sink on and off, and at the H16 timed point) and, if it passes, times it (do_bench medians,
 two rounds); ``STORES`` = 0 is timed only.
 """
 
@@ -704,7 +704,7 @@ def main(names) -> int:
         cx = {**VARIANTS, **ABLATIONS}[name]
         if name in VARIANTS:
             good = all([_check_variant(name, cx, *c[1:], c[0]) for c in _cases()])
-            for T, H, w, cache, deq, _ in points:
+            for T, H, w, cache, deq, _ in points[:1]:  # the H16 one (the fp32 reference is slow)
                 good &= _check_variant(name, cx, w, cache, deq, f"(timed point) T={T} H={H}")
             if not good:
                 failed.append(name)
