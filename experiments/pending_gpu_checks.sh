@@ -18,6 +18,8 @@
 #             at H16 T=2048 (experiments/h28fp8s_gpu_check.sh STEP=ncu)
 #   fp8bench  sparse-mla bench --fp8 with room for its T = 1024 and 256 points (cut at b72baa6)
 #   nb05      notebook 05 at its full size (it outlasted a 200 s cap at dafac34)
+#   (and, in a command of its own, experiments/h29fp8c_gpu_check.sh: the FP8 kernel whose
+#   consumer dequantizes K itself, experiments/fp8_consumer.py, up to 570 s)
 #   window    experiments/host_window.py (ran at b72baa6)
 #   grid      sparse-mla bench --grid with FlashMLA, at least 5 calls a round (ran at b72baa6;
 #             again after 4784978: timed providers share one output buffer, PERF_NOTES "Timing
