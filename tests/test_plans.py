@@ -24,34 +24,43 @@ from sparse_mla.standin import sm90_driver
 DENSE = ["triton", "gluon_ws", "gluon_ws_small", "gluon_mma", "gluon_wgmma"]
 
 
-@pytest.fixture
-def standin(monkeypatch):
-    """Every dense kernel compiled for sm90 here, launched on a driver whose C launch records
-    its arguments (returned list); the plans, launchers and TMA maps are the test's own."""
-    from sparse_mla.gluon import algorithm, hopper_prefill, hopper_ws, hopper_ws_small
+def standin_setup(monkeypatch, kernels, names) -> list:
+    """The stand-in sm90 world of the plan tests: Triton's driver a :func:`sm90_driver` that
+    records each C launch (the returned list), ``kernels`` (jit functions) compiled anew, the
+    launchers, TMA maps and plans the test's own, replays passing tensors (as the full path
+    does, so launches compare argument by argument; their addresses as ints, the default, are
+    ``test_replay_passes_addresses``'s), the sm90 dispatch on CPU tensors, and the registered
+    kernels ``names`` let take CPU tensors."""
     from sparse_mla.gluon import launch as gluon_launch
 
     calls: list = []
     monkeypatch.setattr(fastlaunch.driver, "_active", sm90_driver(calls))
-    kernels = (prefill._sparse_mla_prefill_kernel, algorithm._mla_fwd_kernel,
-               algorithm._mla_reduce_kernel, hopper_prefill._prefill_wgmma_kernel,
-               hopper_ws._prefill_ws_kernel, hopper_ws_small._prefill_ws_small_kernel)  # fmt: skip
     for jit_fn in kernels:
         monkeypatch.setattr(jit_fn, "device_caches", defaultdict(jit_fn.create_binder))
     monkeypatch.setattr(fastlaunch, "_LAUNCHERS", {})
     monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
     monkeypatch.setattr(op, "_PLANS", {})
-    # replays pass tensors, as the full path does, so launches compare argument by argument;
-    # their addresses as ints (the default) are test_replay_passes_addresses's
     monkeypatch.setattr(fastlaunch, "_POINTER_INTS", [False])
     monkeypatch.setattr(runtime, "runs_interpreted", lambda t: False)
     monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
     monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
     monkeypatch.setattr(prefill, "_arch_of", lambda q: "sm90")
-    for name in DENSE[1:]:
+    for name in names:
         k = dispatch.KERNELS[name]
         monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
     return calls
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """Every dense kernel compiled for sm90 here, launched on a driver whose C launch records
+    its arguments (returned list); the plans, launchers and TMA maps are the test's own."""
+    from sparse_mla.gluon import algorithm, hopper_prefill, hopper_ws, hopper_ws_small
+
+    kernels = (prefill._sparse_mla_prefill_kernel, algorithm._mla_fwd_kernel,
+               algorithm._mla_reduce_kernel, hopper_prefill._prefill_wgmma_kernel,
+               hopper_ws._prefill_ws_kernel, hopper_ws_small._prefill_ws_small_kernel)  # fmt: skip
+    return standin_setup(monkeypatch, kernels, DENSE[1:])
 
 
 def _fresh(case, seed):

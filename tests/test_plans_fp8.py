@@ -8,19 +8,19 @@ reference) is at the end."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import replace
-
 import pytest
 import torch
 import triton
 from test_fp8_prefill import make_fp8_case
-from test_plans import assert_replay_passes_addresses, assert_root_and_clear_take_the_full_path
+from test_plans import (
+    assert_replay_passes_addresses,
+    assert_root_and_clear_take_the_full_path,
+    standin_setup,
+)
 
 from sparse_mla import FP8Cache, dispatch, fastlaunch, fp8_prefill, op, prefill, runtime
 from sparse_mla import fp8 as F
 from sparse_mla.reference import check_against_reference
-from sparse_mla.standin import sm90_driver
 
 FP8 = ["triton_fp8", "gluon_ws_small_fp8", "gluon_ws_fp8"]
 
@@ -30,28 +30,14 @@ def standin(monkeypatch):
     """The FP8 kernels compiled for sm90 here, launched on a driver whose C launch records its
     arguments (returned list); the plans and launchers are the test's own."""
     from sparse_mla.gluon import hopper_fp8, hopper_ws_fp8
-    from sparse_mla.gluon import launch as gluon_launch
 
-    calls: list = []
-    monkeypatch.setattr(fastlaunch.driver, "_active", sm90_driver(calls))
-    for jit_fn in (fp8_prefill._sparse_mla_prefill_fp8_kernel,
-                   hopper_fp8._prefill_ws_small_fp8_kernel,
-                   hopper_ws_fp8._prefill_ws_fp8_kernel):  # fmt: skip
-        monkeypatch.setattr(jit_fn, "device_caches", defaultdict(jit_fn.create_binder))
-    monkeypatch.setattr(fastlaunch, "_LAUNCHERS", {})
-    monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
-    monkeypatch.setattr(op, "_PLANS", {})
-    # replays pass tensors, as the full path does, so launches compare argument by argument;
-    # their addresses as ints (the default) are test_replay_passes_addresses's
-    monkeypatch.setattr(fastlaunch, "_POINTER_INTS", [False])
-    monkeypatch.setattr(runtime, "runs_interpreted", lambda t: False)
-    monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
-    monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
-    monkeypatch.setattr(prefill, "_arch_of", lambda q: "sm90")
-    for name in ("gluon_ws_small_fp8", "gluon_ws_fp8"):  # refuse CPU tensors: allowed here
-        k = dispatch.KERNELS[name]
-        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
-    return calls
+    kernels = (
+        fp8_prefill._sparse_mla_prefill_fp8_kernel,
+        hopper_fp8._prefill_ws_small_fp8_kernel,
+        hopper_ws_fp8._prefill_ws_fp8_kernel,
+    )
+    # the two sm90 kernels refuse CPU tensors: allowed here
+    return standin_setup(monkeypatch, kernels, ("gluon_ws_small_fp8", "gluon_ws_fp8"))
 
 
 def _comparable(call, inputs):
