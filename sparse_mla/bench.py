@@ -1823,7 +1823,7 @@ FP8_SLOW_FACTOR = 10.0  # a provider whose one call takes more than this x the f
 BF16_SLOT_BYTES = 1024  # a slot's bf16 row: 512 x 2 bytes
 FP8_SLOT_BYTES = 584  # a slot in the MODEL1 cache: 576 bytes of [NoPE | RoPE] + 8 scale bytes
 # The peers of an FP8 run besides the package's FP8 kernels (fp8_provider_names()).
-FP8_PEERS = ("flashmla_fp8ws", "bf16_default_dequant")
+FP8_PEERS = ("flashmla_fp8ws", "flashmla_fp8decode", "bf16_default_dequant")
 
 
 def gather_dequantize(cache, slots: torch.Tensor, *, out: torch.Tensor | None = None):
@@ -2035,10 +2035,65 @@ def _flashmla_fp8ws(p: _FP8Point, device: torch.device, mod) -> Prepared:
     return Prepared(f"{name}_fp8ws", call, cfg, timed)
 
 
+def _flashmla_fp8decode(p: _FP8Point, device: torch.device, mod) -> Prepared:
+    """Peer (b), what vLLM runs with few heads per rank: FlashMLA's sparse FP8 *decode* kernel
+    (MODEL1 cache, ``csrc/sm90/decode/sparse_fp8``) over the prefill tokens, each token a
+    decode query of its own (``q`` [T, 1, heads, 512], ``indices`` [T, 1, topk] slot ids, -1
+    padded, ``topk_length`` [T]), heads zero-padded to 64/128 as :func:`_flashmla`; the cache
+    read as it is (``[num_blocks, block_size, 1, 584]`` bytes, its blocks' padded stride).
+
+    FlashMLA's call (``flash_mla_with_kvcache`` with ``is_fp8_kvcache=True``, its scheduling
+    metadata from ``get_mla_metadata``): the metadata is filled by the first call (the check)
+    and reused by the timed ones, as an engine makes it once a step for all its layers; a timed
+    call is the decode kernel and its split combine."""
+    from . import fp8
+
+    why = _flashmla_unavailable(device)
+    if why:
+        raise Unavailable(why)
+    if not (hasattr(mod, "flash_mla_with_kvcache") and hasattr(mod, "get_mla_metadata")):
+        raise Unavailable("this FlashMLA build has no sparse decode (flash_mla_with_kvcache)")
+    q, _, idx, indptr, scale = p.w.args()
+    T, H, D = q.shape
+    if q.dtype != torch.bfloat16 or D != fp8.HEAD_DIM:
+        raise Unavailable(f"needs bf16 and head_dim 512, got {q.dtype} and {D}")
+    heads, name = flashmla_heads(H)
+    cache = p.cache
+    dense, topk_length = _dense_topk(idx, indptr, cache.num_slots, 128)
+    if dense.shape[1] == 0:
+        raise Unavailable("no slot list to decode")
+    qp, sink = _pad_heads(q, p.w.attn_sink, heads)
+    q4 = qp.reshape(T, 1, heads, D)
+    indices = dense[:, None, :].contiguous()
+    tb = fp8.TOKEN_BYTES
+    k_cache = cache.as_bytes().as_strided(
+        (cache.num_blocks, cache.block_size, 1, tb), (cache.block_stride, tb, tb, 1)
+    )
+    meta = mod.get_mla_metadata()[0]
+
+    def timed():
+        return mod.flash_mla_with_kvcache(q4, k_cache, None, None, D, meta, None, scale, False,
+                                          True, indices, sink, topk_length=topk_length)  # fmt: skip
+
+    def call(out):
+        res = timed()
+        res = res[0] if isinstance(res, (tuple, list)) else res
+        out.copy_(res[:, 0, :H])
+        return out
+
+    cfg = {"heads": heads, "topk": indices.shape[-1], "topk_length": True,
+           "queries": "each token a decode query: q [T, 1, heads, 512]",
+           "kv": "the FP8 cache (MODEL1), read by the kernel", "slot_bytes": FP8_SLOT_BYTES,
+           "module": getattr(mod, "__file__", None) or mod.__name__}  # fmt: skip
+    return Prepared(f"{name}_fp8decode", call, cfg, timed)
+
+
 def _fp8_provider(name: str, p: _FP8Point, device: torch.device, peers: Peers) -> Prepared:
     """Set up one provider of an FP8 run; :class:`Unavailable` when it cannot run here."""
     if name == "flashmla_fp8ws":
         return _flashmla_fp8ws(p, device, peers.flash_mla())
+    if name == "flashmla_fp8decode":
+        return _flashmla_fp8decode(p, device, peers.flash_mla())
     if name == "bf16_default_dequant":
         return _bf16_default_dequant(p, device)
     if name == "fp8_default" or (name.startswith("fp8_") and name[4:] in fp8_kernels()):
@@ -2106,7 +2161,7 @@ def _bench_fp8_point(pt: GridPoint, p: _FP8Point, chosen, device, ceil, common, 
             once(prov, f"skipped ({e})")
             continue
         except Exception as e:  # one provider's failure must not end the run
-            if prov == "flashmla_fp8ws":
+            if prov in ("flashmla_fp8ws", "flashmla_fp8decode"):  # a peer's failure: no row
                 once(prov, f"skipped, it raised ({type(e).__name__}: {e})")
                 continue
             row.update(ok=False, note=f"{type(e).__name__}: {e}"[:500])
@@ -2199,11 +2254,11 @@ def run_fp8(
     - ``bf16_default_dequant``, peer (c): the package's bf16 ``config=None`` on the
       dequantized pool (the dequantization not timed).
 
-    Peer (b), FlashMLA's sparse FP8 *decode* kernel (``csrc/sm90/decode/sparse_fp8``, run over
-    the prefill tokens as vLLM does with few heads per rank), is not here: the peers' stand-in
-    build (``../shared/peers/flash_mla``) compiles only the sm90 sparse prefill instantiations
-    and its binding; the decode kernel needs FlashMLA's decode binding, its tile-scheduler
-    metadata and its own instantiations, which that build does not have.
+    - ``flashmla_fp8decode`` (rows ``flashmla_pad64_fp8decode``, ...), peer (b): FlashMLA's
+      sparse FP8 *decode* kernel (``csrc/sm90/decode/sparse_fp8``) over the prefill tokens, one
+      decode query a token, as vLLM runs it with few heads per rank
+      (:func:`_flashmla_fp8decode`); unavailable with a FlashMLA build that has no sparse
+      decode (``flash_mla_with_kvcache``; the peers' stand-in gained one in the ninth session).
 
     Columns: ``gather_tbs`` is the rows' bytes each provider's kernel gathers per second:
     nnz x 584 (:data:`FP8_SLOT_BYTES`: 576 bytes of [NoPE | RoPE] + 8 scale bytes) for the FP8
@@ -2261,8 +2316,8 @@ def run_fp8(
         f"block_size {block_size}, {timing} per provider and point, run "
         f"{run.common['timestamp']}")  # fmt: skip
     say("    flashmla_fp8ws (peer a): gather-dequant of the referenced rows + FlashMLA bf16, "
-        "timed together; peer (b), FlashMLA's sparse FP8 decode kernel, is not built by the "
-        "peers' stand-in (sm90 sparse prefill only)")  # fmt: skip
+        "timed together; flashmla_fp8decode (peer b): FlashMLA's sparse FP8 decode kernel over "
+        "the prefill tokens, one decode query a token")  # fmt: skip
     if isinstance(ceilings, Ceilings):
         ceil = ceilings
     else:

@@ -238,6 +238,33 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
     p = torch.softmax(logits, dim=-1).nan_to_num(0.0)
     out = torch.einsum("thk,tkd->thd", p, rows)
     return out.to(q.dtype), logits.amax(-1), torch.logsumexp(logits, -1)
+
+
+def get_mla_metadata(*args, **kwargs):
+    return {"filled": False}, None
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           tile_scheduler_metadata, num_splits=None, softmax_scale=None,
+                           causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None,
+                           extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                           extra_topk_length=None):
+    # FlashMLA's sparse FP8 decode (MODEL1) in torch: the cache's rows dequantized, then the
+    # same attention as the prefill above, one decode query a batch entry
+    from sparse_mla import fp8
+
+    b, s_q, H, D = q.shape
+    assert is_fp8_kvcache and not causal and s_q == 1 and H in (64, 128) and head_dim_v == D
+    assert block_table is None and cache_seqlens is None and num_splits is None
+    assert k_cache.dim() == 4 and k_cache.shape[2:] == (1, 584) and k_cache.stride(1) == 584
+    assert indices.shape[:2] == (b, s_q) and indices.dtype == torch.int32
+    assert topk_length is None or topk_length.shape == (b,)
+    calls.append({"H": H, "decode": True, "meta_filled": tile_scheduler_metadata["filled"]})
+    tile_scheduler_metadata["filled"] = True
+    rows = fp8.dequantize(fp8.FP8Cache(k_cache, k_cache.shape[1]))
+    out, _, lse = flash_mla_sparse_fwd(q[:, 0], rows[:, None, :], indices, softmax_scale, D,
+                                       attn_sink, topk_length)
+    return out[:, None], lse[:, None]
 """
 
 
@@ -522,7 +549,8 @@ def test_fp8_points_and_providers():
     names = bench.fp8_provider_names()
     fp8_kernels = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "fp8_model1"]
     assert fp8_kernels and set(names) == {"fp8_default", *(f"fp8_{k}" for k in fp8_kernels),
-                                          "flashmla_fp8ws", "bf16_default_dequant"}  # fmt: skip
+                                          "flashmla_fp8ws", "flashmla_fp8decode",
+                                          "bf16_default_dequant"}  # fmt: skip
     assert names[0] == "fp8_default" and names[-1] == "fp8_triton_fp8"  # the slow one last
     with pytest.raises(ValueError, match="unknown"):
         bench.run_fp8(providers=["triton"], device="cpu", ceilings=False, log=None)
@@ -547,10 +575,16 @@ def test_fp8_bench_cpu_rows_fill_the_schema(fake_flash_mla, monkeypatch, tmp_pat
     assert (
         [r["provider"] for r in got]
         == [r["provider"] for r in rows]
-        == ["fp8_default", "flashmla_pad64_fp8ws", "bf16_default_dequant", "fp8_triton_fp8"]
+        == [
+            "fp8_default",
+            "flashmla_pad64_fp8ws",
+            "flashmla_pad64_fp8decode",
+            "bf16_default_dequant",
+            "fp8_triton_fp8",
+        ]
     )
     log = "\n".join(said)
-    assert "fp8_gluon_ws_small_fp8: skipped" in log and "peer (b)" in log
+    assert "fp8_gluon_ws_small_fp8: skipped" in log and "flashmla_fp8decode (peer b)" in log
     nnz = sum((p + 1) // 4 + (p + 1) for p in range(8))
     flops = 4 * nnz * 8 * 512
     floor = max(flops / 500e12, nnz * 584 / 8e12) * 1e3  # the FP8 bytes at the 4 MiB rate
@@ -574,6 +608,12 @@ def test_fp8_bench_cpu_rows_fill_the_schema(fake_flash_mla, monkeypatch, tmp_pat
     ws = by["flashmla_pad64_fp8ws"]["config"]
     assert ws["heads"] == 64 and ws["topk"] == 128 and ws["workspace_rows"] == 10
     assert flash_mla.calls and {c["H"] for c in flash_mla.calls} == {64}
+    dec = by["flashmla_pad64_fp8decode"]["config"]
+    assert dec["heads"] == 64 and dec["topk"] == 128 and dec["slot_bytes"] == 584
+    # peer (b): FlashMLA's scheduling metadata filled by the first call, reused by the rest
+    decode = [c for c in flash_mla.calls if c.get("decode")]
+    assert len(decode) >= 2 and not decode[0]["meta_filled"]
+    assert all(c["meta_filled"] for c in decode[1:])
     # the cache's bytes: the 192 pool rows at T=8 in 3 blocks of 64 slots, padded to 576 bytes
     assert {r["pool_bytes"] for r in got} == {3 * fp8.block_bytes(64)} == {3 * 37440}
 

@@ -149,3 +149,27 @@ def test_a_cpu_run_draws(tmp_path):
     assert pt["providers"]["fp8_default"]["slot_bytes"] == 584
     fig = fb.fp8_figure(rows, T=8)
     assert sorted(set(_bars(fig.axes[0]))) == [584, 1024]
+
+
+def test_peer_b_rows_are_read_and_ratioed(tmp_path):
+    # A run with peer (b) (FlashMLA's sparse FP8 decode over the prefill tokens): its rows are
+    # FP8 rows, drawn under one label, and fp8_default's ratio to it is in the table and lines.
+    rows = [
+        _row(NEW, "fp8_default", 8, 1.0, kernel="gluon_ws_small_fp8"),
+        _row(NEW, "flashmla_pad64_fp8ws", 8, 2.0, slot=1024, workspace_rows=WS),
+        _row(NEW, "flashmla_pad64_fp8decode", 8, 4.0),
+        _row(NEW, "bf16_default_dequant", 8, 1.5, slot=1024, kernel="gluon_ws_small"),
+    ]
+    path = tmp_path / "fp8.csv"
+    bench.append_rows(path, rows)
+    got = bench.read_rows(path)
+    assert all(fb.is_fp8_row(r) for r in got)
+    (pt,) = fb.fp8_table(got)
+    assert pt["peer_b"] == "flashmla_pad64_fp8decode" and pt["peer_b_ms"] == 4.0
+    assert pt["vs_peer_b"] == pytest.approx(0.25) and pt["vs_peer_a"] == pytest.approx(0.5)
+    (line,) = fb.fp8_summary(got)
+    assert "0.25x flashmla_pad64_fp8decode" in line and "0.50x flashmla_pad64_fp8ws" in line
+    assert isinstance(fb.fp8_figure(got), Figure)
+    # a run without peer (b) says nothing of it
+    (old,) = fb.fp8_summary([r for r in got if not r["provider"].endswith("_fp8decode")])
+    assert "fp8decode" not in old and "peer (b)" not in old

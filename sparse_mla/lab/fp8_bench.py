@@ -4,10 +4,11 @@ TB/s, bf16 vs FP8, per head count, from the rows of ``sparse-mla bench --fp8``.
 A run of :func:`sparse_mla.bench.run_fp8` (committed as ``data/bench/nvidia-h200_fp8.csv``) has,
 per point, ``fp8_default`` (config=None on the cache; its config names the kernel),
 ``fp8_<kernel>`` for each FP8 kernel, peer (a) ``flashmla*_fp8ws`` (gather-dequant into a bf16
-workspace + FlashMLA, timed together) and peer (c) ``bf16_default_dequant`` (the package's bf16
-default on the dequantized pool). Every row's config has ``slot_bytes``: the bytes its kernel
-gathers per valid (token, slot) pair (584 from the FP8 cache, 1024 from bf16 rows);
-``gather_tbs`` is nnz x slot_bytes / ms.
+workspace + FlashMLA, timed together), peer (b) ``flashmla*_fp8decode`` (FlashMLA's sparse FP8
+decode kernel over the prefill tokens; in runs since the ninth session) and peer (c)
+``bf16_default_dequant`` (the package's bf16 default on the dequantized pool). Every row's
+config has ``slot_bytes``: the bytes its kernel gathers per valid (token, slot) pair (584 from
+the FP8 cache, 1024 from bf16 rows); ``gather_tbs`` is nnz x slot_bytes / ms.
 
 - :func:`fp8_table`: one dict per point of a run, with each provider's time, TB/s, bytes per
   slot (peer (a)'s including its workspace's write and read, spread over the slots), and
@@ -41,11 +42,23 @@ GOAL_T = 16384  # issue 25's goals are stated at this T
 
 
 def is_fp8_row(row: Mapping[str, Any]) -> bool:
-    """A workload row of an FP8 run: ``fp8_*``, ``bf16_default_dequant`` or ``*_fp8ws``."""
+    """A workload row of an FP8 run: ``fp8_*``, ``bf16_default_dequant``, ``*_fp8ws`` or
+    ``*_fp8decode``."""
     p = row.get("provider") or ""
     return bool(row.get("workload")) and (
-        p.startswith("fp8_") or p == "bf16_default_dequant" or p.endswith("_fp8ws")
+        p.startswith("fp8_") or p == "bf16_default_dequant" or p.endswith(_PEERS)
     )
+
+
+_PEERS = ("_fp8ws", "_fp8decode")  # peers (a) and (b), whatever their head padding
+
+
+def _peer_label(name: str) -> str:
+    """A provider's series label: a peer under one label whatever its padding."""
+    for suffix in _PEERS:
+        if name.endswith(suffix):
+            return f"flashmla*{suffix}"
+    return name
 
 
 def fp8_run(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> str | None:
@@ -122,12 +135,16 @@ def fp8_table(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> list
         provs = pt["providers"]
         d = provs.get("fp8_default", {})
         peer_a = next((n for n in provs if n.endswith("_fp8ws")), None)
+        peer_b = next((n for n in provs if n.endswith("_fp8decode")), None)
         pt["default_kernel"] = d.get("kernel")
         pt["default_ms"] = d.get("ms")
         pt["peer_a"] = peer_a
         pt["peer_a_ms"] = provs[peer_a]["ms"] if peer_a else None
+        pt["peer_b"] = peer_b
+        pt["peer_b_ms"] = provs[peer_b]["ms"] if peer_b else None
         pt["bf16_ms"] = provs.get("bf16_default_dequant", {}).get("ms")
-        for key, other in (("vs_peer_a", pt["peer_a_ms"]), ("vs_bf16", pt["bf16_ms"])):
+        for key, other in (("vs_peer_a", pt["peer_a_ms"]), ("vs_peer_b", pt["peer_b_ms"]),
+                           ("vs_bf16", pt["bf16_ms"])):  # fmt: skip
             pt[key] = pt["default_ms"] / other if pt["default_ms"] and other else None
         pt["goals"] = goals(pt["H"], pt["T"])
         pt["meets"] = {k: (pt[k] is not None and pt[k] <= g) for k, g in pt["goals"].items()}
@@ -141,7 +158,7 @@ def _series(table: Sequence[Mapping[str, Any]]) -> list[str]:
     names: list[str] = []
     for pt in table:
         for n in pt["providers"]:
-            label = "flashmla*_fp8ws" if n.endswith("_fp8ws") else n
+            label = _peer_label(n)
             if label not in names:
                 names.append(label)
 
@@ -150,7 +167,7 @@ def _series(table: Sequence[Mapping[str, Any]]) -> list[str]:
             return (0, n)
         if n.startswith("fp8_"):
             return (1, n)
-        return (2 if n.endswith("_fp8ws") else 3, n)
+        return (2 if n.startswith("flashmla*") else 3, n)
 
     return sorted(names, key=rank)
 
@@ -158,11 +175,13 @@ def _series(table: Sequence[Mapping[str, Any]]) -> list[str]:
 def _get(pt: Mapping[str, Any], label: str) -> Mapping[str, Any] | None:
     if label == "flashmla*_fp8ws":
         return pt["providers"].get(pt["peer_a"]) if pt["peer_a"] else None
+    if label == "flashmla*_fp8decode":
+        return pt["providers"].get(pt["peer_b"]) if pt["peer_b"] else None
     return pt["providers"].get(label)
 
 
 _COLORS = {"fp8_default": "#d62728", "flashmla*_fp8ws": "#1f77b4",
-           "bf16_default_dequant": "#7f7f7f"}  # fmt: skip
+           "flashmla*_fp8decode": "#17becf", "bf16_default_dequant": "#7f7f7f"}  # fmt: skip
 _OTHER = ("#ff9896", "#ffbb78", "#e377c2", "#bcbd22")
 
 
@@ -275,8 +294,10 @@ def fp8_summary(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> li
             continue
         text = f"fp8_default {d['ms']:.4g} ms ({d['kernel']}"
         text += f", {d['gather_tbs']:.2f} TB/s of FP8 rows)" if d["gather_tbs"] else ")"
-        for key, name in (("vs_peer_a", pt["peer_a"] or "peer (a)"),
-                          ("vs_bf16", "bf16_default_dequant")):  # fmt: skip
+        peers = [("vs_peer_a", pt["peer_a"] or "peer (a)")]
+        if pt["peer_b"]:  # runs before the ninth session have no peer (b)
+            peers.append(("vs_peer_b", pt["peer_b"]))
+        for key, name in (*peers, ("vs_bf16", "bf16_default_dequant")):
             if pt[key] is None:
                 text += f"; no {name} time"
                 continue
