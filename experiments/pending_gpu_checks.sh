@@ -16,7 +16,9 @@
 #   smem      the shared-memory ceiling hypothesis of PERF_NOTES ("Shared-memory accounting"):
 #             Nsight Compute's memory sections of gluon_ws_small_fp8 and the bf16 gluon_ws_small
 #             at H16 T=2048 (experiments/h28fp8s_gpu_check.sh STEP=ncu)
-#   fp8bench  sparse-mla bench --fp8 with room for its T = 1024 and 256 points (cut at b72baa6)
+#   fp8bench  sparse-mla bench --fp8 with room for its T = 1024 and 256 points (cut at b72baa6),
+#             and peer (b)'s first run (flashmla*_fp8decode: the stand-in's decode binding is
+#             built on first use, into $FLASHMLA_BUILD_DIR_decode; check its log line)
 #   nb05      notebook 05 at its full size (it outlasted a 200 s cap at dafac34)
 #   (and, in a command of its own, experiments/h29fp8c_gpu_check.sh: the FP8 kernel whose
 #   consumer dequantizes K itself, experiments/fp8_consumer.py, up to 570 s)
