@@ -1734,22 +1734,20 @@ def _bench_workload(name, w, chosen, device, ceil, common, check_tokens, quick, 
     return rows
 
 
-def _check_and_time(p: Prepared, w, device, check_tokens: int, quick: bool, *, refs=None,
-                    budget_ms=None, host=False, defer=False,
-                    out=None) -> tuple[dict[str, Any], Callable[[], Any] | None]:  # fmt: skip
+def _check_and_time(p: Prepared, w, device, check_tokens: int, quick: bool, *, out, refs=None,
+                    budget_ms=None, host=False,
+                    defer=False) -> tuple[dict[str, Any], Callable[[], Any] | None]:  # fmt: skip
     """ok / rel_l2 / note from the gate, and ms when it passed (and host_us with ``host``).
 
     With ``defer`` nothing is timed here: a call that passed comes back as the second item (a
     zero-argument callable writing ``out``), for the caller to time with the point's other
     providers (:func:`time_interleaved`) and to measure its host time; else that item is None.
-    ``out``: the buffer the timed calls write (shaped as ``w.q``; None: one of its own). The
-    gate checks on outputs of its own (NaN-poisoned), never on this one."""
+    ``out``: the buffer the timed calls write (shaped as ``w.q``, shared by a point's
+    providers). The gate checks on outputs of its own (NaN-poisoned), never on this one."""
     ok, rel, note = _check(p.run, w, check_tokens, refs)
     res: dict[str, Any] = {"ok": ok, "rel_l2": rel, "note": note or None}
     if not ok:
         return res, None
-    if out is None:
-        out = torch.empty_like(w.q)
     fn = p.timed if p.timed is not None else (lambda: p.run(out))
     if defer:
         return res, fn
@@ -1984,6 +1982,26 @@ def _bf16_default_dequant(p: _FP8Point, device: torch.device) -> Prepared:
     return Prepared("bf16_default_dequant", prepared.run, cfg)
 
 
+def _flashmla_fp8_setup(p: _FP8Point, device: torch.device, lacking: str | None = None):
+    """What both FlashMLA peers of an FP8 run need: (q, scale, heads FlashMLA runs, row name,
+    the slot ids as a [T, topk] int32 matrix -1 padded to a multiple of 128, the lists'
+    lengths); :class:`Unavailable` where FlashMLA cannot run on ``device``, then with the
+    caller's ``lacking`` (what its FlashMLA build lacks, if anything), then where the call is
+    not bf16 at head_dim 512."""
+    from . import fp8
+
+    why = _flashmla_unavailable(device) or lacking
+    if why:
+        raise Unavailable(why)
+    q, _, idx, indptr, scale = p.w.args()
+    D = q.shape[2]
+    if q.dtype != torch.bfloat16 or D != fp8.HEAD_DIM:
+        raise Unavailable(f"needs bf16 and head_dim 512, got {q.dtype} and {D}")
+    heads, name = flashmla_heads(q.shape[1])
+    dense, topk_length = _dense_topk(idx, indptr, p.cache.num_slots, 128)
+    return q, scale, heads, name, dense, topk_length
+
+
 def _flashmla_fp8ws(p: _FP8Point, device: torch.device, mod) -> Prepared:
     """Peer (a), what vLLM does with an FP8 cache: gather and dequantize the referenced rows
     into a bf16 workspace (:func:`gather_dequantize`), then FlashMLA's bf16 sparse prefill on
@@ -1993,18 +2011,9 @@ def _flashmla_fp8ws(p: _FP8Point, device: torch.device, mod) -> Prepared:
     remapped to workspace rows ([T, 1, topk] int32, -1 padded, topk a multiple of 128), the
     padded q and sink. An engine gets the first from its block tables; vLLM remaps the ids in
     a small kernel of its own each call, which is not timed here (in the peer's favour)."""
-    from . import fp8
-
-    why = _flashmla_unavailable(device)
-    if why:
-        raise Unavailable(why)
-    q, _, idx, indptr, scale = p.w.args()
+    q, scale, heads, name, dense, topk_length = _flashmla_fp8_setup(p, device)
     H, D = q.shape[1:]
-    if q.dtype != torch.bfloat16 or D != fp8.HEAD_DIM:
-        raise Unavailable(f"needs bf16 and head_dim 512, got {q.dtype} and {D}")
-    heads, name = flashmla_heads(H)
     cache = p.cache
-    dense, topk_length = _dense_topk(idx, indptr, cache.num_slots, 128)
     ws_slots = torch.unique(dense[dense >= 0])  # sorted
     U = ws_slots.numel()
     if U == 0:
@@ -2048,18 +2057,12 @@ def _flashmla_fp8decode(p: _FP8Point, device: torch.device, mod) -> Prepared:
     call is the decode kernel and its split combine."""
     from . import fp8
 
-    why = _flashmla_unavailable(device)
-    if why:
-        raise Unavailable(why)
-    if not (hasattr(mod, "flash_mla_with_kvcache") and hasattr(mod, "get_mla_metadata")):
-        raise Unavailable("this FlashMLA build has no sparse decode (flash_mla_with_kvcache)")
-    q, _, idx, indptr, scale = p.w.args()
+    has_decode = hasattr(mod, "flash_mla_with_kvcache") and hasattr(mod, "get_mla_metadata")
+    q, scale, heads, name, dense, topk_length = _flashmla_fp8_setup(
+        p, device, None if has_decode else "this FlashMLA build has no sparse decode "
+        "(flash_mla_with_kvcache)")  # fmt: skip
     T, H, D = q.shape
-    if q.dtype != torch.bfloat16 or D != fp8.HEAD_DIM:
-        raise Unavailable(f"needs bf16 and head_dim 512, got {q.dtype} and {D}")
-    heads, name = flashmla_heads(H)
     cache = p.cache
-    dense, topk_length = _dense_topk(idx, indptr, cache.num_slots, 128)
     if dense.shape[1] == 0:
         raise Unavailable("no slot list to decode")
     qp, sink = _pad_heads(q, p.w.attn_sink, heads)

@@ -50,7 +50,10 @@ def is_fp8_row(row: Mapping[str, Any]) -> bool:
     )
 
 
-_PEERS = ("_fp8ws", "_fp8decode")  # peers (a) and (b), whatever their head padding
+# Peers (a) and (b) by their rows' suffix (whatever their head padding) -> their key in a
+# point of fp8_table (``peer_a``: the row name, ``peer_a_ms``, ``vs_peer_a``).
+_PEER_KEYS = {"_fp8ws": "peer_a", "_fp8decode": "peer_b"}
+_PEERS = tuple(_PEER_KEYS)
 
 
 def _peer_label(name: str) -> str:
@@ -134,14 +137,12 @@ def fp8_table(rows: Sequence[Mapping[str, Any]], run: str | None = None) -> list
     for pt in points.values():
         provs = pt["providers"]
         d = provs.get("fp8_default", {})
-        peer_a = next((n for n in provs if n.endswith("_fp8ws")), None)
-        peer_b = next((n for n in provs if n.endswith("_fp8decode")), None)
         pt["default_kernel"] = d.get("kernel")
         pt["default_ms"] = d.get("ms")
-        pt["peer_a"] = peer_a
-        pt["peer_a_ms"] = provs[peer_a]["ms"] if peer_a else None
-        pt["peer_b"] = peer_b
-        pt["peer_b_ms"] = provs[peer_b]["ms"] if peer_b else None
+        for suffix, key in _PEER_KEYS.items():
+            peer = next((n for n in provs if n.endswith(suffix)), None)
+            pt[key] = peer
+            pt[f"{key}_ms"] = provs[peer]["ms"] if peer else None
         pt["bf16_ms"] = provs.get("bf16_default_dequant", {}).get("ms")
         for key, other in (("vs_peer_a", pt["peer_a_ms"]), ("vs_peer_b", pt["peer_b_ms"]),
                            ("vs_bf16", pt["bf16_ms"])):  # fmt: skip
@@ -173,10 +174,9 @@ def _series(table: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _get(pt: Mapping[str, Any], label: str) -> Mapping[str, Any] | None:
-    if label == "flashmla*_fp8ws":
-        return pt["providers"].get(pt["peer_a"]) if pt["peer_a"] else None
-    if label == "flashmla*_fp8decode":
-        return pt["providers"].get(pt["peer_b"]) if pt["peer_b"] else None
+    key = _PEER_KEYS.get(label.removeprefix("flashmla*"))  # a peer's label: flashmla*<suffix>
+    if key is not None:
+        return pt["providers"].get(pt[key]) if pt[key] else None
     return pt["providers"].get(label)
 
 
