@@ -281,13 +281,11 @@ def _fake_sm90() -> None:
     Python around a no-op instead of the compiled C module."""
     from triton.runtime import driver
 
-    from sparse_mla import runtime, standin
-    from sparse_mla.gluon import launch as gluon_launch
+    from sparse_mla import standin
 
     driver.set_active(standin.sm90_driver())
-    runtime.runs_interpreted = lambda t: False
-    runtime.arch = lambda device=0: "sm90"
-    gluon_launch._num_compute_units = lambda device: standin.NUM_SMS
+    for owner, name, value in standin.sm90_patches():
+        setattr(owner, name, value)
 
 
 def _parts(q, kv, idx, indptr, scale, sink, out, cfg, validate, sync) -> str:

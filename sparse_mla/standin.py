@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NUM_SMS", "STREAM", "sm90_driver"]
+__all__ = ["NUM_SMS", "STREAM", "sm90_driver", "sm90_patches"]
 
 NUM_SMS = 132  # an H100/H200 SXM's SMs
 STREAM = 77  # the stand-in's current stream (recorded launches show it)
@@ -70,3 +70,19 @@ def sm90_driver(calls: list | None = None) -> Any:
             return GPUTarget("cuda", 90, 32)
 
     return Driver()
+
+
+def sm90_patches() -> list[tuple[Any, str, Any]]:
+    """``(owner, name, value)`` for each of the package's arch queries, answered as one sm90 GPU
+    of :data:`NUM_SMS` SMs whatever the tensors' device (CPU tensors then take the compiled
+    sm90 path, not the interpreter): set them with the stand-in driver active (``setattr``, or
+    a test's ``monkeypatch.setattr``)."""
+    from . import prefill, runtime
+    from .gluon import launch as gluon_launch
+
+    return [
+        (runtime, "runs_interpreted", lambda t: False),
+        (runtime, "arch", lambda device=0: "sm90"),
+        (gluon_launch, "_num_compute_units", lambda device: NUM_SMS),
+        (prefill, "_arch_of", lambda q: "sm90"),
+    ]

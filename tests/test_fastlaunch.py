@@ -426,9 +426,8 @@ def test_direct_launch_makes_the_driver_call_triton_makes(name, monkeypatch):
     launch metadata and its two empty hook chains, which the direct path passes as None."""
     from dataclasses import replace
 
-    from sparse_mla import dispatch, prefill, runtime
+    from sparse_mla import dispatch, prefill
     from sparse_mla.gluon import algorithm, hopper_prefill, hopper_ws, hopper_ws_small
-    from sparse_mla.gluon import launch as gluon_launch
 
     calls = []
     monkeypatch.setattr(fastlaunch.driver, "_active", standin.sm90_driver(calls))
@@ -442,10 +441,8 @@ def test_direct_launch_makes_the_driver_call_triton_makes(name, monkeypatch):
         monkeypatch.setattr(jit_fn, "device_caches", defaultdict(jit_fn.create_binder))
     monkeypatch.setattr(fastlaunch, "_LAUNCHERS", {})
     monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
-    monkeypatch.setattr(runtime, "runs_interpreted", lambda t: False)
-    monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
-    monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
-    monkeypatch.setattr(prefill, "_arch_of", lambda q: "sm90")
+    for owner, attr, value in standin.sm90_patches():
+        monkeypatch.setattr(owner, attr, value)
     k = dispatch.KERNELS[name]
     monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
     # T=4 at H=64: gluon_mma / gluon_wgmma run KV splits (their reduce kernel launches too).

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sparse_mla import configs, dispatch, fastlaunch, op, prefill, runtime
 from sparse_mla.reference import check_against_reference
-from sparse_mla.standin import sm90_driver
+from sparse_mla.standin import sm90_driver, sm90_patches
 
 DENSE = ["triton", "gluon_ws", "gluon_ws_small", "gluon_mma", "gluon_wgmma"]
 
@@ -31,7 +31,6 @@ def standin_setup(monkeypatch, kernels, names) -> list:
     does, so launches compare argument by argument; their addresses as ints, the default, are
     ``test_replay_passes_addresses``'s), the sm90 dispatch on CPU tensors, and the registered
     kernels ``names`` let take CPU tensors."""
-    from sparse_mla.gluon import launch as gluon_launch
 
     calls: list = []
     monkeypatch.setattr(fastlaunch.driver, "_active", sm90_driver(calls))
@@ -41,10 +40,8 @@ def standin_setup(monkeypatch, kernels, names) -> list:
     monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
     monkeypatch.setattr(op, "_PLANS", {})
     monkeypatch.setattr(fastlaunch, "_POINTER_INTS", [False])
-    monkeypatch.setattr(runtime, "runs_interpreted", lambda t: False)
-    monkeypatch.setattr(runtime, "arch", lambda device=0: "sm90")
-    monkeypatch.setattr(gluon_launch, "_num_compute_units", lambda device: 132)
-    monkeypatch.setattr(prefill, "_arch_of", lambda q: "sm90")
+    for owner, attr, value in sm90_patches():
+        monkeypatch.setattr(owner, attr, value)
     for name in names:
         k = dispatch.KERNELS[name]
         monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
