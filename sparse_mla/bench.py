@@ -2046,10 +2046,13 @@ def _flashmla_fp8ws(p: _FP8Point, device: torch.device, mod) -> Prepared:
 
 def _flashmla_fp8decode(p: _FP8Point, device: torch.device, mod) -> Prepared:
     """Peer (b), what vLLM runs with few heads per rank: FlashMLA's sparse FP8 *decode* kernel
-    (MODEL1 cache, ``csrc/sm90/decode/sparse_fp8``) over the prefill tokens, each token a
-    decode query of its own (``q`` [T, 1, heads, 512], ``indices`` [T, 1, topk] slot ids, -1
-    padded, ``topk_length`` [T]), heads zero-padded to 64/128 as :func:`_flashmla`; the cache
-    read as it is (``[num_blocks, block_size, 1, 584]`` bytes, its blocks' padded stride).
+    (MODEL1 cache, ``csrc/sm90/decode/sparse_fp8``) over the prefill tokens as vLLM's "mixed
+    batch" does, all tokens one batch entry (``q`` [1, T, heads, 512], ``indices`` [1, T, topk]
+    slot ids, -1 padded, which the kernel masks; no ``topk_length``, which is one length per
+    batch entry), heads zero-padded to 64/128 as :func:`_flashmla`; the cache read as it is
+    (``[num_blocks, block_size, 1, 584]`` bytes, its blocks' padded stride). (One batch entry a
+    token, b = T, is not a shape FlashMLA takes at prefill sizes: its scheduling-metadata
+    kernel keeps 5 ints per batch entry in shared memory, 320 KiB at T = 16384.)
 
     FlashMLA's call (``flash_mla_with_kvcache`` with ``is_fp8_kvcache=True``, its scheduling
     metadata from ``get_mla_metadata``): the metadata is filled by the first call (the check)
@@ -2058,7 +2061,7 @@ def _flashmla_fp8decode(p: _FP8Point, device: torch.device, mod) -> Prepared:
     from . import fp8
 
     has_decode = hasattr(mod, "flash_mla_with_kvcache") and hasattr(mod, "get_mla_metadata")
-    q, scale, heads, name, dense, topk_length = _flashmla_fp8_setup(
+    q, scale, heads, name, dense, _ = _flashmla_fp8_setup(
         p, device, None if has_decode else "this FlashMLA build has no sparse decode "
         "(flash_mla_with_kvcache)")  # fmt: skip
     T, H, D = q.shape
@@ -2066,8 +2069,8 @@ def _flashmla_fp8decode(p: _FP8Point, device: torch.device, mod) -> Prepared:
     if dense.shape[1] == 0:
         raise Unavailable("no slot list to decode")
     qp, sink = _pad_heads(q, p.w.attn_sink, heads)
-    q4 = qp.reshape(T, 1, heads, D)
-    indices = dense[:, None, :].contiguous()
+    q4 = qp.reshape(1, T, heads, D)
+    indices = dense[None].contiguous()
     tb = fp8.TOKEN_BYTES
     k_cache = cache.as_bytes().as_strided(
         (cache.num_blocks, cache.block_size, 1, tb), (cache.block_stride, tb, tb, 1)
@@ -2076,16 +2079,16 @@ def _flashmla_fp8decode(p: _FP8Point, device: torch.device, mod) -> Prepared:
 
     def timed():
         return mod.flash_mla_with_kvcache(q4, k_cache, None, None, D, meta, None, scale, False,
-                                          True, indices, sink, topk_length=topk_length)  # fmt: skip
+                                          True, indices, sink)  # fmt: skip
 
     def call(out):
         res = timed()
         res = res[0] if isinstance(res, (tuple, list)) else res
-        out.copy_(res[:, 0, :H])
+        out.copy_(res[0, :, :H])
         return out
 
-    cfg = {"heads": heads, "topk": indices.shape[-1], "topk_length": True,
-           "queries": "each token a decode query: q [T, 1, heads, 512]",
+    cfg = {"heads": heads, "topk": indices.shape[-1], "topk_length": False,
+           "queries": "all tokens one batch entry: q [1, T, heads, 512]",
            "kv": "the FP8 cache (MODEL1), read by the kernel", "slot_bytes": FP8_SLOT_BYTES,
            "module": getattr(mod, "__file__", None) or mod.__name__}  # fmt: skip
     return Prepared(f"{name}_fp8decode", call, cfg, timed)
@@ -2258,8 +2261,8 @@ def run_fp8(
       dequantized pool (the dequantization not timed).
 
     - ``flashmla_fp8decode`` (rows ``flashmla_pad64_fp8decode``, ...), peer (b): FlashMLA's
-      sparse FP8 *decode* kernel (``csrc/sm90/decode/sparse_fp8``) over the prefill tokens, one
-      decode query a token, as vLLM runs it with few heads per rank
+      sparse FP8 *decode* kernel (``csrc/sm90/decode/sparse_fp8``) over the prefill tokens, all
+      of them one batch entry, as vLLM's mixed batch runs it with few heads per rank
       (:func:`_flashmla_fp8decode`); unavailable with a FlashMLA build that has no sparse
       decode (``flash_mla_with_kvcache``; the peers' stand-in gained one in the ninth session).
 
@@ -2320,7 +2323,7 @@ def run_fp8(
         f"{run.common['timestamp']}")  # fmt: skip
     say("    flashmla_fp8ws (peer a): gather-dequant of the referenced rows + FlashMLA bf16, "
         "timed together; flashmla_fp8decode (peer b): FlashMLA's sparse FP8 decode kernel over "
-        "the prefill tokens, one decode query a token")  # fmt: skip
+        "the prefill tokens, all of them one batch entry")  # fmt: skip
     if isinstance(ceilings, Ceilings):
         ceil = ceilings
     else:

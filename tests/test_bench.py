@@ -250,21 +250,25 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                            extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
                            extra_topk_length=None):
     # FlashMLA's sparse FP8 decode (MODEL1) in torch: the cache's rows dequantized, then the
-    # same attention as the prefill above, one decode query a batch entry
+    # same attention as the prefill above over the b x s_q queries, each with its own ids and
+    # its batch entry's topk_length
     from sparse_mla import fp8
 
     b, s_q, H, D = q.shape
-    assert is_fp8_kvcache and not causal and s_q == 1 and H in (64, 128) and head_dim_v == D
+    assert is_fp8_kvcache and not causal and H in (64, 128) and head_dim_v == D
     assert block_table is None and cache_seqlens is None and num_splits is None
     assert k_cache.dim() == 4 and k_cache.shape[2:] == (1, 584) and k_cache.stride(1) == 584
     assert indices.shape[:2] == (b, s_q) and indices.dtype == torch.int32
     assert topk_length is None or topk_length.shape == (b,)
-    calls.append({"H": H, "decode": True, "meta_filled": tile_scheduler_metadata["filled"]})
+    calls.append({"H": H, "decode": True, "meta_filled": tile_scheduler_metadata["filled"],
+                  "b_sq": (b, s_q)})
     tile_scheduler_metadata["filled"] = True
     rows = fp8.dequantize(fp8.FP8Cache(k_cache, k_cache.shape[1]))
-    out, _, lse = flash_mla_sparse_fwd(q[:, 0], rows[:, None, :], indices, softmax_scale, D,
-                                       attn_sink, topk_length)
-    return out[:, None], lse[:, None]
+    lens = None if topk_length is None else topk_length.repeat_interleave(s_q)
+    out, _, lse = flash_mla_sparse_fwd(q.reshape(b * s_q, H, D), rows[:, None, :],
+                                       indices.reshape(b * s_q, 1, -1), softmax_scale, D,
+                                       attn_sink, lens)
+    return out.reshape(b, s_q, H, D), lse.reshape(b, s_q, H).transpose(1, 2)
 """
 
 
@@ -610,6 +614,9 @@ def test_fp8_bench_cpu_rows_fill_the_schema(fake_flash_mla, monkeypatch, tmp_pat
     assert flash_mla.calls and {c["H"] for c in flash_mla.calls} == {64}
     dec = by["flashmla_pad64_fp8decode"]["config"]
     assert dec["heads"] == 64 and dec["topk"] == 128 and dec["slot_bytes"] == 584
+    assert not dec["topk_length"] and dec["queries"].startswith("all tokens one batch entry")
+    # vLLM's mixed batch: all T tokens one batch entry
+    assert {c["b_sq"] for c in flash_mla.calls if c.get("decode")} == {(1, 8)}
     # peer (b): FlashMLA's scheduling metadata filled by the first call, reused by the rest
     decode = [c for c in flash_mla.calls if c.get("decode")]
     assert len(decode) >= 2 and not decode[0]["meta_filled"]
