@@ -7,8 +7,9 @@ workload is computed once and shared by its providers), and only then is timed: 
 :func:`time_budget` (the same L2 flush before each call and median of per-call event times, but
 as many calls as fit the budget, at least 5, queued behind a GPU sleep so that ``ms`` is the
 GPU's time, not the host's: a small call's Python and launch cost is not in it); on a GPU the
-providers that pass a workload's check are then timed in turns (:func:`time_interleaved`: four
-rounds, forwards and backwards), so that none inherits the clocks another left. Providers:
+providers that pass a workload's check are then timed in turns (:func:`time_interleaved`: rounds
+in orders where each provider follows every other equally often), so that none inherits the
+clocks one particular other left. Providers:
 
 - each kernel of the package (every name in :data:`sparse_mla.dispatch.KERNELS`, read at run
   time), forced through :func:`sparse_mla.sparse_mla_prefill` (Triton with its tuned launch for
@@ -136,6 +137,7 @@ __all__ = [
     "Prepared",
     "aiter_configs",
     "append_rows",
+    "balanced_orders",
     "budget_reps",
     "budget_samples",
     "device_slug",
@@ -186,7 +188,7 @@ GRID_GLM_TOPK = 2048
 GRID_BUDGET_MS = 40.0
 BUDGET_MIN_REPS = 5
 BUDGET_MAX_REPS = 200
-# Timing rounds of one point's providers (:func:`time_interleaved`), when timed by a budget.
+# Least timing rounds of one point's providers (:func:`time_interleaved`), timed by a budget.
 TIMING_ROUNDS = 4
 GATHER_POOL_BYTES = (4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30)
 CSV_COLUMNS = (
@@ -425,37 +427,69 @@ def budget_samples(
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of ``n`` items, one a round, balanced for what the item before leaves behind (a
+    Williams design): for even ``n``, ``n`` orders in which every item takes every place once and
+    comes right after every other item once; for odd ``n``, the ``n + 1`` orders of ``n + 1``
+    items with the extra one dropped (every item at most twice in a place, and right after
+    every other at least once). Over the whole set every item's places add up alike, so a drift
+    linear in time moves every item's time alike too.
+
+    ``[[0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0], [3, 0, 2, 1]]`` for 4."""
+    if type(n) is not int or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    m = n + n % 2
+    first, lo, hi = [0], 1, m - 1
+    for k in range(1, m):
+        if k % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    return [[i for i in ((x + r) % m for x in first) if i < n] for r in range(m)]
+
+
 def time_interleaved(
     fns: Sequence[Callable[[], Any]],
     budget_ms: float,
     *,
-    rounds: int = TIMING_ROUNDS,
+    rounds: int | None = None,
     min_reps: int = BUDGET_MIN_REPS,
     max_reps: int = BUDGET_MAX_REPS,
 ) -> list[float]:
     """Median GPU ms of each of ``fns``, timed in turns: ``rounds`` rounds, each giving every
     function ``budget_ms / rounds`` of :func:`budget_samples` (but at least ``min_reps`` calls:
-    a long call gets ``rounds`` x ``min_reps`` in all, more than one budget), forwards in even
-    rounds and backwards in odd ones; a function's time is the median of its rounds' medians.
-    With an even number of rounds (forwards, backwards, ...) a drift linear in time moves every
-    function's time alike.
+    a long call gets ``rounds`` x ``min_reps`` in all, more than one budget), round ``r`` in the
+    order ``balanced_orders(len(fns))[r % len(...)]``; a function's time is the median of its
+    rounds' medians. ``rounds`` None: the whole set of orders, repeated up to at least
+    :data:`TIMING_ROUNDS` rounds (4 for 2 or 3 functions, 8 for 7 or 8).
 
-    Why: timed one after another, a provider inherits the clocks the ones before it left. On the
-    H200 a long point's later providers ran up to 9% slower than the same kernel timed earlier
-    (run of 389977b, H128 T=16384: ``gluon_ws`` 7.24 ms, then ``default``, running the same
-    kernel, 7.91, then ``default_dense`` 8.61), enough to fail a 5% goal by order alone. In
-    turns every provider sees the same mix of before and after."""
-    if type(rounds) is not int or rounds < 1:
+    Why turns: timed one after another, a provider inherits the clocks the ones before it left.
+    On the H200 a long point's later providers ran up to 9% slower than the same kernel timed
+    earlier (run of 389977b, H128 T=16384: ``gluon_ws`` 7.24 ms, then ``default``, running the
+    same kernel, 7.91, then ``default_dense`` 8.61), enough to fail a 5% goal by order alone.
+    Why balanced orders: what a provider inherits depends on the one before it, not only on its
+    place. With four rounds forwards and backwards, the place after ``gluon_ws_small`` (H96-H128
+    T = 16384) read 3-7% slow whoever sat in it (``experiments/grid_order.py``, tenth session):
+    ``default`` 1.03-1.07x ``gluon_ws`` forced in the grid's order, 0.95-0.99x with the two
+    swapped, 1.00-1.01x alone together. Here every provider comes after every other (and takes
+    every place) equally often."""
+    if rounds is not None and (type(rounds) is not int or rounds < 1):
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     if not (budget_ms > 0 and min_reps >= 1 and max_reps >= min_reps):
         raise ValueError(f"need budget_ms > 0 and 1 <= min_reps <= max_reps, got {budget_ms}, "
                          f"{min_reps}, {max_reps}")  # fmt: skip
+    if not fns:
+        return []
+    orders = balanced_orders(len(fns))
+    if rounds is None:
+        rounds = len(orders) * -(-TIMING_ROUNDS // len(orders))
     per_min = min_reps
     per_max = max(per_min, max_reps // rounds)
     medians: list[list[float]] = [[] for _ in fns]
     for r in range(rounds):
-        order = range(len(fns)) if r % 2 == 0 else range(len(fns) - 1, -1, -1)
-        for i in order:
+        for i in orders[r % len(orders)]:
             calls = budget_samples(fns[i], budget_ms / rounds, min_reps=per_min, max_reps=per_max)
             medians[i].append(statistics.median(calls))
     return [float(statistics.median(x)) for x in medians]
