@@ -184,6 +184,25 @@ def test_sm90_ws_small_compile_partitions_and_budget():
     assert 3 * 64 * 512 * 2 < res.shared_bytes <= 227 * 1024
 
 
+@pytest.mark.parametrize("name,heads", [("gluon_ws", 64), ("gluon_ws_small", 16),
+                                        ("gluon_ws_small", 32)])  # fmt: skip
+def test_sm90_ws_small_call_order_prefetches_the_ids(name, heads):
+    """The small-call order (``SMALL``, set from the kernel module's ``small_call``) of both
+    warp-specialised kernels: the producer asks L2 for its program's ids (256 prefetches a
+    program, 2 a lane); the large-call kernel has none; no spills either way."""
+    from sparse_mla import inspect
+    from sparse_mla.gluon import hopper_ws, hopper_ws_small
+
+    module = {"gluon_ws": hopper_ws, "gluon_ws_small": hopper_ws_small}[name]
+    assert module.small_call is hopper_ws.small_call  # what the launcher calls (getattr)
+    for small in (True, False):
+        k = compile_for("prefill", "sm90", name, num_heads=heads, small=small)
+        n = k.asm["ptx"].count("prefetch.global.L2")
+        assert n == (2 if small else 0), (small, n)
+        res = inspect.resources_of(k, "sm90")
+        assert res.local_bytes == 0, (small, res)
+
+
 def test_ws_small_rule():
     sm90 = get_target("sm90")
     assert why_not("gluon_ws_small", SMALL, sm90, has_pe=False) is None

@@ -128,20 +128,25 @@ def test_gpu_pool_past_2_31_and_out_views(name, H, big_pool):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("H", [64, 100, 128])
-def test_gpu_ws_small_call_order_is_the_same_math(H, monkeypatch):
-    """``gluon_ws`` issues a small call's loads in another order (``hopper_ws.small_call``):
-    both orders, forced on the same call, match the reference and each other bit for bit (the
-    consumers are the same code; only when the producer's copies go out differs)."""
-    from sparse_mla.gluon import hopper_ws
+@pytest.mark.parametrize("name,H", [("gluon_ws", 64), ("gluon_ws", 100), ("gluon_ws", 128),
+                                    ("gluon_ws_small", 8), ("gluon_ws_small", 16),
+                                    ("gluon_ws_small", 32), ("gluon_ws_small", 48)])  # fmt: skip
+def test_gpu_ws_small_call_order_is_the_same_math(name, H, monkeypatch):
+    """``gluon_ws`` and ``gluon_ws_small`` issue a small call's loads in another order (the
+    kernel module's ``small_call``, ``hopper_ws.small_call``: ids prefetched into L2, and for
+    ``gluon_ws`` the first Q before the range loads): both orders, forced on the same call,
+    match the reference and each other bit for bit (the consumers are the same code; only when
+    the producer's loads go out differs)."""
+    from sparse_mla.gluon import hopper_ws, hopper_ws_small
 
+    module = {"gluon_ws": hopper_ws, "gluon_ws_small": hopper_ws_small}[name]
     case = make_case(300, H, 512, N=3000, max_slots=700, device="cuda", seed=H,
                      index_dtype=torch.int32, sink=True)  # fmt: skip
-    _runnable("gluon_ws", H, case.kv)
+    _runnable(name, H, case.kv)
     outs = []
     for small in (True, False):
-        monkeypatch.setattr(hopper_ws, "small_call", lambda nnz, programs, s=small: s)
-        outs.append(_check("gluon_ws", case))
+        monkeypatch.setattr(module, "small_call", lambda nnz, programs, s=small: s)
+        outs.append(_check(name, case))
     assert torch.equal(outs[0], outs[1]), "small-call and large-call orders differ"
 
 

@@ -45,6 +45,11 @@ logits are -inf, so the pool is never read for them and NaN cannot reach the out
 range is clamped to [0, nnz] as in every kernel of the package. Dense ids (``DENSE_IDS``,
 kv_indices [R, K], no kv_indptr): an item's range is row r, known without a load
 (``hopper_ws._item_range``).
+
+Small calls (``SMALL``, set by the launcher from :func:`hopper_ws.small_call`: a program's share
+of kv_indices is at most 2048 ids): the producer first asks L2 for its program's share of the
+ids (:func:`hopper_ws._prefetch_ids`), so the ids it loads once an item's kv_indptr range is
+back are an L2 hit, not a second DRAM round trip (as ``gluon_ws``'s small-call order does).
 """
 
 from __future__ import annotations
@@ -72,7 +77,9 @@ from .hopper_ws import (
     _gather_half,
     _item_range,
     _opaque_zero,
+    _prefetch_ids,
     _slots,
+    small_call,  # noqa: F401 (the launcher sets SMALL from the module's small_call)
 )
 
 BLOCK_H = gl.constexpr(16)  # heads per item at HEAD_GROUPS = 1 (16 x HEAD_GROUPS): wgmma's N
@@ -163,10 +170,12 @@ def _producer(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, HEAD_GROUPS: gl.constexpr = 1,
-    STAGES: gl.constexpr = None, DENSE_IDS: gl.constexpr = False,
+    STAGES: gl.constexpr = None, DENSE_IDS: gl.constexpr = False, SMALL: gl.constexpr = False,
 ):  # fmt: skip
     heads: gl.constexpr = BLOCK_H * HEAD_GROUPS  # per item
     stages: gl.constexpr = ring_stages(HEAD_GROUPS, STAGES)
+    if SMALL:  # the program's share of kv_indices into L2 before its first range load
+        _prefetch_ids(idx_ptr, nnz)
     offs_hq = gl.arange(0, heads, layout=gl.SliceLayout(1, GATHER))
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
     g = 0  # tiles gathered so far over all items: ring slot and phase
@@ -200,7 +209,7 @@ def _consumer(
     q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
     stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, HEAD_GROUPS: gl.constexpr = 1,
-    STAGES: gl.constexpr = None, DENSE_IDS: gl.constexpr = False,
+    STAGES: gl.constexpr = None, DENSE_IDS: gl.constexpr = False, SMALL: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     heads: gl.constexpr = BLOCK_H * HEAD_GROUPS  # per item: wgmma's N
@@ -317,6 +326,7 @@ def _prefill_ws_small_kernel(
     STAGES: gl.constexpr = None,  # KV tiles in the ring (None: ring_stages' default)
     PRODUCER_REGS: gl.constexpr = None,  # the producer's registers (None: PRODUCER_REGS)
     DENSE_IDS: gl.constexpr = False,  # kv_indices is dense [R, ids_per_row]; no kv_indptr
+    SMALL: gl.constexpr = False,  # small_call(nnz, programs): prefetch the ids into L2
 ):
     """Persistent: grid (min(items, SMs),); launched with num_warps=4: 4 warps here (the
     consumer) + 4 (the producer)."""
@@ -330,13 +340,13 @@ def _prefill_ws_small_kernel(
                 q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
                 stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz,
                 qk_scale, num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, groups, STAGES,
-                DENSE_IDS,
+                DENSE_IDS, SMALL,
             )),
             (_producer, (
                 q_ptr, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr,
                 stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz,
                 qk_scale, num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, groups, STAGES,
-                DENSE_IDS,
+                DENSE_IDS, SMALL,
             )),
         ],
         [4],

@@ -485,8 +485,9 @@ def compile_args(
         **shape: num_heads (default 64), dtype (torch.bfloat16), index_dtype (torch.int32),
             has_sink (prefill: True), num_splits (1), return_lse (decode: True), use_buffer
             (True: pool below 2 GiB), config (the kernel's launch; default its own default),
-            small (``gluon_ws``: the small-call order, ``hopper_ws.small_call``; False), dense
-            (``gluon_ws``, ``gluon_ws_small``: dense [R, K] ids, ``DENSE_IDS``; False).
+            small (``gluon_ws``, ``gluon_ws_small``: the small-call order,
+            ``hopper_ws.small_call``; False), dense (``gluon_ws``, ``gluon_ws_small``: dense
+            [R, K] ids, ``DENSE_IDS``; False).
 
     Returns:
         (kernel, signature, constexprs, options): signature maps every parameter to its
