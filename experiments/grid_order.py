@@ -16,6 +16,10 @@ one shared output buffer) are timed with ``bench.time_interleaved`` in several a
 If the slower one is whichever sits in ``default``'s place (and the second ``gluon_ws`` reads
 like ``default``), the gap is the order, not the call.
 
+The rounds run forwards then backwards, as ``time_interleaved`` did when this ran (tenth
+session, ``data/bench/grid_order_h200.log``); since then the bench uses balanced orders
+(``bench.balanced_orders``), and this script pins the old ones to measure what they did.
+
     PYTHONPATH=.:.peers python experiments/grid_order.py     # an H200; ~1-2 min
 """
 
@@ -28,6 +32,11 @@ import torch
 from sparse_mla import bench
 
 POINTS = ((16384, 96), (16384, 64), (16384, 128))
+
+
+def _forwards_backwards(n: int) -> list[list[int]]:
+    """The rounds' orders before balanced ones: forwards, then backwards."""
+    return [list(range(n)), list(range(n - 1, -1, -1))]
 
 
 def point(T: int, H: int, dev: torch.device, peers: bench.Peers) -> None:
@@ -80,6 +89,7 @@ def main() -> None:
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     peers = bench.Peers()
+    bench.balanced_orders = _forwards_backwards  # this script's rounds (module docstring)
     for T, H in POINTS if len(sys.argv) < 2 else [tuple(map(int, a.split("x"))) for a in
                                                   sys.argv[1:]]:  # fmt: skip
         point(T, H, dev, peers)
