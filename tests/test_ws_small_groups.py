@@ -84,20 +84,22 @@ def test_sm90_head_groups_refused():
 
 
 def test_kernel_signature_contract():
-    """HEAD_GROUPS, STAGES, PRODUCER_REGS and DENSE_IDS are the kernel's last parameters,
-    constexprs defaulting to 1, None, None and False (a launch without them is the kernel as it
-    was: CSR lists, 3 KV tiles at one head group, 2 at two, the module's PRODUCER_REGS); the
-    dense-ids row length ``ids_per_row`` comes before them."""
+    """HEAD_GROUPS, STAGES, PRODUCER_REGS, DENSE_IDS and SMALL are the kernel's last
+    parameters, constexprs defaulting to 1, None, None, False and False (a launch without them is
+    the kernel as it was: CSR lists, 3 KV tiles at one head group, 2 at two, the module's
+    PRODUCER_REGS, the large-call order); the dense-ids row length ``ids_per_row`` comes before
+    them."""
     import inspect as pyinspect
 
     from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel, ring_stages
 
     names = _prefill_ws_small_kernel.arg_names
-    assert names[-6:] == [
+    assert names[-7:] == [
         "num_items", "ids_per_row", "HEAD_GROUPS", "STAGES", "PRODUCER_REGS", "DENSE_IDS",
+        "SMALL",
     ]  # fmt: skip
     params = pyinspect.signature(_prefill_ws_small_kernel.fn).parameters
-    assert [params[n].default for n in names[-4:]] == [1, None, None, False]
+    assert [params[n].default for n in names[-5:]] == [1, None, None, False, False]
     assert (ring_stages(1), ring_stages(2)) == (3, 2)
     assert (ring_stages(1, 2), ring_stages(2, 2)) == (2, 2)
 
