@@ -712,7 +712,9 @@ class Scratch:
     with ``torch.empty``, e.g. the KV splits' fp32 partials), lent to each replay instead of
     made anew: a set is kept after a replay and the next replay with the same (set layout,
     current stream, thread) takes it; any other call makes its own (``torch.empty``, the
-    caching allocator, as before).
+    caching allocator, as before). A tensor the call made with :func:`zeroed` is made with
+    ``torch.zeros`` in a new set and lent as it is from a kept one: the launches that use it
+    leave it zero.
 
     Why reuse is safe: the launches that write and read a set are issued in order on one
     stream by one thread, and a set goes back only after the replay issued them all, so the
@@ -728,7 +730,7 @@ class Scratch:
     __slots__ = ("cuda", "key", "makers", "nbytes")
 
     def __init__(self, makers: tuple, key: tuple, nbytes: int, cuda: bool):
-        self.makers = makers  # callables, each making one tensor (torch.empty)
+        self.makers = makers  # callables, each making one tensor (torch.empty or torch.zeros)
         self.key = key  # hashable: the set's sizes, dtypes and devices
         self.nbytes = nbytes
         self.cuda = cuda
@@ -754,6 +756,29 @@ class Scratch:
             clear_scratch()
         _SCRATCH[key] = bufs
         _SCRATCH_HELD[0] += self.nbytes
+
+
+# The thread making a zeroed scratch tensor (zeroed), else None: what a recording's op watcher
+# (sparse_mla.op) checks to take a torch.zeros as scratch that stays zero at rest.
+_ZEROING: list = [None]
+
+
+def zeroed(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.zeros(n)`` for scratch that every launch using it leaves zero again (zero at
+    rest, e.g. the fused split reduce's arrival counters, which the last arrival resets). A
+    recorded call may make it (:class:`Scratch` then makes a new set with ``torch.zeros`` and
+    lends a kept set as it is); any other ``torch.zeros`` in a recorded call makes it not
+    replayable (its tensor may be left non-zero)."""
+    _ZEROING[0] = threading.get_ident()
+    try:
+        return torch.zeros(n, dtype=dtype, device=device)
+    finally:
+        _ZEROING[0] = None
+
+
+def zeroing() -> bool:
+    """Whether this thread is inside :func:`zeroed`."""
+    return _ZEROING[0] == threading.get_ident()
 
 
 def clear_scratch() -> None:

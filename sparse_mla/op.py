@@ -225,6 +225,7 @@ _PLAN_TRIES = 3  # recordings per key that may fail (first compiles, caches made
 _PLANS_ON = [True]
 _T = torch.Tensor
 _EMPTY = torch.ops.aten.empty.memory_format
+_ZEROS = torch.ops.aten.zeros.default
 _DETACH = torch.ops.aten.detach.default
 
 
@@ -248,8 +249,8 @@ class _Plan:
 
 
 class _Watch(TorchDispatchMode):
-    """Every torch op of a recorded call: ``torch.empty`` (kept: the plan's scratch)
-    or anything else (the call is not replayable)."""
+    """Every torch op of a recorded call: ``torch.empty`` or a ``fastlaunch.zeroed``
+    ``torch.zeros`` (kept: the plan's scratch) or anything else (the call is not replayable)."""
 
     def __init__(self):
         super().__init__()
@@ -261,9 +262,9 @@ class _Watch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         r = func(*args, **kwargs)
-        if func is _EMPTY and type(r) is _T:
+        if (func is _EMPTY or (func is _ZEROS and fastlaunch.zeroing())) and type(r) is _T:
             self.aliases[id(r)] = len(self.empties)
-            self.empties.append((args, kwargs, r))
+            self.empties.append((args, kwargs, r, func is _ZEROS))
         elif func is _DETACH and type(r) is _T and id(args[0]) in self.aliases:
             # torch.empty's result as Python gets it under a mode: the same tensor, detached
             self.aliases[id(r)] = self.aliases[id(args[0])]
@@ -273,20 +274,23 @@ class _Watch(TorchDispatchMode):
         return r
 
 
-def _empty_maker(args, kwargs):
+def _empty_maker(args, kwargs, zeros=False):
     kw = {k: v for k, v in kwargs.items() if v is not None}
-    return functools.partial(torch.empty, *args, **kw)
+    return functools.partial(torch.zeros if zeros else torch.empty, *args, **kw)
 
 
 def _scratch(empties):
-    """A plan's scratch (what its call made with torch.empty) as a fastlaunch.Scratch, which
-    lends the same tensors to the next replay on the same stream and thread; () if none."""
+    """A plan's scratch (what its call made with torch.empty, or zero-at-rest tensors with
+    fastlaunch.zeroed) as a fastlaunch.Scratch, which lends the same tensors to the next
+    replay on the same stream and thread; () if none."""
     if not empties:
         return ()
-    made = [r for _, _, r in empties]
+    made = [r for _, _, r, _ in empties]
     return fastlaunch.Scratch(
-        tuple(_empty_maker(a, kw) for a, kw, _ in empties),
-        tuple((tuple(r.shape), r.stride(), r.dtype, r.device, r.layout) for r in made),
+        tuple(_empty_maker(a, kw, z) for a, kw, _, z in empties),
+        tuple(
+            (tuple(r.shape), r.stride(), r.dtype, r.device, r.layout, z) for _, _, r, z in empties
+        ),
         sum(r.numel() * r.element_size() for r in made),
         any(r.device.type == "cuda" for r in made),
     )

@@ -445,7 +445,7 @@ def test_direct_launch_makes_the_driver_call_triton_makes(name, monkeypatch):
         monkeypatch.setattr(owner, attr, value)
     k = dispatch.KERNELS[name]
     monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
-    # T=4 at H=64: gluon_mma / gluon_wgmma run KV splits (their reduce kernel launches too).
+    # T=4 at H=64: gluon_mma / gluon_wgmma run KV splits (the reduce fused on sm90).
     c = make_case(4, 64, 512, N=300, max_slots=100, dtype=torch.bfloat16)
     out = torch.empty_like(c.q)
 

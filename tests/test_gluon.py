@@ -602,6 +602,53 @@ def test_gpu_prefill_matches_reference(H, with_sink, index_dtype, splits, kernel
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("kernel, H", [("gluon_mma", 16), ("gluon_mma", 128),
+                                       ("gluon_wgmma", 64), ("gluon_wgmma", 128)])  # fmt: skip
+def test_gpu_split_counters_are_zero_at_rest(kernel, H):
+    """The fused reduce's arrival counters: a set reused by calls of other row counts and
+    split counts, back to back on one stream with no sync, comes back all zero after each,
+    and every call is right (fp32 rule, NaN-poisoned out) and bit-equal to the same call
+    with fresh counters and to the reduce as a second launch; 16 splits over 3 rows make
+    arrivals race."""
+    from sparse_mla.gluon import launch
+
+    made = []
+    real = launch.fastlaunch.zeroed
+    rule = launch.fused_reduce  # every split call of the test fused, 64-head blocks included
+    launch.fused_reduce = lambda s, t, bh: s > 1 and t.backend == "cuda"
+
+    def keep_one(n, dtype, device):  # one counter buffer for every call of the test
+        if not made:
+            made.append(real(4096, dtype, device))
+        return made[0][:n]
+
+    runs = [(3, 16), (40, 3), (7, 16), (3, 2), (40, 16)]
+    cases = {T: _gpu_case(T, H, 5000, has_pe=False, index_dtype=torch.int32, seed=T + H,
+                          max_len=900) for T, _ in runs}  # fmt: skip
+    sink = torch.randn(H, device="cuda")
+    try:
+        fresh = {
+            r: _check_prefill(cases[r[0]], sink, kernel=kernel, num_kv_splits=r[1]) for r in runs
+        }
+        launch.fused_reduce = lambda s, t, bh: False
+        for r in runs:
+            two = _check_prefill(cases[r[0]], sink, kernel=kernel, num_kv_splits=r[1])
+            assert torch.equal(two, fresh[r]), ("fused != two launches", r)
+        launch.fused_reduce = lambda s, t, bh: s > 1 and t.backend == "cuda"
+        launch.fastlaunch.zeroed = keep_one
+        for _ in range(3):
+            for T, splits in runs:
+                out = _check_prefill(cases[T], sink, kernel=kernel, num_kv_splits=splits)
+                assert torch.equal(out, fresh[(T, splits)]), (T, splits)
+        torch.cuda.synchronize()
+    finally:
+        launch.fastlaunch.zeroed = real
+        launch.fused_reduce = rule
+    assert made and int(made[0].abs().sum()) == 0, "a counter was left non-zero"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize(
     "kernel, config",
     [
@@ -660,6 +707,40 @@ def test_split_reduce_kernel_cross_compiles(target):
         cx = _reduce_constexprs(64, 4, has_sink, False, get_target(target))
         res = inspect.compile(_mla_reduce_kernel, target, cx, {"num_warps": 4}, sig)
         assert res.resources.spill_bytes == 0 and res.resources.occupancy >= 1
+
+
+@pytest.mark.parametrize("kernel, mode, H", [
+    ("gluon_mma", "prefill", 16), ("gluon_mma", "decode", 8), ("gluon_mma", "prefill", 64),
+    ("gluon_wgmma", "prefill", 64),
+])  # fmt: skip
+def test_split_launch_fuses_its_reduce_on_sm90(kernel, mode, H):
+    """With KV splits, the sm90 kernels can combine their partials in the same launch: one
+    acquire-release atomic add at GPU scope (the arrival count) by one thread, after a barrier
+    (every warp's partial stores issued first), the partials loaded past L1 (ld.global.cg);
+    without splits none of it. By the rule (launch.fused_reduce) only 16-head blocks fuse;
+    gfx950 keeps the reduce launch (no atomic in its split kernel). Numerics: the GPU tests of
+    splits (test_gpu_prefill_matches_reference, test_gpu_split_counters_are_zero_at_rest)."""
+    from sparse_mla.gluon.launch import compile_for, fused_reduce, resolve_launch
+
+    cfg = resolve_launch(kernel, None, H, get_target("sm90"))
+    by_rule = compile_for(mode, "sm90", kernel, num_splits=4, num_heads=H).asm["ptx"]
+    assert ("atom." in by_rule) == fused_reduce(4, get_target("sm90"), cfg.BLOCK_H) == (H <= 16)
+    one = compile_for(mode, "sm90", kernel, num_splits=1, num_heads=H, fused_reduce=True)
+    assert "atom." not in one.asm["ptx"] and "ld.global.cg" not in one.asm["ptx"]
+    ptx = compile_for(mode, "sm90", kernel, num_splits=4, num_heads=H, fused_reduce=True)
+    lines = [ln.strip() for ln in ptx.asm["ptx"].splitlines()]
+    atoms = [i for i, ln in enumerate(lines) if "atom." in ln]
+    assert len(atoms) == 1, [lines[i] for i in atoms]
+    atom = lines[atoms[0]]
+    assert atom.startswith("@%p") and "atom.global.gpu.acq_rel.add" in atom, atom
+    before = lines[: atoms[0]]
+    last_store = max(i for i, ln in enumerate(before) if "st.global" in ln)
+    last_bar = max(i for i, ln in enumerate(before) if ln.startswith("bar.sync"))
+    assert last_bar > last_store, "the partials' stores must come before the barrier"
+    assert sum("ld.global.cg" in ln for ln in lines) > 0
+    if kernel == "gluon_mma":
+        amd = compile_for(mode, "gfx950", kernel, num_splits=4, num_heads=H).asm["amdgcn"]
+        assert "global_atomic" not in amd and "buffer_atomic" not in amd
 
 
 def test_persistent_launch_arguments(monkeypatch):

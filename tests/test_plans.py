@@ -420,10 +420,21 @@ def test_replay_passes_addresses(standin, name):
 # ----------------------------------------------------------------------------------------------
 
 
-def _split_case(name, standin, seed=20):
-    """A gluon_mma / gluon_wgmma layout at T=4 that runs KV splits (two launches, fp32
-    partials), planned; returns (case, run)."""
-    c = make_case(4, 64, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=seed,
+def _split_launches(name, H):
+    """(launches, scratch tensors) of a split call of ``name`` at H heads on sm90: the reduce
+    fused into the split launch for 16-head blocks (fp32 partials and int32 arrival counters),
+    else a second launch (the partials)."""
+    from sparse_mla.gluon import launch
+
+    sm90 = launch.get_target("sm90")
+    cfg = launch.resolve_launch(name, None, H, sm90)
+    return (1, 3) if launch.fused_reduce(2, sm90, cfg.BLOCK_H) else (2, 2)
+
+
+def _split_case(name, standin, seed=20, H=64):
+    """A gluon_mma / gluon_wgmma layout at T=4 that runs KV splits (:func:`_split_launches`),
+    planned; returns (case, run)."""
+    c = make_case(4, H, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=seed,
                   empty_rows=False)  # fmt: skip
     cfg = dispatch.Choice(name)
 
@@ -434,7 +445,9 @@ def _split_case(name, standin, seed=20):
     for _ in range(3):
         run(c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
     (p,) = _plans()
-    assert p.replay.launches == 2 and type(p.scratch) is fastlaunch.Scratch
+    assert (
+        p.replay.launches == _split_launches(name, H)[0] and type(p.scratch) is fastlaunch.Scratch
+    )
     return c, run
 
 
@@ -457,8 +470,8 @@ def _kept_ids():
     return {id(t) for t in got}
 
 
-@pytest.mark.parametrize("name", ["gluon_mma", "gluon_wgmma"])
-def test_split_partials_are_lent_to_the_next_replay_on_the_stream(standin, monkeypatch, name):
+@pytest.mark.parametrize("name, H", [("gluon_mma", 64), ("gluon_wgmma", 64), ("gluon_mma", 16)])
+def test_split_partials_are_lent_to_the_next_replay_on_the_stream(standin, monkeypatch, name, H):
     """A replay of a split layout takes the partials the last replay on the same stream and
     thread kept (no torch.empty), and its launches are still the full path's (the partials by
     layout); another stream or thread gets its own set."""
@@ -467,7 +480,7 @@ def test_split_partials_are_lent_to_the_next_replay_on_the_stream(standin, monke
     monkeypatch.setattr(fastlaunch, "_SCRATCH", {})
     monkeypatch.setattr(fastlaunch, "_SCRATCH_HELD", [0])
     monkeypatch.setattr(sys.modules[__name__], "_HELD", [])
-    c, run = _split_case(name, standin)
+    c, run = _split_case(name, standin, H=H)
     sets = []
     for seed in (1, 2, 3):
         inputs = (*_fresh(c, seed), torch.empty_like(c.q))
@@ -475,7 +488,8 @@ def test_split_partials_are_lent_to_the_next_replay_on_the_stream(standin, monke
         run(*inputs)
         replayed = list(standin)
         sets.append(_scratch_args(replayed, inputs))
-        assert len(sets[-1]) == 2
+        # partial outputs, partial LSEs (and the fused reduce's arrival counters)
+        assert len(sets[-1]) == _split_launches(name, H)[1]
         full = _full_path_launches(standin, run, inputs)
         assert [_comparable(x, inputs) for x in replayed] == [_comparable(x, inputs) for x in full]
         for _ in range(3):  # the switch cleared the plans (and the kept sets): plan again
@@ -511,6 +525,46 @@ def test_split_partials_are_lent_to_the_next_replay_on_the_stream(standin, monke
     th.start()
     th.join()
     assert seen[0] and not seen[0] & got[0] and len(fastlaunch._SCRATCH) == 3
+
+
+def test_zero_at_rest_scratch_is_made_with_zeros_and_lent_as_is(standin, monkeypatch):
+    """The split kernels' arrival counters (fastlaunch.zeroed): a recorded call may make them
+    (any other torch.zeros makes it not replayable); a replay without a kept set makes them
+    with torch.zeros, one with a kept set lends them as they are (the kernel leaves them 0)."""
+    w = op._Watch()
+    with w:
+        torch.zeros(3, dtype=torch.int32)
+    assert w.other and not w.empties
+    w = op._Watch()
+    with w:
+        fastlaunch.zeroed(5, torch.int32, torch.device("cpu"))
+        torch.empty(2)
+    assert not w.other and [z for *_, z in w.empties] == [True, False]
+
+    monkeypatch.setattr(fastlaunch, "_SCRATCH", {})
+    monkeypatch.setattr(fastlaunch, "_SCRATCH_HELD", [0])
+    monkeypatch.setattr(sys.modules[__name__], "_HELD", [])
+    c, run = _split_case("gluon_mma", standin, seed=23, H=16)
+    fastlaunch.clear_scratch()
+    inputs = (*_fresh(c, 6), torch.empty_like(c.q))
+
+    def counters():
+        standin.clear()
+        run(*inputs)
+        got = [a for call in standin for a in call if isinstance(a, torch.Tensor)
+               and a.dtype == torch.int32 and a.numel() > 1
+               and not any(a is t for t in inputs)]  # fmt: skip
+        _HELD.extend(got)
+        assert len(got) == 1
+        return got[0]
+
+    first = counters()  # no kept set: made with torch.zeros
+    assert first.numel() == 4 and torch.all(first == 0)  # 4 rows x 1 head block
+    first.fill_(7)  # as if a launch had left them non-zero (a broken kernel)
+    assert counters() is first and torch.all(first == 7)  # the kept set, lent as it is
+    fastlaunch.clear_scratch()
+    again = counters()
+    assert again is not first and torch.all(again == 0)
 
 
 def test_kept_partials_are_bounded_and_never_cross_a_graph_capture(standin, monkeypatch):
@@ -573,11 +627,11 @@ def test_generated_replay_guard_answers_as_the_loop(standin, name):
     rt = triton.knobs.runtime
     hook = lambda metadata: None  # noqa: E731
     globs = [(n, x) for n, (_, e, _) in enumerate(r.checks) for x in e.globals]
-    # gluon_wgmma's kernel and gluon_mma's reduce kernel read constexpr globals (each guard is
-    # flipped below); for gluon_ws's kernel Triton records none (its used_global_vals has been
-    # empty since its shared state moved into hopper_ws._shared_state), so only the other
-    # guards are flipped for it.
-    assert globs or name == "gluon_ws"
+    # gluon_wgmma's kernel reads constexpr globals (each guard is flipped below); for gluon_ws's
+    # kernel Triton records none (its used_global_vals has been empty since its shared state
+    # moved into hopper_ws._shared_state), nor for gluon_mma's since its reduce kernel (which
+    # had some) became its fused epilogue, so only the other guards are flipped for those.
+    assert globs or name in ("gluon_ws", "gluon_mma")
 
     def rebind(m, n, k):
         g, gname, val = r.checks[n][1].globals[k]
@@ -636,7 +690,9 @@ def test_gpu_kept_partials_back_to_back_streams_and_graphs(name, H):
     for _ in range(3):
         run(first, torch.empty_like(c.q))
     plans = _plans()
-    assert len(plans) == 1 and plans[0].replay.launches == 2, "no split plan"
+    assert len(plans) == 1 and plans[0].replay.launches == _split_launches(name, H)[0], (
+        "no split plan"
+    )
     inputs = [tuple(t.cuda() if t is not None else None for t in _fresh(c, s)) for s in range(7)]
     outs = [poisoned_like(c.q) for _ in inputs]
     side = torch.cuda.Stream()

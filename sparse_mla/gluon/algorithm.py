@@ -11,7 +11,9 @@ accumulator, one chunk of each operand and the softmax state. Invalid slots (s <
 are masked in the gather (never read), get -inf logits, and their V rows are zeroed in registers
 so uninitialised shared memory cannot reach the output. With one split the epilogue adds the
 sink, normalises and stores (a row with no valid slot stores zeros); with several splits it
-stores the split's normalised partial output and base-2 LSE for ``_mla_reduce_kernel``.
+stores the split's normalised partial output and base-2 LSE, and then either the last split of
+the (row, head block) to arrive combines them in the same launch (``FUSED_REDUCE``: an arrival
+counter per (row, head block), zero at rest) or ``_mla_reduce_kernel`` does, a second launch.
 
 Arch pieces come from ``cdna4.py`` / ``hopper.py`` (``ARCH`` constexpr); layouts arrive as
 constexprs built on the host for the target (``launch.py``), so this file names no hardware.
@@ -120,15 +122,24 @@ def _softmax_step(qk, m_i, l_i):
 @gluon.jit
 def _epilogue(
     acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
-    stride_or, stride_oh, num_heads,
+    stride_or, stride_oh, num_heads, count_ptr,
     BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_SINK: gl.constexpr,
     NUM_SPLITS: gl.constexpr, WRITE_LSE: gl.constexpr,
     ROW_S: gl.constexpr, ROW_O: gl.constexpr, COL_O: gl.constexpr,
+    FUSED_REDUCE: gl.constexpr, RED: gl.constexpr,
 ):  # fmt: skip
     """The end of every forward kernel, after the last tile: fold in the sink, normalise, store
     the output (and LSE), or with NUM_SPLITS > 1 store this split's normalised partial output
-    and base-2 LSE for the reduce kernel. ``m_i``/``l_i`` are per-head (layout ROW_S, base 2),
-    ``acc`` the unnormalised [BLOCK_H, HEAD_DIM] output (rows ROW_O, columns COL_O)."""
+    and base-2 LSE for the reduce step. ``m_i``/``l_i`` are per-head (layout ROW_S, base 2),
+    ``acc`` the unnormalised [BLOCK_H, HEAD_DIM] output (rows ROW_O, columns COL_O).
+
+    ``FUSED_REDUCE`` (NUM_SPLITS > 1): the reduce step runs here, in the program of the split
+    that arrives last at its (row, head block): every warp's partial stores are issued
+    (barrier), then one thread's acq_rel atomic add at GPU scope on the (row, head block)'s
+    counter in ``count_ptr`` releases them and tells whether this split is the last; that
+    program sets the counter back to 0 (zero at rest: the next launch may use the same
+    counters) and combines the partials (layout ``RED``), loading them past L1 (``.cg``: a
+    line of another head block's LSE partials may sit there from before they were written)."""
     offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_S)
     h_ok = offs_h < num_heads
     offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_O)
@@ -164,6 +175,17 @@ def _epilogue(
         gl.store(o_ptrs, o, mask=o_mask)
         lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
         gl.store(lsepart_ptr + part * num_heads + offs_h, lse2, mask=h_ok)
+        if FUSED_REDUCE:
+            gl.thread_barrier()  # every warp's partial stores issued before the arrival
+            counter = count_ptr + pid_r * gl.cdiv(num_heads, BLOCK_H) + pid_h
+            arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == NUM_SPLITS - 1:
+                gl.store(counter, 0)
+                _combine(
+                    opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r, pid_h * BLOCK_H,
+                    stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, 128, NUM_SPLITS,
+                    HAS_SINK, WRITE_LSE, RED, ".cg",
+                )  # fmt: skip
 
 
 @gluon.jit(do_not_specialize=["nnz"])
@@ -179,6 +201,7 @@ def _mla_fwd_kernel(
     lse_ptr,  # [R, H] fp32 (written under WRITE_LSE)
     opart_ptr,  # [R, NUM_SPLITS, H, HEAD_DIM] fp32 (NUM_SPLITS > 1)
     lsepart_ptr,  # [R, NUM_SPLITS, H] fp32, base-2 (NUM_SPLITS > 1)
+    count_ptr,  # [R * cdiv(H, BLOCK_H)] int32, zero at rest (FUSED_REDUCE)
     stride_qr,
     stride_qh,
     stride_qper,
@@ -208,6 +231,8 @@ def _mla_fwd_kernel(
     GATHER: gl.constexpr,
     GATHER_PE: gl.constexpr,
     SMEM: gl.constexpr,
+    FUSED_REDUCE: gl.constexpr,
+    RED: gl.constexpr,
 ):
     DOT_A_QK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_QK, k_width=K_WIDTH)
     DOT_B_QK: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA_QK, k_width=K_WIDTH)
@@ -302,9 +327,68 @@ def _mla_fwd_kernel(
 
     _epilogue(
         acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
-        stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS, WRITE_LSE,
-        ROW_QK, ROW_PV, COL_PV,
+        stride_or, stride_oh, num_heads, count_ptr, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS,
+        WRITE_LSE, ROW_QK, ROW_PV, COL_PV, FUSED_REDUCE, RED,
     )  # fmt: skip
+
+
+@gluon.jit
+def _lse_part(lsepart_ptr, part, num_heads, offs_h, h_ok, CACHE: gl.constexpr):
+    """Split partial ``part``'s base-2 LSE of heads ``offs_h`` (-inf: none, or masked)."""
+    return gl.load(
+        lsepart_ptr + part * num_heads + offs_h, mask=h_ok, other=float("-inf"),
+        cache_modifier=CACHE,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _combine(
+    opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r, h0, stride_or, stride_oh,
+    num_heads, BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr, CHUNK: gl.constexpr,
+    NUM_SPLITS: gl.constexpr, HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr,
+    LAYOUT: gl.constexpr, CACHE: gl.constexpr,
+):  # fmt: skip
+    """Combine the split partials of heads [h0, h0 + BLOCK_H) of row ``pid_r``:
+    out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + sink), CHUNK columns at a time;
+    ``CACHE``: the partial loads' cache modifier."""
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LAYOUT))
+    offs_d = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, LAYOUT))
+    h_ok = offs_h < num_heads
+
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, LAYOUT))
+    for s in gl.static_range(NUM_SPLITS):
+        lse_s = _lse_part(lsepart_ptr, pid_r * NUM_SPLITS + s, num_heads, offs_h, h_ok, CACHE)
+        m = gl.maximum(m, lse_s)
+    has_slot = m > float("-inf")  # some split saw a valid slot
+    if HAS_SINK:
+        sink = gl.load(sink_ptr + offs_h, mask=h_ok, other=0.0) * LOG2E
+        m = gl.maximum(m, sink)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+
+    den = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, LAYOUT))
+    for s in gl.static_range(NUM_SPLITS):
+        lse_s = _lse_part(lsepart_ptr, pid_r * NUM_SPLITS + s, num_heads, offs_h, h_ok, CACHE)
+        den += gl.exp2(lse_s - m_safe)
+    if HAS_SINK:
+        den += gl.exp2(sink - m_safe)
+    den_safe = gl.where(den > 0.0, den, 1.0)
+    for d0 in gl.static_range(0, HEAD_DIM, CHUNK):
+        acc = gl.zeros([BLOCK_H, CHUNK], gl.float32, layout=LAYOUT)
+        for s in gl.static_range(NUM_SPLITS):
+            part = pid_r * NUM_SPLITS + s
+            w = gl.exp2(_lse_part(lsepart_ptr, part, num_heads, offs_h, h_ok, CACHE) - m_safe)
+            o_ptrs = (
+                opart_ptr + (part * num_heads + offs_h[:, None]) * HEAD_DIM + d0 + offs_d[None, :]
+            )
+            o_s = gl.load(o_ptrs, mask=h_ok[:, None], other=0.0, cache_modifier=CACHE)
+            acc += w[:, None] * o_s
+        # A row with no valid slot gets zeros whatever the sink (a NaN sink: m, w and acc NaN).
+        o = gl.where(has_slot[:, None], acc / den_safe[:, None], 0.0)
+        o_ptrs = out_ptr + pid_r * stride_or + offs_h[:, None] * stride_oh + d0 + offs_d[None, :]
+        gl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+    if WRITE_LSE:
+        lse = gl.where(den > 0.0, (m_safe + gl.log2(den_safe)) * LN2, float("-inf"))
+        gl.store(lse_ptr + pid_r * num_heads + offs_h, lse, mask=h_ok)
 
 
 @gluon.jit
@@ -324,44 +408,12 @@ def _mla_reduce_kernel(
     WRITE_LSE: gl.constexpr,
     LAYOUT: gl.constexpr,
 ):
-    """Combine split partials: out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + sink)."""
+    """The reduce step as its own launch (without ``FUSED_REDUCE``): one program per (row,
+    head block) combines the split partials (:func:`_combine`)."""
     pid_r = gl.program_id(0).to(gl.int64)
     pid_h = gl.program_id(1)
-    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LAYOUT))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LAYOUT))
-    h_ok = offs_h < num_heads
-
-    m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, LAYOUT))
-    for s in gl.static_range(NUM_SPLITS):
-        lse_s = gl.load(
-            lsepart_ptr + (pid_r * NUM_SPLITS + s) * num_heads + offs_h,
-            mask=h_ok,
-            other=float("-inf"),
-        )
-        m = gl.maximum(m, lse_s)
-    has_slot = m > float("-inf")  # some split saw a valid slot
-    if HAS_SINK:
-        sink = gl.load(sink_ptr + offs_h, mask=h_ok, other=0.0) * LOG2E
-        m = gl.maximum(m, sink)
-    m_safe = gl.where(m == float("-inf"), 0.0, m)
-
-    acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, layout=LAYOUT)
-    den = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, LAYOUT))
-    for s in gl.static_range(NUM_SPLITS):
-        part = pid_r * NUM_SPLITS + s
-        lse_s = gl.load(lsepart_ptr + part * num_heads + offs_h, mask=h_ok, other=float("-inf"))
-        w = gl.exp2(lse_s - m_safe)  # [BLOCK_H]
-        o_ptrs = opart_ptr + (part * num_heads + offs_h[:, None]) * HEAD_DIM + offs_d[None, :]
-        o_s = gl.load(o_ptrs, mask=h_ok[:, None], other=0.0)
-        acc += w[:, None] * o_s
-        den += w
-    if HAS_SINK:
-        den += gl.exp2(sink - m_safe)
-    den_safe = gl.where(den > 0.0, den, 1.0)
-    # A row with no valid slot gets zeros whatever the sink (a NaN sink: m, w and acc NaN).
-    o = gl.where(has_slot[:, None], acc / den_safe[:, None], 0.0)
-    o_ptrs = out_ptr + pid_r * stride_or + offs_h[:, None] * stride_oh + offs_d[None, :]
-    gl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
-    if WRITE_LSE:
-        lse = gl.where(den > 0.0, (m_safe + gl.log2(den_safe)) * LN2, float("-inf"))
-        gl.store(lse_ptr + pid_r * num_heads + offs_h, lse, mask=h_ok)
+    _combine(
+        opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r, pid_h * BLOCK_H, stride_or,
+        stride_oh, num_heads, BLOCK_H, HEAD_DIM, HEAD_DIM, NUM_SPLITS, HAS_SINK, WRITE_LSE,
+        LAYOUT, "",
+    )  # fmt: skip

@@ -81,6 +81,7 @@ def _prefill_wgmma_kernel(
     lse_ptr,  # [R, H] fp32 (written under WRITE_LSE)
     opart_ptr,  # [R, NUM_SPLITS, H, HEAD_DIM] fp32 (NUM_SPLITS > 1)
     lsepart_ptr,  # [R, NUM_SPLITS, H] fp32, base-2 (NUM_SPLITS > 1)
+    count_ptr,  # [R * cdiv(H, BLOCK_H)] int32, zero at rest (FUSED_REDUCE)
     stride_qr,
     stride_qh,
     stride_kvn,
@@ -102,6 +103,8 @@ def _prefill_wgmma_kernel(
     GATHER: gl.constexpr,
     SMEM: gl.constexpr,
     SMEM_P: gl.constexpr,
+    FUSED_REDUCE: gl.constexpr,
+    RED: gl.constexpr,
 ):
     ROW_S: gl.constexpr = gl.SliceLayout(1, MMA_S)  # per-head vectors of the S tile
     COL_S: gl.constexpr = gl.SliceLayout(0, MMA_S)  # per-slot vectors of the S tile
@@ -176,6 +179,6 @@ def _prefill_wgmma_kernel(
 
     _epilogue(
         acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
-        stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS, WRITE_LSE,
-        ROW_S, ROW_O, COL_O,
+        stride_or, stride_oh, num_heads, count_ptr, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS,
+        WRITE_LSE, ROW_S, ROW_O, COL_O, FUSED_REDUCE, RED,
     )  # fmt: skip

@@ -406,8 +406,10 @@ def kernel_constexprs(
     num_splits: int,
     write_lse: bool,
     use_buffer: bool,
+    fused: bool | None = None,
 ) -> dict[str, Any]:
-    """The constexprs ``_mla_fwd_kernel`` compiles with for a launch."""
+    """The constexprs ``_mla_fwd_kernel`` compiles with for a launch (``fused``: the reduce of
+    KV splits in the same launch; None: :func:`fused_reduce`'s rule)."""
     return {
         "ARCH": target.arch,
         "BLOCK_H": cfg.BLOCK_H,
@@ -421,13 +423,16 @@ def kernel_constexprs(
         "WRITE_LSE": write_lse,
         "USE_BUFFER": use_buffer and target.arch == "cdna4",
         **_layouts(cfg, target),
+        **_fused_reduce(num_splits, target, cfg, fused),
     }
 
 
 def wgmma_constexprs(
-    cfg: GluonConfig, *, has_sink: bool, num_splits: int, write_lse: bool
-) -> dict[str, Any]:
-    """The constexprs ``_prefill_wgmma_kernel`` compiles with for a launch."""
+    cfg: GluonConfig, *, has_sink: bool, num_splits: int, write_lse: bool,
+    fused: bool | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The constexprs ``_prefill_wgmma_kernel`` compiles with for a launch (``fused`` as for
+    :func:`kernel_constexprs`)."""
     return {
         "BLOCK_H": cfg.BLOCK_H,
         "BLOCK_K": cfg.BLOCK_K,
@@ -437,7 +442,34 @@ def wgmma_constexprs(
         "NUM_SPLITS": num_splits,
         "WRITE_LSE": write_lse,
         **hopper_prefill.layouts(cfg.BLOCK_H, cfg.BLOCK_K, HEAD_DIM, cfg.num_warps),
+        **_fused_reduce(num_splits, get_target("sm90"), cfg, fused),
     }
+
+
+def fused_reduce(num_splits: int, target: Target, block_h: int) -> bool:
+    """Whether a split launch combines its partials in the same launch (the last split of a
+    (row, head block) reduces: ``algorithm._epilogue``'s ``FUSED_REDUCE``) instead of a second
+    launch of ``_mla_reduce_kernel``: on NVIDIA targets with head blocks of at most 16.
+
+    Measured on the H200 (``experiments/fused_reduce.py``, docs/PERF_NOTES.md): with 16-head
+    blocks the fused call is 1-8 us faster (the second launch's gap gone); with 64-head blocks
+    slower by 2.5-34 us, growing with the splits (one program combines splits x 64 heads x 2 KB
+    of partials alone, where the reduce kernel spreads them over 16-head programs). gfx950
+    keeps the second launch (its acquire/release across XCDs' L2s is untested on hardware)."""
+    return num_splits > 1 and target.backend == "cuda" and block_h <= 16
+
+
+def _fused_reduce(num_splits: int, target: Target, cfg, fused) -> dict[str, Any]:
+    if fused is None:
+        fused = fused_reduce(num_splits, target, cfg.BLOCK_H)
+    fused = bool(fused) and num_splits > 1
+    # The reduce's [BLOCK_H, 128] chunk: 4 fp32 a lane, a warp a row.
+    red = (
+        gl.BlockedLayout([1, 4], [1, target.warp_size], [cfg.num_warps, 1], [1, 0])
+        if fused
+        else None
+    )
+    return {"FUSED_REDUCE": fused, "RED": red}
 
 
 def _reduce_constexprs(num_heads, num_splits, has_sink, write_lse, target, num_warps=4):
@@ -487,7 +519,8 @@ def compile_args(
             (True: pool below 2 GiB), config (the kernel's launch; default its own default),
             small (``gluon_ws``, ``gluon_ws_small``: the small-call order,
             ``hopper_ws.small_call``; False), dense (``gluon_ws``, ``gluon_ws_small``: dense
-            [R, K] ids, ``DENSE_IDS``; False).
+            [R, K] ids, ``DENSE_IDS``; False), fused_reduce (``gluon_mma``, ``gluon_wgmma``
+            with num_splits > 1: the reduce in the same launch; None: :func:`fused_reduce`).
 
     Returns:
         (kernel, signature, constexprs, options): signature maps every parameter to its
@@ -499,7 +532,7 @@ def compile_args(
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
     target = get_target(target_name)
     known = {"num_heads", "dtype", "index_dtype", "has_sink", "num_splits", "return_lse",
-             "use_buffer", "config", "small", "dense"}  # fmt: skip
+             "use_buffer", "config", "small", "dense", "fused_reduce"}  # fmt: skip
     unknown = sorted(set(shape) - known)
     if unknown:
         raise ValueError(f"compile_args: unknown shape key(s) {unknown}; expected {sorted(known)}")
@@ -556,11 +589,13 @@ def compile_args(
             has_sink=bool(shape.get("has_sink", True)),
             num_splits=num_splits,
             write_lse=bool(shape.get("return_lse", False)),
+            fused=shape.get("fused_reduce"),
         )
         signature = {
             "q_ptr": elem, "kv_ptr": elem, "idx_ptr": idx, "indptr_ptr": idx,
             "sink_ptr": "*fp32", "out_ptr": elem, "lse_ptr": "*fp32", "opart_ptr": "*fp32",
-            "lsepart_ptr": "*fp32", "stride_qr": "i32", "stride_qh": "i32", "stride_kvn": "i32",
+            "lsepart_ptr": "*fp32", "count_ptr": "*i32", "stride_qr": "i32", "stride_qh": "i32",
+            "stride_kvn": "i32",
             "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32", "num_kv": "i32",
             "nnz": "i32", "qk_scale": "fp32",
         }  # fmt: skip
@@ -574,11 +609,12 @@ def compile_args(
         num_splits=num_splits,
         write_lse=write_lse,
         use_buffer=bool(shape.get("use_buffer", True)),
+        fused=shape.get("fused_reduce"),
     )
     signature = {
         "q_ptr": elem, "qpe_ptr": elem, "kv_ptr": elem, "kpe_ptr": elem, "idx_ptr": idx,
         "indptr_ptr": idx, "sink_ptr": "*fp32", "out_ptr": elem, "lse_ptr": "*fp32",
-        "opart_ptr": "*fp32", "lsepart_ptr": "*fp32",
+        "opart_ptr": "*fp32", "lsepart_ptr": "*fp32", "count_ptr": "*i32",
         "stride_qr": "i32", "stride_qh": "i32", "stride_qper": "i32", "stride_qpeh": "i32",
         "stride_kvn": "i32", "stride_kpen": "i32", "stride_or": "i32", "stride_oh": "i32",
         "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
@@ -844,18 +880,27 @@ def run_validated(
     pools = (kv2, kpe2) if has_pe else (kv2,)
     sink = attn_sink.contiguous() if attn_sink is not None else _unused(q_nope.device)
     lse_arg = lse if lse is not None else _unused(q_nope.device)
+    fused = fused_reduce(splits, tgt, block_h)
     if splits > 1:
         opart = torch.empty(R, splits, H, HEAD_DIM, dtype=torch.float32, device=q_nope.device)
         lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
     else:
         opart = lsepart = _unused(q_nope.device)
+    # The fused reduce's arrival counters, one per (row, head block): zero at rest (the last
+    # split of each sets its counter back to 0), so a kept set serves the next launch too.
+    count = (
+        fastlaunch.zeroed(R * runtime.cdiv(H, block_h), torch.int32, q_nope.device)
+        if fused
+        else _unused(q_nope.device, torch.int32)
+    )
     if name == "gluon_wgmma":
         wcx = _cached(wgmma_constexprs)(
-            cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse
-        )
+            cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse,
+            fused=fused,
+        )  # fmt: skip
         fastlaunch.launcher(_prefill_wgmma_kernel)(
             (R * runtime.cdiv(H, block_h), splits),
-            (q_nope, kv2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
+            (q_nope, kv2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart, count,
              q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
              H, N, kv_indices.numel(), float(sm_scale) * _LOG2E),
             fastlaunch.merged(wcx, num_warps=cfg.num_warps, num_stages=1),
@@ -863,10 +908,10 @@ def run_validated(
     else:
         _launch_shared(
             cfg, tgt, q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sink, out, lse_arg, opart,
-            lsepart, sm_scale, has_pe=has_pe, has_sink=attn_sink is not None, splits=splits,
-            write_lse=return_lse, use_buffer=_use_buffer(tgt, *pools),
+            lsepart, count, sm_scale, has_pe=has_pe, has_sink=attn_sink is not None, splits=splits,
+            write_lse=return_lse, use_buffer=_use_buffer(tgt, *pools), fused=fused,
         )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and not fused:
         rcx = _cached(_reduce_constexprs)(H, splits, attn_sink is not None, return_lse, tgt)
         fastlaunch.launcher(_mla_reduce_kernel)(
             (R, runtime.cdiv(H, rcx["BLOCK_H"])),
@@ -997,21 +1042,21 @@ def _tma_addressable(t: torch.Tensor) -> bool:
 
 def _launch_shared(
     cfg, tgt, q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
-    sm_scale, *, has_pe, has_sink, splits, write_lse, use_buffer,
+    count, sm_scale, *, has_pe, has_sink, splits, write_lse, use_buffer, fused,
 ):  # fmt: skip
     """Launch the shared algorithm's ``_mla_fwd_kernel`` (``gluon_mma``: decode and prefill,
     every target, any H)."""
     R, H, _ = q_nope.shape
     cx = _cached(kernel_constexprs)(
         cfg, tgt, has_pe=has_pe, has_sink=has_sink, num_splits=splits, write_lse=write_lse,
-        use_buffer=use_buffer,
+        use_buffer=use_buffer, fused=fused,
     )  # fmt: skip
     qpe = q_pe if has_pe else q_nope
     kpe = kpe2 if has_pe else kv2
     grid = (R, runtime.cdiv(H, cfg.BLOCK_H), splits)
     fastlaunch.launcher(_mla_fwd_kernel)(
         grid,
-        (q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart,
+        (q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart, count,
          q_nope.stride(0), q_nope.stride(1), qpe.stride(0), qpe.stride(1),
          kv2.stride(0), kpe.stride(0), out.stride(0), out.stride(1),
          H, kv2.shape[0], kv_indices.numel(), float(sm_scale) * _LOG2E),
@@ -1019,16 +1064,17 @@ def _launch_shared(
     )  # fmt: skip
 
 
-_UNUSED: dict[torch.device, torch.Tensor] = {}
+_UNUSED: dict[tuple, torch.Tensor] = {}
 
 
-def _unused(device: torch.device) -> torch.Tensor:
-    """:func:`lse_dummy` made once per device (the launch neither reads nor writes it)."""
-    t = _UNUSED.get(device)
+def _unused(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`lse_dummy` (or an int32 one: the arrival counters of a launch without the fused
+    reduce) made once per (device, dtype); the launch neither reads nor writes it."""
+    t = _UNUSED.get((device, dtype))
     if t is None:
-        t = torch.empty(1, dtype=torch.float32, device=device)
+        t = torch.empty(1, dtype=dtype, device=device)
         if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-            _UNUSED[device] = t
+            _UNUSED[(device, dtype)] = t
     return t
 
 
