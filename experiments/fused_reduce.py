@@ -20,11 +20,19 @@ memset a call), checked against the fp32 reference, compared bit for bit, and ti
 (``bench.time_interleaved``, balanced orders, 8 rounds).
 
     python experiments/fused_reduce.py [T x H x kernel ...]     # an H200; ~1-2 min
+
+``--split-config``: instead, ``gluon_mma``'s default launch (32/64-head blocks above 16 heads:
+splits and a second launch) against ``config=None``, which for prefill calls that split takes
+16-head blocks (``launch.SPLIT_CONFIG``: 4x the programs, fewer splits, the reduce fused), at
+H 32/64/128 and the same T. Prediction, before running it: 16-head blocks faster at T = 4/16
+(the T=4 H16 call, 10 splits over 4 programs, took 19.3 us fused; the 64-head form of T=4 H64
+33.9 us two launches), about even or slower at T = 64 (four times the row gathers, no split).
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -83,13 +91,57 @@ def point(T: int, H: int, kernel: str, dev: torch.device) -> str:
             f"bit-equal {same}")  # fmt: skip
 
 
+def split_config_point(T: int, H: int, dev: torch.device) -> str:
+    """``gluon_mma`` forced with its default launch (head blocks of 32/64 above 16 heads: splits
+    and a second launch) against ``config=None``, which for a prefill call that splits takes
+    ``launch.SPLIT_CONFIG`` (16-head blocks, fused reduce)."""
+    w = workloads.dsv4_csa(T, H, topk=bench._grid_topk(H), context=CONTEXT, device=dev, seed=0,
+                           big_buffer=True)  # fmt: skip
+    q, kv, idx, indptr, scale = w.args()
+    kv = kv[:, 0, :] if kv.dim() == 3 else kv
+    refs = bench._References(w, 256)
+    sm90 = launch.get_target("sm90")
+    units = launch._num_compute_units(0)
+    # a copy: the default object itself is the kernel's own launch, which run_validated trades
+    default = replace(launch._default_mma(H, sm90))
+    splits = [
+        choose_num_splits(T, H, idx.numel(), c, units) for c in (default, launch.SPLIT_CONFIG)
+    ]
+    out = torch.empty_like(q)
+    fns = []
+    for cfg in (default, None):
+
+        def run(o, cfg=cfg):
+            return mla_gluon(q, None, kv, None, idx, indptr, scale, has_pe=False,
+                             attn_sink=w.attn_sink, out=o, kernel="gluon_mma",
+                             config=cfg)  # fmt: skip
+
+        ok, _rel, note = bench._check(run, w, 256, refs)
+        if not ok:
+            raise SystemExit(f"T={T} H={H} config={cfg}: wrong ({note})")
+        fns.append(lambda run=run: run(out))
+    ms = bench.time_interleaved(fns, 30.0, rounds=8)
+    a, b = (m * 1e3 for m in ms)
+    return (f"gluon_mma T={T:4d} H={H:3d}: {default.BLOCK_H}-head blocks ({splits[0]} splits, "
+            f"two launches) {a:7.2f} us  16-head blocks ({splits[1]} splits, one launch) "
+            f"{b:7.2f} us  16/default {b / a:.3f}")  # fmt: skip
+
+
 def main() -> None:
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     fastlaunch.zeroed = _kept_zeros
-    pts = POINTS
-    if len(sys.argv) > 1:
-        pts = [(int(a), int(b), c) for a, b, c in (x.split("x") for x in sys.argv[1:])]
+    argv = sys.argv[1:]
+    if "--split-config" in argv:  # only the second table
+        only = [tuple(map(int, a.split("x"))) for a in argv if a != "--split-config"]
+        for T, H in only or [(T, H) for H in (32, 64, 128) for T in (4, 16, 64)]:
+            print(split_config_point(T, H, dev), flush=True)
+        argv = []
+        pts = []
+    else:
+        pts = POINTS
+    if argv:
+        pts = [(int(a), int(b), c) for a, b, c in (x.split("x") for x in argv)]
     for T, H, k in pts:
         print(point(T, H, k, dev), flush=True)
     torch.cuda.synchronize()

@@ -421,14 +421,67 @@ def test_replay_passes_addresses(standin, name):
 
 
 def _split_launches(name, H):
-    """(launches, scratch tensors) of a split call of ``name`` at H heads on sm90: the reduce
-    fused into the split launch for 16-head blocks (fp32 partials and int32 arrival counters),
-    else a second launch (the partials)."""
+    """(launches, scratch tensors) of a split prefill call of ``name`` at H heads on sm90 with
+    the kernel's own launch: the reduce fused into the split launch for 16-head blocks (fp32
+    partials and int32 arrival counters; ``gluon_mma`` takes them for every split prefill call,
+    ``launch.SPLIT_CONFIG``), else a second launch (the partials)."""
     from sparse_mla.gluon import launch
 
     sm90 = launch.get_target("sm90")
-    cfg = launch.resolve_launch(name, None, H, sm90)
+    cfg = launch.SPLIT_CONFIG if name == "gluon_mma" else launch.resolve_launch(name, None, H, sm90)
     return (1, 3) if launch.fused_reduce(2, sm90, cfg.BLOCK_H) else (2, 2)
+
+
+@pytest.mark.parametrize("H", [16, 32, 64, 128])
+def test_gluon_mma_prefill_calls_that_split_take_16_head_blocks(standin, monkeypatch, H):
+    """gluon_mma with its own launch: a prefill call that splits with the default head blocks
+    (32/64 above 16 heads) runs 16-head blocks with the reduce fused; one that does not split,
+    an explicit launch or an explicit split count keeps what it asked for."""
+    from sparse_mla.gluon import launch
+
+    got = []
+
+    def fake(cfg, tgt, *args, splits, fused, **kw):
+        got.append((cfg.BLOCK_H, splits, fused))
+
+    monkeypatch.setattr(launch, "_launch_shared", fake)
+    sm90 = launch.get_target("sm90")
+    default = launch._default_mma(H, sm90)
+    small = make_case(4, H, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=40,
+                      empty_rows=False)  # fmt: skip
+    big = make_case(140, H, 512, N=300, max_slots=40, dtype=torch.bfloat16, seed=41)
+
+    def run(c, **kw):
+        got.clear()
+        launch.mla_gluon(c.q, None, c.kv, None, c.kv_indices, c.kv_indptr, c.softmax_scale,
+                         has_pe=False, attn_sink=c.attn_sink, kernel="gluon_mma", **kw)  # fmt: skip
+        (one,) = got
+        return one
+
+    bh, splits, fused = run(small)
+    assert bh == 16 and splits > 1 and fused
+    assert run(small, config=default) == (bh, splits, fused)  # the default, as dispatch gives it
+    given = replace(default)  # the same fields, given by the caller: kept
+    assert run(small, config=given)[0] == default.BLOCK_H
+    assert run(small, config=given)[2] == (default.BLOCK_H <= 16)
+    assert run(small, num_kv_splits=3) == (default.BLOCK_H, 3, default.BLOCK_H <= 16)
+    assert run(big) == (default.BLOCK_H, 1, False)
+    assert run(small, config=default) == (bh, splits, fused)
+    # 40 rows: the default head blocks split; 16-head ones only below 132 programs (H <= 48)
+    mid = make_case(40, H, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=42,
+                    empty_rows=False)  # fmt: skip
+    units = launch._num_compute_units(0)
+    nnz = mid.kv_indices.numel()
+    s16 = launch.choose_num_splits(40, H, nnz, launch.SPLIT_CONFIG, units)
+    s_def = launch.choose_num_splits(40, H, nnz, default, units)
+    assert (s16 > 1) == (units > 40 * -(-H // 16)) and s_def > 1
+    want = (16, s16, True) if s16 > 1 else (default.BLOCK_H, s_def, default.BLOCK_H <= 16)
+    assert run(mid) == want
+    # through the public entry (dispatch resolves the launch to the default object)
+    got.clear()
+    prefill.sparse_mla_prefill(*small.args(), attn_sink=small.attn_sink, validate=False,
+                               config=dispatch.Choice("gluon_mma"))  # fmt: skip
+    assert got[-1] == (bh, splits, fused)
 
 
 def _split_case(name, standin, seed=20, H=64):

@@ -49,6 +49,7 @@ HEAD_DIM = 512
 PE_DIM = 64
 DK = 64  # width of one Q/K chunk of S = Q K^T
 MAX_SPLITS = 16
+SPLIT_BLOCK_H = 16  # gluon_mma's head block for prefill calls that split (run_validated)
 SMEM_LIMIT = 227 * 1024  # sm90 shared memory per block
 
 # ----------------------------------------------------------------------------------------------
@@ -239,11 +240,20 @@ def _why_not_ws_small(cfg, target, **kw):
     return _why_not_ws(cfg, target, config_type=SmallWSConfig, **kw)
 
 
+@functools.cache
 def _default_mma(num_heads: int, target: Target) -> GluonConfig:
     """BLOCK_H covers the heads up to 64 (a KV row is gathered once per 64 heads); 8 warps at
-    BLOCK_H=64 keep the [64, 512] fp32 accumulator at 64 registers per lane (Hopper: 128)."""
+    BLOCK_H=64 keep the [64, 512] fp32 accumulator at 64 registers per lane (Hopper: 128).
+    One object per (heads, target): a launch that is this object is the kernel's own, which a
+    prefill call that splits may trade for :data:`SPLIT_CONFIG` (:func:`run_validated`); a
+    config given with the same fields is kept as given."""
     block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
     return GluonConfig(BLOCK_H=block_h, BLOCK_K=32, num_warps=8 if block_h == 64 else 4)
+
+
+# gluon_mma's launch for prefill calls that split with its default head blocks (> 16 heads): the
+# default's 16-head form, whose splits' reduce runs in the split launch (fused_reduce).
+SPLIT_CONFIG = GluonConfig(BLOCK_H=SPLIT_BLOCK_H, BLOCK_K=32, num_warps=4)
 
 
 def _default_wgmma(num_heads: int, target: Target) -> GluonConfig:
@@ -287,7 +297,9 @@ KERNELS: dict[str, GluonKernel] = {
         GluonKernel(
             "gluon_mma",
             "the shared Gluon MLA algorithm (algorithm.py): decode and sparse prefill, mma.sync "
-            "on sm80-sm90, MFMA and buffer loads on gfx950; KV splits with a reduce step",
+            "on sm80-sm90, MFMA and buffer loads on gfx950; KV splits with a reduce step (on "
+            "NVIDIA with 16-head blocks in the same launch; a prefill call that splits with its "
+            "default launch takes 16-head blocks)",
             ("decode", "prefill"), ("sm90", "gfx950"), GluonConfig, _default_mma, _why_not_mma,
             True, {"BLOCK_H": (16, 32, 64), "BLOCK_K": (16, 32, 64), "num_warps": (4, 8)},
         ),
@@ -873,10 +885,23 @@ def run_validated(
                            constexprs=_ws_constexprs(cfg),
                            small_call=getattr(module, "small_call", None))  # fmt: skip
         return out
+    units = _num_compute_units(dev)
+    splits = num_kv_splits or choose_num_splits(R, H, kv_indices.numel(), cfg, units)
+    if (
+        splits > 1 and num_kv_splits is None and not has_pe and name == "gluon_mma"
+        and (config is None or config is _default_mma(H, tgt)) and cfg.BLOCK_H > SPLIT_BLOCK_H
+        and tgt.backend == "cuda"
+    ):  # fmt: skip
+        # A prefill call too small to fill the GPU with the kernel's own head blocks (its
+        # default launch, given by the dispatch or by None): the same kernel with 16-head
+        # blocks (4x the programs, fewer splits, and the reduce fused into the launch).
+        # Only while 16-head programs still leave SMs idle (they split too): where they fill
+        # the GPU, 4x the row gathers cost more than the second launch saves (H200, T=64 H128).
+        split16 = choose_num_splits(R, H, kv_indices.numel(), SPLIT_CONFIG, units)
+        if split16 > 1:
+            cfg = _checked_launch(name, SPLIT_CONFIG, H, tgt, has_pe, return_lse, None)
+            splits = split16
     block_h = cfg.BLOCK_H
-    splits = num_kv_splits or choose_num_splits(
-        R, H, kv_indices.numel(), cfg, _num_compute_units(dev)
-    )
     pools = (kv2, kpe2) if has_pe else (kv2,)
     sink = attn_sink.contiguous() if attn_sink is not None else _unused(q_nope.device)
     lse_arg = lse if lse is not None else _unused(q_nope.device)
