@@ -464,10 +464,11 @@ def fused_reduce(num_splits: int, target: Target, block_h: int) -> bool:
     launch of ``_mla_reduce_kernel``: on NVIDIA targets with head blocks of at most 16.
 
     Measured on the H200 (``experiments/fused_reduce.py``, docs/PERF_NOTES.md): with 16-head
-    blocks the fused call is 1-8 us faster (the second launch's gap gone); with 64-head blocks
-    slower by 2.5-34 us, growing with the splits (one program combines splits x 64 heads x 2 KB
-    of partials alone, where the reduce kernel spreads them over 16-head programs). gfx950
-    keeps the second launch (its acquire/release across XCDs' L2s is untested on hardware)."""
+    blocks the fused call is 1-9 us faster (the second launch's gap gone); with 32- and 64-head
+    blocks slower by 2-35 us, growing with splits x heads (one program combines splits x
+    BLOCK_H x 2 KB of partials alone, where the reduce kernel spreads them over 16-head
+    programs). gfx950 keeps the second launch (its acquire/release across XCDs' L2s is untested
+    on hardware)."""
     return num_splits > 1 and target.backend == "cuda" and block_h <= 16
 
 
