@@ -21,12 +21,21 @@ memset a call), checked against the fp32 reference, compared bit for bit, and ti
 
     python experiments/fused_reduce.py [T x H x kernel ...]     # an H200; ~1-2 min
 
+Since the combiner programs (``algorithm._combiner``: 32- and 64-head blocks fuse too, one
+program a 16-head part after waiting for the splits' arrivals), ``gluon_mma`` runs its own
+head blocks here (the launch given as a copy, which ``run_validated`` does not trade for
+16-head blocks). Prediction for the combiners against two launches (before their first run):
+-0.5..-2 us of GPU time a split call (the second launch's gap gone, the combine spread as the
+reduce kernel spreads it; +0.3-0.5 us for each program's ticket), i.e. the losses of the
+last-arrival form at 32/64-head blocks (+2..+35 us) gone.
+
 ``--split-config``: instead, ``gluon_mma``'s default launch (32/64-head blocks above 16 heads:
-splits and a second launch) against ``config=None``, which for prefill calls that split takes
-16-head blocks (``launch.SPLIT_CONFIG``: 4x the programs, fewer splits, the reduce fused), at
-H 32/64/128 and the same T. Prediction, before running it: 16-head blocks faster at T = 4/16
-(the T=4 H16 call, 10 splits over 4 programs, took 19.3 us fused; the 64-head form of T=4 H64
-33.9 us two launches), about even or slower at T = 64 (four times the row gathers, no split).
+splits, fused by combiners since they exist; a second launch before) against ``config=None``,
+which for prefill calls that split takes 16-head blocks (``launch.SPLIT_CONFIG``: 4x the
+programs, fewer splits, the reduce fused), at H 32/64/128 and the same T. Prediction, before
+running it: 16-head blocks faster at T = 4/16 (the T=4 H16 call, 10 splits over 4 programs,
+took 19.3 us fused; the 64-head form of T=4 H64 33.9 us two launches), about even or slower at
+T = 64 (four times the row gathers, no split).
 """
 
 from __future__ import annotations
@@ -66,6 +75,9 @@ def point(T: int, H: int, kernel: str, dev: torch.device) -> str:
     refs = bench._References(w, 256)
     cfg = launch.resolve_launch(kernel, None, H, launch.get_target("sm90"))
     splits = choose_num_splits(T, H, idx.numel(), cfg, launch._num_compute_units(0))
+    # gluon_mma's own launch given as a copy: the default object itself would be traded for
+    # 16-head blocks at these T (run_validated); here the kernel's head blocks are the point.
+    given = replace(cfg) if kernel == "gluon_mma" else None
     out = torch.empty_like(q)
     fns, outs = [], []
     for fused in (True, False):
@@ -74,7 +86,8 @@ def point(T: int, H: int, kernel: str, dev: torch.device) -> str:
             launch.fused_reduce = lambda s, t, bh, f=fused: f and s > 1 and t.backend == "cuda"
             try:
                 return mla_gluon(q, None, kv, None, idx, indptr, scale, has_pe=False,
-                                 attn_sink=w.attn_sink, out=o, kernel=kernel)  # fmt: skip
+                                 attn_sink=w.attn_sink, out=o, kernel=kernel,
+                                 config=given)  # fmt: skip
             finally:
                 launch.fused_reduce = _REAL_RULE
 
@@ -86,7 +99,9 @@ def point(T: int, H: int, kernel: str, dev: torch.device) -> str:
     same = torch.equal(outs[0], outs[1])
     ms = bench.time_interleaved(fns, 30.0, rounds=8)
     f, t = (m * 1e3 for m in ms)
-    return (f"{kernel:11s} T={T:4d} H={H:3d} nnz={idx.numel():6d} splits={splits:2d}: "
+    how = f"{launch.combiners(cfg.BLOCK_H)} combiners" if cfg.BLOCK_H > 16 else "last arrival"
+    return (f"{kernel:11s} T={T:4d} H={H:3d} ({cfg.BLOCK_H:2d}-head blocks, fused by {how}) "
+            f"nnz={idx.numel():6d} splits={splits:2d}: "
             f"fused {f:7.2f} us  two launches {t:7.2f} us  fused-two {f - t:+6.2f} us  "
             f"bit-equal {same}")  # fmt: skip
 
@@ -122,8 +137,9 @@ def split_config_point(T: int, H: int, dev: torch.device) -> str:
         fns.append(lambda run=run: run(out))
     ms = bench.time_interleaved(fns, 30.0, rounds=8)
     a, b = (m * 1e3 for m in ms)
+    two = "one launch" if launch.fused_reduce(splits[0], sm90, default.BLOCK_H) else "two launches"
     return (f"gluon_mma T={T:4d} H={H:3d}: {default.BLOCK_H}-head blocks ({splits[0]} splits, "
-            f"two launches) {a:7.2f} us  16-head blocks ({splits[1]} splits, one launch) "
+            f"{two}) {a:7.2f} us  16-head blocks ({splits[1]} splits, one launch) "
             f"{b:7.2f} us  16/default {b / a:.3f}")  # fmt: skip
 
 

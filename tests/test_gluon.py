@@ -605,17 +605,19 @@ def test_gpu_prefill_matches_reference(H, with_sink, index_dtype, splits, kernel
 @pytest.mark.parametrize("kernel, H", [("gluon_mma", 16), ("gluon_mma", 128),
                                        ("gluon_wgmma", 64), ("gluon_wgmma", 128)])  # fmt: skip
 def test_gpu_split_counters_are_zero_at_rest(kernel, H):
-    """The fused reduce's arrival counters: a set reused by calls of other row counts and
-    split counts, back to back on one stream with no sync, comes back all zero after each,
-    and every call is right (fp32 rule, NaN-poisoned out) and bit-equal to the same call
-    with fresh counters and to the reduce as a second launch; 16 splits over 3 rows make
-    arrivals race."""
+    """The fused reduce's arrival counters and work ticket: a set reused by calls of other row
+    counts and split counts, back to back on one stream with no sync, comes back all zero
+    after each, and every call is right (fp32 rule, NaN-poisoned out) and bit-equal to the same
+    call with fresh counters and to the reduce as a second launch; 16 splits over 3 rows make
+    arrivals race. 16-head blocks fuse by the last arrival, 64-head ones by combiner programs
+    (every split call here fused, whether or not its combiners fit on the SMs at once: 40
+    rows of 128 heads make 320, so some wait for SMs the splits hold)."""
     from sparse_mla.gluon import launch
 
     made = []
     real = launch.fastlaunch.zeroed
     rule = launch.fused_reduce  # every split call of the test fused, 64-head blocks included
-    launch.fused_reduce = lambda s, t, bh: s > 1 and t.backend == "cuda"
+    launch.fused_reduce = lambda s, t, bh, *_: s > 1 and t.backend == "cuda"
 
     def keep_one(n, dtype, device):  # one counter buffer for every call of the test
         if not made:
@@ -630,11 +632,11 @@ def test_gpu_split_counters_are_zero_at_rest(kernel, H):
         fresh = {
             r: _check_prefill(cases[r[0]], sink, kernel=kernel, num_kv_splits=r[1]) for r in runs
         }
-        launch.fused_reduce = lambda s, t, bh: False
+        launch.fused_reduce = lambda s, t, bh, *_: False
         for r in runs:
             two = _check_prefill(cases[r[0]], sink, kernel=kernel, num_kv_splits=r[1])
             assert torch.equal(two, fresh[r]), ("fused != two launches", r)
-        launch.fused_reduce = lambda s, t, bh: s > 1 and t.backend == "cuda"
+        launch.fused_reduce = lambda s, t, bh, *_: s > 1 and t.backend == "cuda"
         launch.fastlaunch.zeroed = keep_one
         for _ in range(3):
             for T, splits in runs:
@@ -711,33 +713,57 @@ def test_split_reduce_kernel_cross_compiles(target):
 
 @pytest.mark.parametrize("kernel, mode, H", [
     ("gluon_mma", "prefill", 16), ("gluon_mma", "decode", 8), ("gluon_mma", "prefill", 64),
-    ("gluon_wgmma", "prefill", 64),
+    ("gluon_mma", "decode", 128), ("gluon_wgmma", "prefill", 64),
 ])  # fmt: skip
 def test_split_launch_fuses_its_reduce_on_sm90(kernel, mode, H):
-    """With KV splits, the sm90 kernels can combine their partials in the same launch: one
-    acquire-release atomic add at GPU scope (the arrival count) by one thread, after a barrier
-    (every warp's partial stores issued first), the partials loaded past L1 (ld.global.cg);
-    without splits none of it. By the rule (launch.fused_reduce) only 16-head blocks fuse;
-    gfx950 keeps the reduce launch (no atomic in its split kernel). Numerics: the GPU tests of
-    splits (test_gpu_prefill_matches_reference, test_gpu_split_counters_are_zero_at_rest)."""
-    from sparse_mla.gluon.launch import compile_for, fused_reduce, resolve_launch
+    """With KV splits, the sm90 kernels combine their partials in the same launch. 16-head
+    blocks: one acquire-release atomic add at GPU scope (the arrival count) by one thread,
+    after a barrier (every warp's partial stores issued first), the partials loaded past L1
+    (ld.global.cg). Larger blocks (combiner programs): a relaxed atomic add first (the work
+    ticket, before any other global access), the splits' arrival as a release add after the
+    barrier behind their partial stores, the combiners' poll an acquire load in a loop, then
+    their .cg loads and a relaxed arrival of their own. Without splits none of it; gfx950
+    keeps the reduce launch (no atomic in its split kernel). Numerics: the GPU tests of splits
+    (test_gpu_prefill_matches_reference, test_gpu_split_counters_are_zero_at_rest)."""
+    from sparse_mla.gluon.launch import combiners, compile_for, fused_reduce, resolve_launch
 
     cfg = resolve_launch(kernel, None, H, get_target("sm90"))
+    assert fused_reduce(4, get_target("sm90"), cfg.BLOCK_H)
+    assert not fused_reduce(1, get_target("sm90"), cfg.BLOCK_H)
+    assert not fused_reduce(4, get_target("gfx950"), cfg.BLOCK_H)
+    # combiners beyond one wave of the SMs: a second launch (16-head blocks fuse regardless)
+    assert fused_reduce(4, get_target("sm90"), cfg.BLOCK_H, 133, 132) == (cfg.BLOCK_H <= 16)
     by_rule = compile_for(mode, "sm90", kernel, num_splits=4, num_heads=H).asm["ptx"]
-    assert ("atom." in by_rule) == fused_reduce(4, get_target("sm90"), cfg.BLOCK_H) == (H <= 16)
+    assert "atom." in by_rule
     one = compile_for(mode, "sm90", kernel, num_splits=1, num_heads=H, fused_reduce=True)
     assert "atom." not in one.asm["ptx"] and "ld.global.cg" not in one.asm["ptx"]
     ptx = compile_for(mode, "sm90", kernel, num_splits=4, num_heads=H, fused_reduce=True)
     lines = [ln.strip() for ln in ptx.asm["ptx"].splitlines()]
     atoms = [i for i, ln in enumerate(lines) if "atom." in ln]
-    assert len(atoms) == 1, [lines[i] for i in atoms]
-    atom = lines[atoms[0]]
-    assert atom.startswith("@%p") and "atom.global.gpu.acq_rel.add" in atom, atom
-    before = lines[: atoms[0]]
-    last_store = max(i for i, ln in enumerate(before) if "st.global" in ln)
-    last_bar = max(i for i, ln in enumerate(before) if ln.startswith("bar.sync"))
-    assert last_bar > last_store, "the partials' stores must come before the barrier"
+    assert all(lines[i].startswith("@%p") for i in atoms), "one thread's atomics"
     assert sum("ld.global.cg" in ln for ln in lines) > 0
+
+    def after_barrier_behind_stores(i):
+        before = lines[:i]
+        last_store = max(k for k, ln in enumerate(before) if "st.global" in ln)
+        last_bar = max(k for k, ln in enumerate(before) if ln.startswith("bar.sync"))
+        return last_bar > last_store
+
+    if combiners(cfg.BLOCK_H) == 0:
+        assert len(atoms) == 1, [lines[i] for i in atoms]
+        assert "atom.global.gpu.acq_rel.add" in lines[atoms[0]], lines[atoms[0]]
+        assert after_barrier_behind_stores(atoms[0]), "partial stores, barrier, then arrival"
+    else:
+        kinds = [lines[i] for i in atoms]
+        assert len(atoms) == 3, kinds
+        first_global = min(i for i, ln in enumerate(lines) if "ld.global" in ln or "atom." in ln)
+        assert first_global == atoms[0] and "atom.global.gpu.relaxed.add" in kinds[0], kinds
+        (arrival,) = [i for i in atoms if "atom.global.gpu.release.add" in lines[i]]
+        assert after_barrier_behind_stores(arrival), "partial stores, barrier, then arrival"
+        assert sum("atom.global.gpu.relaxed.add" in k for k in kinds) == 2, kinds
+        polls = [i for i, ln in enumerate(lines) if "ld.global.gpu.acquire" in ln]
+        assert polls, "the combiners' poll is an acquire load"
+        assert min(k for k, ln in enumerate(lines) if "ld.global.cg" in ln) > min(polls)
     if kernel == "gluon_mma":
         amd = compile_for(mode, "gfx950", kernel, num_splits=4, num_heads=H).asm["amdgcn"]
         assert "global_atomic" not in amd and "buffer_atomic" not in amd

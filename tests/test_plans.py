@@ -463,8 +463,9 @@ def test_gluon_mma_prefill_calls_that_split_take_16_head_blocks(standin, monkeyp
     assert run(small, config=default) == (bh, splits, fused)  # the default, as dispatch gives it
     given = replace(default)  # the same fields, given by the caller: kept
     assert run(small, config=given)[0] == default.BLOCK_H
-    assert run(small, config=given)[2] == (default.BLOCK_H <= 16)
-    assert run(small, num_kv_splits=3) == (default.BLOCK_H, 3, default.BLOCK_H <= 16)
+    # T=4: the default head blocks' combiners fit on the SMs, so those splits fuse too
+    assert run(small, config=given)[2]
+    assert run(small, num_kv_splits=3) == (default.BLOCK_H, 3, True)
     assert run(big) == (default.BLOCK_H, 1, False)
     assert run(small, config=default) == (bh, splits, fused)
     # 40 rows: the default head blocks split; 16-head ones only below 132 programs (H <= 48)
@@ -475,7 +476,10 @@ def test_gluon_mma_prefill_calls_that_split_take_16_head_blocks(standin, monkeyp
     s16 = launch.choose_num_splits(40, H, nnz, launch.SPLIT_CONFIG, units)
     s_def = launch.choose_num_splits(40, H, nnz, default, units)
     assert (s16 > 1) == (units > 40 * -(-H // 16)) and s_def > 1
-    want = (16, s16, True) if s16 > 1 else (default.BLOCK_H, s_def, default.BLOCK_H <= 16)
+    groups = 40 * -(-H // default.BLOCK_H)
+    fused_mid = launch.fused_reduce(s_def, sm90, default.BLOCK_H, groups, units)
+    assert fused_mid == (launch.combiners(default.BLOCK_H) * groups <= units)
+    want = (16, s16, True) if s16 > 1 else (default.BLOCK_H, s_def, fused_mid)
     assert run(mid) == want
     # through the public entry (dispatch resolves the launch to the default object)
     got.clear()
@@ -612,7 +616,7 @@ def test_zero_at_rest_scratch_is_made_with_zeros_and_lent_as_is(standin, monkeyp
         return got[0]
 
     first = counters()  # no kept set: made with torch.zeros
-    assert first.numel() == 4 and torch.all(first == 0)  # 4 rows x 1 head block
+    assert first.numel() == 5 and torch.all(first == 0)  # 4 rows x 1 head block, the ticket
     first.fill_(7)  # as if a launch had left them non-zero (a broken kernel)
     assert counters() is first and torch.all(first == 7)  # the kept set, lent as it is
     fastlaunch.clear_scratch()

@@ -126,7 +126,7 @@ def _epilogue(
     BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_SINK: gl.constexpr,
     NUM_SPLITS: gl.constexpr, WRITE_LSE: gl.constexpr,
     ROW_S: gl.constexpr, ROW_O: gl.constexpr, COL_O: gl.constexpr,
-    FUSED_REDUCE: gl.constexpr, RED: gl.constexpr,
+    FUSED_REDUCE: gl.constexpr, RED: gl.constexpr, COMBINERS: gl.constexpr,
 ):  # fmt: skip
     """The end of every forward kernel, after the last tile: fold in the sink, normalise, store
     the output (and LSE), or with NUM_SPLITS > 1 store this split's normalised partial output
@@ -139,7 +139,9 @@ def _epilogue(
     counter in ``count_ptr`` releases them and tells whether this split is the last; that
     program sets the counter back to 0 (zero at rest: the next launch may use the same
     counters) and combines the partials (layout ``RED``), loading them past L1 (``.cg``: a
-    line of another head block's LSE partials may sit there from before they were written)."""
+    line of another head block's LSE partials may sit there from before they were written).
+    With ``COMBINERS`` > 0 the split only arrives (release); the launch's combiner programs
+    (:func:`_combiner`) wait for the count and combine the head block in COMBINERS parts."""
     offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_S)
     h_ok = offs_h < num_heads
     offs_ho = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_O)
@@ -178,14 +180,69 @@ def _epilogue(
         if FUSED_REDUCE:
             gl.thread_barrier()  # every warp's partial stores issued before the arrival
             counter = count_ptr + pid_r * gl.cdiv(num_heads, BLOCK_H) + pid_h
-            arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == NUM_SPLITS - 1:
-                gl.store(counter, 0)
-                _combine(
-                    opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r, pid_h * BLOCK_H,
-                    stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, 128, NUM_SPLITS,
-                    HAS_SINK, WRITE_LSE, RED, ".cg",
-                )  # fmt: skip
+            if COMBINERS > 0:
+                gl.atomic_add(counter, 1, sem="release", scope="gpu")
+            else:
+                arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                if arrived == NUM_SPLITS - 1:
+                    gl.store(counter, 0)
+                    _combine(
+                        opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r,
+                        pid_h * BLOCK_H, stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, 128,
+                        NUM_SPLITS, HAS_SINK, WRITE_LSE, RED, ".cg",
+                    )  # fmt: skip
+
+
+@gluon.jit
+def _ticket(count_ptr, groups, num_programs):
+    """This program's work ticket, in the order programs start: one relaxed atomic add on the
+    ticket counter (``count_ptr[groups]``, after the (row, head block) counters). The program
+    that draws the last ticket sets it back to 0: every other program has drawn its own by then,
+    and the next launch on the stream starts after this one ends (zero at rest)."""
+    t = gl.atomic_add(count_ptr + groups, 1, sem="relaxed", scope="gpu")
+    if t == num_programs - 1:
+        gl.store(count_ptr + groups, 0)
+    return t
+
+
+@gluon.jit
+def _combiner(
+    c, groups, rows, count_ptr, opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, stride_or,
+    stride_oh, num_heads, BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+    NUM_SPLITS: gl.constexpr, HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr,
+    RED: gl.constexpr, COMBINERS: gl.constexpr, ROW_FASTEST: gl.constexpr,
+):  # fmt: skip
+    """Combiner program ``c`` of a split launch with COMBINERS > 0: part ``c % COMBINERS`` (of
+    BLOCK_H / COMBINERS heads) of (row, head block) group ``c // COMBINERS``. It drew its ticket
+    after every split program had drawn one (:func:`_ticket`), so the splits it waits for are
+    running, whatever else holds the GPU: it polls the group's counter (acquire) until all
+    NUM_SPLITS have arrived, combines its heads' partials (``.cg``), then arrives itself; the
+    group's last combiner to arrive sets the counter back to 0. ``ROW_FASTEST``: the group
+    index is row + rows x head block (else head block + blocks x row), as the splits number
+    them."""
+    g = c // COMBINERS
+    part = c % COMBINERS
+    num_hb = gl.cdiv(num_heads, BLOCK_H)
+    if ROW_FASTEST:
+        pid_r = (g % rows).to(gl.int64)
+        pid_h = g // rows
+    else:
+        pid_r = (g // num_hb).to(gl.int64)
+        pid_h = g % num_hb
+    counter = count_ptr + pid_r * num_hb + pid_h
+    seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+    while seen < NUM_SPLITS:
+        seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+    SUB: gl.constexpr = BLOCK_H // COMBINERS
+    _combine(
+        opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r, pid_h * BLOCK_H + part * SUB,
+        stride_or, stride_oh, num_heads, SUB, HEAD_DIM, 128, NUM_SPLITS, HAS_SINK, WRITE_LSE,
+        RED, ".cg",
+    )  # fmt: skip
+    gl.thread_barrier()  # every warp's loads of the partials done before the arrival
+    done = gl.atomic_add(counter, 1, sem="relaxed", scope="gpu")
+    if done == NUM_SPLITS + COMBINERS - 1:
+        gl.store(counter, 0)
 
 
 @gluon.jit(do_not_specialize=["nnz"])
@@ -233,7 +290,94 @@ def _mla_fwd_kernel(
     SMEM: gl.constexpr,
     FUSED_REDUCE: gl.constexpr,
     RED: gl.constexpr,
+    COMBINERS: gl.constexpr = 0,  # > 0: combiner programs after the splits (_combiner)
 ):
+    """One program per (row, head block, KV split): grid (R, cdiv(H, BLOCK_H), NUM_SPLITS), or
+    with ``COMBINERS`` > 0 a 1-D grid of R x blocks x (NUM_SPLITS + COMBINERS) programs whose
+    roles come from work tickets in start order: the splits' first, then the combiners'
+    (:func:`_ticket`, :func:`_combiner`)."""
+    if COMBINERS > 0:
+        groups = gl.num_programs(0) // (NUM_SPLITS + COMBINERS)  # R x head blocks
+        rows = groups // gl.cdiv(num_heads, BLOCK_H)
+        t = _ticket(count_ptr, groups, gl.num_programs(0))
+        if t < groups * NUM_SPLITS:
+            g = t % groups
+            _fwd_program(
+                (g % rows).to(gl.int64), g // rows, t // groups, q_ptr, qpe_ptr, kv_ptr, kpe_ptr,
+                idx_ptr, indptr_ptr, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr, count_ptr,
+                stride_qr, stride_qh, stride_qper, stride_qpeh, stride_kvn, stride_kpen, stride_or,
+                stride_oh, num_heads, num_kv, nnz, qk_scale, ARCH, BLOCK_H, BLOCK_K, HEAD_DIM,
+                PE_DIM, DK, HAS_PE, HAS_SINK, NUM_SPLITS, WRITE_LSE, USE_BUFFER, K_WIDTH, MMA_QK,
+                MMA_PV, GATHER, GATHER_PE, SMEM, FUSED_REDUCE, RED, COMBINERS,
+            )  # fmt: skip
+        else:
+            _combiner(
+                t - groups * NUM_SPLITS, groups, rows, count_ptr, opart_ptr, lsepart_ptr,
+                sink_ptr, out_ptr, lse_ptr, stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM,
+                NUM_SPLITS, HAS_SINK, WRITE_LSE, RED, COMBINERS, True,
+            )  # fmt: skip
+    else:
+        _fwd_program(
+            gl.program_id(0).to(gl.int64), gl.program_id(1), gl.program_id(2), q_ptr, qpe_ptr,
+            kv_ptr, kpe_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, lse_ptr, opart_ptr,
+            lsepart_ptr, count_ptr, stride_qr, stride_qh, stride_qper, stride_qpeh, stride_kvn,
+            stride_kpen, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale, ARCH, BLOCK_H,
+            BLOCK_K, HEAD_DIM, PE_DIM, DK, HAS_PE, HAS_SINK, NUM_SPLITS, WRITE_LSE, USE_BUFFER,
+            K_WIDTH, MMA_QK, MMA_PV, GATHER, GATHER_PE, SMEM, FUSED_REDUCE, RED, COMBINERS,
+        )  # fmt: skip
+
+
+@gluon.jit
+def _fwd_program(
+    pid_r,
+    pid_h,
+    pid_s,
+    q_ptr,  # [R, H, HEAD_DIM]
+    qpe_ptr,  # [R, H, PE_DIM] (unused without HAS_PE)
+    kv_ptr,  # [N, HEAD_DIM]
+    kpe_ptr,  # [N, PE_DIM] (unused without HAS_PE)
+    idx_ptr,  # [nnz] int32 | int64
+    indptr_ptr,  # [R + 1]
+    sink_ptr,  # [H] fp32 (unused without HAS_SINK)
+    out_ptr,  # [R, H, HEAD_DIM]
+    lse_ptr,  # [R, H] fp32 (written under WRITE_LSE)
+    opart_ptr,  # [R, NUM_SPLITS, H, HEAD_DIM] fp32 (NUM_SPLITS > 1)
+    lsepart_ptr,  # [R, NUM_SPLITS, H] fp32, base-2 (NUM_SPLITS > 1)
+    count_ptr,  # [R * cdiv(H, BLOCK_H)] int32, zero at rest (FUSED_REDUCE)
+    stride_qr,
+    stride_qh,
+    stride_qper,
+    stride_qpeh,
+    stride_kvn,
+    stride_kpen,
+    stride_or,
+    stride_oh,
+    num_heads,
+    num_kv,
+    nnz,  # kv_indices.numel(): each row's CSR range is clamped to [0, nnz]
+    qk_scale,  # sm_scale * log2(e)
+    ARCH: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    PE_DIM: gl.constexpr,
+    DK: gl.constexpr,
+    HAS_PE: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    NUM_SPLITS: gl.constexpr,
+    WRITE_LSE: gl.constexpr,
+    USE_BUFFER: gl.constexpr,
+    K_WIDTH: gl.constexpr,
+    MMA_QK: gl.constexpr,
+    MMA_PV: gl.constexpr,
+    GATHER: gl.constexpr,
+    GATHER_PE: gl.constexpr,
+    SMEM: gl.constexpr,
+    FUSED_REDUCE: gl.constexpr,
+    RED: gl.constexpr,
+    COMBINERS: gl.constexpr,
+):
+    """The work of one (row ``pid_r``, head block ``pid_h``, KV split ``pid_s``) program."""
     DOT_A_QK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_QK, k_width=K_WIDTH)
     DOT_B_QK: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA_QK, k_width=K_WIDTH)
     DOT_A_PV: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_PV, k_width=K_WIDTH)
@@ -243,10 +387,6 @@ def _mla_fwd_kernel(
     ROW_PV: gl.constexpr = gl.SliceLayout(1, MMA_PV)
     COL_PV: gl.constexpr = gl.SliceLayout(0, MMA_PV)
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-
-    pid_r = gl.program_id(0).to(gl.int64)
-    pid_h = gl.program_id(1)
-    pid_s = gl.program_id(2)
 
     # ---- Q (and Q_pe) -> shared memory, once per program.
     offs_hg = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
@@ -328,7 +468,7 @@ def _mla_fwd_kernel(
     _epilogue(
         acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
         stride_or, stride_oh, num_heads, count_ptr, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS,
-        WRITE_LSE, ROW_QK, ROW_PV, COL_PV, FUSED_REDUCE, RED,
+        WRITE_LSE, ROW_QK, ROW_PV, COL_PV, FUSED_REDUCE, RED, COMBINERS,
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .algorithm import _epilogue, _softmax_step, _split_range
+from .algorithm import _combiner, _epilogue, _softmax_step, _split_range, _ticket
 
 
 def layouts(block_h: int, block_k: int, head_dim: int, num_warps: int) -> dict:
@@ -105,19 +105,88 @@ def _prefill_wgmma_kernel(
     SMEM_P: gl.constexpr,
     FUSED_REDUCE: gl.constexpr,
     RED: gl.constexpr,
+    COMBINERS: gl.constexpr = 0,  # > 0: combiner programs after the splits (_combiner)
 ):
+    """Axis 0 is (token, head block), head blocks of a token adjacent (they share its rows in
+    L2), axis 1 the KV split; with ``COMBINERS`` > 0 one axis of R x blocks x (NUM_SPLITS +
+    COMBINERS) programs whose roles come from work tickets in start order, the splits' first
+    (``algorithm._ticket``, ``algorithm._combiner``)."""
+    num_hb = gl.cdiv(num_heads, BLOCK_H)
+    if COMBINERS > 0:
+        groups = gl.num_programs(0) // (NUM_SPLITS + COMBINERS)  # R x head blocks
+        t = _ticket(count_ptr, groups, gl.num_programs(0))
+        if t < groups * NUM_SPLITS:
+            g = t % groups
+            _wgmma_program(
+                (g // num_hb).to(gl.int64), g % num_hb, t // groups, q_ptr, kv_ptr, idx_ptr,
+                indptr_ptr, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr, count_ptr,
+                stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz,
+                qk_scale, BLOCK_H, BLOCK_K, HEAD_DIM, STAGES, HAS_SINK, NUM_SPLITS, WRITE_LSE,
+                MMA_S, MMA_O, GATHER, SMEM, SMEM_P, FUSED_REDUCE, RED, COMBINERS,
+            )  # fmt: skip
+        else:
+            _combiner(
+                t - groups * NUM_SPLITS, groups, groups // num_hb, count_ptr, opart_ptr,
+                lsepart_ptr, sink_ptr, out_ptr, lse_ptr, stride_or, stride_oh, num_heads,
+                BLOCK_H, HEAD_DIM, NUM_SPLITS, HAS_SINK, WRITE_LSE, RED, COMBINERS, False,
+            )  # fmt: skip
+    else:
+        pid = gl.program_id(0)
+        _wgmma_program(
+            (pid // num_hb).to(gl.int64), pid % num_hb, gl.program_id(1), q_ptr, kv_ptr, idx_ptr,
+            indptr_ptr, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr, count_ptr, stride_qr,
+            stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
+            BLOCK_H, BLOCK_K, HEAD_DIM, STAGES, HAS_SINK, NUM_SPLITS, WRITE_LSE, MMA_S, MMA_O,
+            GATHER, SMEM, SMEM_P, FUSED_REDUCE, RED, COMBINERS,
+        )  # fmt: skip
+
+
+@gluon.jit
+def _wgmma_program(
+    pid_r,
+    pid_h,
+    pid_s,
+    q_ptr,  # [R, H, HEAD_DIM]
+    kv_ptr,  # [N, HEAD_DIM]
+    idx_ptr,  # [nnz] int32 | int64
+    indptr_ptr,  # [R + 1]
+    sink_ptr,  # [H] fp32 (unused without HAS_SINK)
+    out_ptr,  # [R, H, HEAD_DIM]
+    lse_ptr,  # [R, H] fp32 (written under WRITE_LSE)
+    opart_ptr,  # [R, NUM_SPLITS, H, HEAD_DIM] fp32 (NUM_SPLITS > 1)
+    lsepart_ptr,  # [R, NUM_SPLITS, H] fp32, base-2 (NUM_SPLITS > 1)
+    count_ptr,  # [R * cdiv(H, BLOCK_H)] int32, zero at rest (FUSED_REDUCE)
+    stride_qr,
+    stride_qh,
+    stride_kvn,
+    stride_or,
+    stride_oh,
+    num_heads,
+    num_kv,
+    nnz,  # kv_indices.numel(): each row's CSR range is clamped to [0, nnz]
+    qk_scale,  # sm_scale * log2(e)
+    BLOCK_H: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    NUM_SPLITS: gl.constexpr,
+    WRITE_LSE: gl.constexpr,
+    MMA_S: gl.constexpr,
+    MMA_O: gl.constexpr,
+    GATHER: gl.constexpr,
+    SMEM: gl.constexpr,
+    SMEM_P: gl.constexpr,
+    FUSED_REDUCE: gl.constexpr,
+    RED: gl.constexpr,
+    COMBINERS: gl.constexpr,
+):
+    """The work of one (token ``pid_r``, head block ``pid_h``, KV split ``pid_s``) program."""
     ROW_S: gl.constexpr = gl.SliceLayout(1, MMA_S)  # per-head vectors of the S tile
     COL_S: gl.constexpr = gl.SliceLayout(0, MMA_S)  # per-slot vectors of the S tile
     ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
     COL_O: gl.constexpr = gl.SliceLayout(0, MMA_O)
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-
-    # Axis 0 is (token, head block), head blocks of a token adjacent: they share its rows in L2.
-    num_hb = gl.cdiv(num_heads, BLOCK_H)
-    pid = gl.program_id(0)
-    pid_h = pid % num_hb
-    pid_r = (pid // num_hb).to(gl.int64)
-    pid_s = gl.program_id(1)
 
     # ---- Q -> shared memory (NVMMA layout), once per program.
     offs_hg = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
@@ -180,5 +249,5 @@ def _prefill_wgmma_kernel(
     _epilogue(
         acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
         stride_or, stride_oh, num_heads, count_ptr, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS,
-        WRITE_LSE, ROW_S, ROW_O, COL_O, FUSED_REDUCE, RED,
+        WRITE_LSE, ROW_S, ROW_O, COL_O, FUSED_REDUCE, RED, COMBINERS,
     )  # fmt: skip

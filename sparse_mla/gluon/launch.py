@@ -458,31 +458,47 @@ def wgmma_constexprs(
     }
 
 
-def fused_reduce(num_splits: int, target: Target, block_h: int) -> bool:
-    """Whether a split launch combines its partials in the same launch (the last split of a
-    (row, head block) reduces: ``algorithm._epilogue``'s ``FUSED_REDUCE``) instead of a second
-    launch of ``_mla_reduce_kernel``: on NVIDIA targets with head blocks of at most 16.
+def fused_reduce(
+    num_splits: int, target: Target, block_h: int, groups: int = 1, units: int | None = None
+) -> bool:
+    """Whether a split launch combines its partials in the same launch instead of a second
+    launch of ``_mla_reduce_kernel``, for ``groups`` (row, head block) pairs on ``units``
+    SMs (None: not known, as when cross-compiling; taken as fitting). On NVIDIA targets: with
+    head blocks of at most 16 whenever it splits (the last split of a (row, head block) to
+    arrive combines, ``algorithm._epilogue``'s ``FUSED_REDUCE``); with larger blocks when the
+    :func:`combiners` programs, one per 16 heads of each group, fit on the SMs at once (they
+    wait for the splits' arrivals and combine a part each, ``algorithm._combiner``; each holds
+    a whole program's shared memory, one an SM at these sizes).
 
-    Measured on the H200 (``experiments/fused_reduce.py``, docs/PERF_NOTES.md): with 16-head
-    blocks the fused call is 1-9 us faster (the second launch's gap gone); with 32- and 64-head
-    blocks slower by 2-35 us, growing with splits x heads (one program combines splits x
-    BLOCK_H x 2 KB of partials alone, where the reduce kernel spreads them over 16-head
-    programs). gfx950 keeps the second launch (its acquire/release across XCDs' L2s is untested
-    on hardware)."""
-    return num_splits > 1 and target.backend == "cuda" and block_h <= 16
+    Measured on the H200 (``experiments/fused_reduce.py``, docs/PERF_NOTES.md), fused against
+    two launches: 16-head blocks, last arrival, -0.9..-8.1 us at T = 4-64; 32/64-head blocks
+    with combiners -1.0..-11.1 us at T = 4, -0.0..-5.8 at T = 16 (combiners 16-128), +0.2..+10.6
+    at T = 64 (combiners 128-512: more than a wave). The last-arrival form at 32/64-head blocks
+    had been slower by 2-35 us (one program combining splits x BLOCK_H x 2 KB alone). gfx950
+    keeps the second launch (its acquire/release across XCDs' L2s is untested on hardware)."""
+    if num_splits <= 1 or target.backend != "cuda":
+        return False
+    return block_h <= SPLIT_BLOCK_H or units is None or combiners(block_h) * groups <= units
+
+
+def combiners(block_h: int) -> int:
+    """Combiner programs per (row, head block) of a fused split launch: 0 for head blocks of at
+    most 16 (the last split to arrive combines), else one per 16 heads, as the reduce kernel
+    spreads them."""
+    return 0 if block_h <= SPLIT_BLOCK_H else block_h // SPLIT_BLOCK_H
 
 
 def _fused_reduce(num_splits: int, target: Target, cfg, fused) -> dict[str, Any]:
     if fused is None:
         fused = fused_reduce(num_splits, target, cfg.BLOCK_H)
     fused = bool(fused) and num_splits > 1
-    # The reduce's [BLOCK_H, 128] chunk: 4 fp32 a lane, a warp a row.
+    # The reduce's [heads, 128] chunk: 4 fp32 a lane, a warp a row.
     red = (
         gl.BlockedLayout([1, 4], [1, target.warp_size], [cfg.num_warps, 1], [1, 0])
         if fused
         else None
     )
-    return {"FUSED_REDUCE": fused, "RED": red}
+    return {"FUSED_REDUCE": fused, "RED": red, "COMBINERS": combiners(cfg.BLOCK_H) if fused else 0}
 
 
 def _reduce_constexprs(num_heads, num_splits, has_sink, write_lse, target, num_warps=4):
@@ -906,16 +922,18 @@ def run_validated(
     pools = (kv2, kpe2) if has_pe else (kv2,)
     sink = attn_sink.contiguous() if attn_sink is not None else _unused(q_nope.device)
     lse_arg = lse if lse is not None else _unused(q_nope.device)
-    fused = fused_reduce(splits, tgt, block_h)
+    fused = fused_reduce(splits, tgt, block_h, R * runtime.cdiv(H, block_h), units)
     if splits > 1:
         opart = torch.empty(R, splits, H, HEAD_DIM, dtype=torch.float32, device=q_nope.device)
         lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
     else:
         opart = lsepart = _unused(q_nope.device)
-    # The fused reduce's arrival counters, one per (row, head block): zero at rest (the last
-    # split of each sets its counter back to 0), so a kept set serves the next launch too.
+    # The fused reduce's arrival counters, one per (row, head block), and the combiners' work
+    # ticket after them: zero at rest (the last split or combiner of each sets its counter back
+    # to 0, the last ticket the ticket), so a kept set serves the next launch too.
+    groups = R * runtime.cdiv(H, block_h)
     count = (
-        fastlaunch.zeroed(R * runtime.cdiv(H, block_h), torch.int32, q_nope.device)
+        fastlaunch.zeroed(groups + 1, torch.int32, q_nope.device)
         if fused
         else _unused(q_nope.device, torch.int32)
     )
@@ -924,8 +942,9 @@ def run_validated(
             cfg, has_sink=attn_sink is not None, num_splits=splits, write_lse=return_lse,
             fused=fused,
         )  # fmt: skip
+        combine = wcx["COMBINERS"]
         fastlaunch.launcher(_prefill_wgmma_kernel)(
-            (R * runtime.cdiv(H, block_h), splits),
+            (groups * (splits + combine), 1) if combine else (groups, splits),
             (q_nope, kv2, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart, count,
              q_nope.stride(0), q_nope.stride(1), kv2.stride(0), out.stride(0), out.stride(1),
              H, N, kv_indices.numel(), float(sm_scale) * _LOG2E),
@@ -1079,7 +1098,12 @@ def _launch_shared(
     )  # fmt: skip
     qpe = q_pe if has_pe else q_nope
     kpe = kpe2 if has_pe else kv2
-    grid = (R, runtime.cdiv(H, cfg.BLOCK_H), splits)
+    combine = cx["COMBINERS"]
+    grid = (
+        (R * runtime.cdiv(H, cfg.BLOCK_H) * (splits + combine), 1, 1)
+        if combine
+        else (R, runtime.cdiv(H, cfg.BLOCK_H), splits)
+    )
     fastlaunch.launcher(_mla_fwd_kernel)(
         grid,
         (q_nope, qpe, kv2, kpe, kv_indices, kv_indptr, sink, out, lse_arg, opart, lsepart, count,
