@@ -136,6 +136,8 @@ def test_sm90_ws_prefill_compile_partitions_and_budget():
     ptx = k.asm["ptx"]
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in ptx
+    # a short last tile: consumer 1's S over 16 slots (hopper_ws.TAIL)
+    assert "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16" in ptx
     sizes = set(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], (\w+)", ptx))
     assert sizes == {"0x10"}, f"gathers are not all 16-byte copies: {sizes}"
     assert "cp.async.mbarrier.arrive.noinc" in ptx
@@ -419,12 +421,16 @@ def test_mla_decode_ref_matches_naive_loop(with_sink):
 INVALID = (-1, "N", 2**31 - 1)
 
 
-def _gpu_case(R, H, N, *, has_pe, index_dtype, seed, max_len=300):
+def _gpu_case(R, H, N, *, has_pe, index_dtype, seed, max_len=300, lengths=None):
     """Random bf16 inputs in engine style: pool inside a bigger NaN-filled buffer, every pool row
-    that no valid slot references set to NaN, ragged and empty rows, invalid slots mixed in."""
+    that no valid slot references set to NaN, ragged and empty rows, invalid slots mixed in.
+    ``lengths``: the rows' list lengths (rows 0 and 2 are still made empty / all absent)."""
     dev = "cuda"
     g = torch.Generator(device="cpu").manual_seed(seed)
-    lengths = torch.randint(0, max_len, (R,), generator=g)
+    if lengths is None:
+        lengths = torch.randint(0, max_len, (R,), generator=g)
+    else:
+        lengths = torch.tensor(lengths, dtype=torch.int64)
     lengths[0] = 0  # an empty row
     if R > 2:
         lengths[2] = 5  # a row of only invalid slots (set below)
@@ -529,6 +535,29 @@ def _check_ws_case(kernel, H, with_sink, index_dtype, seed):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_ws_prefill_matches_reference(H, with_sink, index_dtype):
     _check_ws_case(WS, H, with_sink, index_dtype, seed=H + 2 * with_sink)
+
+
+# List lengths around gluon_ws's short last tile (hopper_ws.TAIL = 16 slots of the last pair's
+# odd tile): odd tile counts (an empty odd tile), tails of 1, 15, 16 (short) and 17, 32, 64
+# (whole), over one, two and three pairs.
+_TAIL_LENGTHS = [0, 1, 5, 16, 17, 63, 64, 65, 79, 80, 81, 96, 127, 128, 129, 143, 144, 145,
+                 192, 200, 255, 256, 257, 320, 336, 337]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("small", [False, True])
+def test_gpu_ws_short_last_tile(H, small):
+    """gluon_ws takes the odd tile of an item's last pair at 16 slots when at most 16 of its slots
+    are in the list: every length around that bound (in one call, and repeated so programs take
+    several items in the large-call order) against the fp32 reference, bitwise repeats."""
+    lengths = _TAIL_LENGTHS * (1 if small else 12)
+    c = _gpu_case(len(lengths), H, 5000, has_pe=False, index_dtype=torch.int32, seed=H + small,
+                  lengths=lengths)  # fmt: skip
+    sink = torch.randn(H, device="cuda")
+    out = _check_prefill(c, sink, kernel=WS)
+    assert torch.equal(out, _check_prefill(c, sink, kernel=WS)), "repeat calls differ"
 
 
 @pytest.mark.gpu

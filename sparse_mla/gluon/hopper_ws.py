@@ -145,6 +145,17 @@ MMA_O = gl.constexpr(
     gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
 )
 ROW_S = gl.constexpr(gl.SliceLayout(1, MMA_S.value))
+# A short last tile: when the odd tile of an item's last pair holds at most TAIL slots (its
+# list ends there, or the even tile was the last), consumer 1's S is [64 heads, TAIL slots]
+# and its own PV takes K = TAIL: a quarter of that work. Consumer 0's PV with that P stays
+# whole (K = 64, zeros past TAIL): its last-pair form with a K = TAIL branch beside it was
+# miscompiled by ptxas (Triton 3.6; the branch's second wgmma read a B descriptor register
+# that no path had set, an out-of-bounds shared read on the H200).
+TAIL = gl.constexpr(16)
+MMA_T = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+)
+ROW_T = gl.constexpr(gl.SliceLayout(1, MMA_T.value))
 ROW_O = gl.constexpr(gl.SliceLayout(1, MMA_O.value))
 DOT_P = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA_O.value, k_width=2))
 # Copies of [64, 256] half tiles by one warpgroup: 8 lanes cover 128 contiguous bytes of a row
@@ -352,9 +363,10 @@ def _producer(
 
 
 @gluon.jit
-def _valid_cols(idx_ptr, pos0, hi, num_kv):
-    """[64] per-slot validity of the tile at CSR position pos0, in S's column layout."""
-    offs = pos0 + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, MMA_S))
+def _valid_cols(idx_ptr, pos0, hi, num_kv, N: gl.constexpr = BLOCK_K, MMA: gl.constexpr = MMA_S):
+    """[N] per-slot validity of the tile at CSR position pos0, in the column layout of an S
+    tile ``MMA`` (the full tile's, or a short last tile's)."""
+    offs = pos0 + gl.arange(0, N, layout=gl.SliceLayout(0, MMA))
     in_list = offs < hi
     slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
     return in_list & (slot >= 0) & (slot < num_kv)
@@ -381,6 +393,32 @@ def _qk(q_tile, kv_tile, bars, first_half: gl.constexpr, ready0: gl.constexpr, p
     s = _qk_half(q_tile, kv_tile, bars, first_half, ready0, ph, s, False)
     s = _qk_half(q_tile, kv_tile, bars, 1 - first_half, ready0, ph, s, True)
     return warpgroup_mma_wait(0, deps=[s])
+
+
+@gluon.jit
+def _qk_tail(q_tile, kv_tile, bars, ready0: gl.constexpr, ph):
+    """S = Q K^T of a short last tile, its first TAIL slots only ([64, TAIL], layout MMA_T):
+    the right half of D first, as consumer 1 takes its full tiles."""
+    rows = kv_tile.slice(0, TAIL, dim=0)
+    s = gl.zeros([BLOCK_H, TAIL], gl.float32, layout=MMA_T)
+    for i in gl.static_range(2):
+        mbarrier.wait(bars.index(ready0 + 1 - i), ph)
+        fence_async_shared()
+        s = warpgroup_mma(
+            q_tile.slice((1 - i) * HALF, HALF, dim=1),
+            rows.slice((1 - i) * HALF, HALF, dim=1).permute((1, 0)),
+            s,
+            use_acc=i > 0,
+            is_async=True,
+        )
+    return warpgroup_mma_wait(0, deps=[s])
+
+
+@gluon.jit
+def _short_tail(lo, hi, num_pairs):
+    """Whether the odd tile of the item's last pair holds at most TAIL slots (none when the
+    even tile is the item's last)."""
+    return hi - lo - (2 * num_pairs - 1) * BLOCK_K <= TAIL
 
 
 @gluon.jit
@@ -580,45 +618,80 @@ def _consumer1(
         mbarrier.wait(bars.index(Q_READY), it & 1)
         if num_pairs == 0:
             _arrive(bars.index(Q_FREE))
+        short = _short_tail(lo, hi, num_pairs)
         for j in range(num_pairs):
             ph = (g0 + j) & 1
             z = _opaque_zero(j)
             buf0 = kv_smem.index(z)
             buf1 = kv_smem.index(z + 1)
             q_tile = q_smem.index(z)
-            valid = _valid_cols(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
-            s = _qk(q_tile, buf1, bars, 1, READY_1L, ph)
-            if j + 1 == num_pairs:
+            pos = lo + (2 * j + 1) * BLOCK_K
+            if short and j + 1 == num_pairs:  # a short last tile: S and P over TAIL slots
+                valid_t = _valid_cols(idx_ptr, pos, hi, num_kv, TAIL, MMA_T)
+                s_t = _qk_tail(q_tile, buf1, bars, READY_1L, ph)
                 _arrive(bars.index(Q_FREE))  # done with this item's Q
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-            r1 = gl.max(s, 1)
-            m1_smem.store(r1)
-            _bar_sync(NB_MAX)  # both row maxima published
-            m_new = gl.maximum(m_i, gl.maximum(r1, m0_smem.load(ROW_S)))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
-            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-            p16 = p.to(dtype)
-            p_op = gl.convert_layout(p16, DOT_P)
-            acc = warpgroup_mma(p_op, buf1.slice(HALF, HALF, dim=1), acc, is_async=True)
-            p1_smem.index(z).store(p16)
-            fence_async_shared()
-            _bar_arrive(NB_P1)
-
-            _bar_sync(NB_P0)
-            acc = warpgroup_mma(p0_smem.index(z), buf0.slice(HALF, HALF, dim=1), acc, is_async=True)
-            p_op = warpgroup_mma_wait(1, deps=[p_op])  # the PV with this warpgroup's P is done
-            _arrive(bars.index(FREE_1R))
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            _arrive(bars.index(FREE_0R))
+                acc, m_i, l_i = _consumer1_pv(
+                    s_t, valid_t, m_i, l_i, acc, qk_scale, buf0, buf1, p0_smem.index(z),
+                    p1_smem.index(z), m0_smem, m1_smem, bars, dtype, ROW_T, True,
+                )  # fmt: skip
+            else:
+                valid = _valid_cols(idx_ptr, pos, hi, num_kv)
+                s = _qk(q_tile, buf1, bars, 1, READY_1L, ph)
+                if j + 1 == num_pairs:
+                    _arrive(bars.index(Q_FREE))  # done with this item's Q
+                acc, m_i, l_i = _consumer1_pv(
+                    s, valid, m_i, l_i, acc, qk_scale, buf0, buf1, p0_smem.index(z),
+                    p1_smem.index(z), m0_smem, m1_smem, bars, dtype, ROW_S, False,
+                )  # fmt: skip
         g0 += num_pairs
         _epilogue(
             acc, m_i, l_i, l_smem.index(1 + 2 * (it & 1)), l_smem.index(2 * (it & 1)),
             HALF, pid_r, pid_h, sink_ptr, out_desc, p1_smem.index(0), num_heads,
         )  # fmt: skip
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
+
+
+@gluon.jit
+def _consumer1_pv(
+    s, valid, m_i, l_i, acc, qk_scale, buf0, buf1, p0, p1, m0_smem, m1_smem, bars, dtype,
+    ROW: gl.constexpr, SHORT: gl.constexpr,
+):  # fmt: skip
+    """Consumer 1's softmax of its S tile ``s`` (rows in layout ``ROW``; ``SHORT``: the first
+    TAIL slots of a short last tile) and both its PVs: its own P from registers into the
+    O half, P published in ``p1`` ([64, 64]; a short tile's P in its first TAIL columns and
+    zeros in the rest, since consumer 0's PV takes the whole buffer as ever), then consumer
+    0's P0 from shared memory. Returns the new (acc, m_i, l_i); m_i and l_i stay in ROW_S."""
+    s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+    r1 = gl.convert_layout(gl.max(s, 1), ROW_S)
+    m1_smem.store(r1)
+    _bar_sync(NB_MAX)  # both row maxima published
+    m_new = gl.maximum(m_i, gl.maximum(r1, m0_smem.load(ROW_S)))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.convert_layout(m_new, ROW)[:, None])
+    l_i = l_i * alpha + gl.convert_layout(gl.sum(p, 1), ROW_S)
+    acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+    p16 = p.to(dtype)
+    p_op = gl.convert_layout(p16, DOT_P)
+    v1 = buf1.slice(HALF, HALF, dim=1)
+    if SHORT:
+        v1 = v1.slice(0, TAIL, dim=0)
+    acc = warpgroup_mma(p_op, v1, acc, is_async=True)
+    if SHORT:  # consumer 0's PV reads all 64 columns: zeros past the TAIL slots
+        p1.slice(0, TAIL, dim=1).store(p16)
+        for c in gl.static_range(1, BLOCK_K // TAIL):
+            p1.slice(c * TAIL, TAIL, dim=1).store(gl.zeros_like(p16))
+    else:
+        p1.store(p16)
+    fence_async_shared()
+    _bar_arrive(NB_P1)
+
+    _bar_sync(NB_P0)
+    acc = warpgroup_mma(p0, buf0.slice(HALF, HALF, dim=1), acc, is_async=True)
+    p_op = warpgroup_mma_wait(1, deps=[p_op])  # the PV with this warpgroup's P is done
+    _arrive(bars.index(FREE_1R))
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    _arrive(bars.index(FREE_0R))
+    return acc, m_new, l_i
 
 
 @gluon.jit
