@@ -435,8 +435,10 @@ def _split_launches(name, H):
 @pytest.mark.parametrize("H", [16, 32, 64, 128])
 def test_gluon_mma_prefill_calls_that_split_take_16_head_blocks(standin, monkeypatch, H):
     """gluon_mma with its own launch: a prefill call that splits with the default head blocks
-    (32/64 above 16 heads) runs 16-head blocks with the reduce fused; one that does not split,
-    an explicit launch or an explicit split count keeps what it asked for."""
+    (32/64 above 16 heads) runs 16-head blocks with the reduce fused (64-head defaults only
+    with at most launch.SPLIT_TRADE_PROGRAMS 16-head programs: H64 at 4 rows, not H128); one
+    that does not split, an explicit launch or an explicit split count keeps what it asked
+    for."""
     from sparse_mla.gluon import launch
 
     got = []
@@ -458,8 +460,12 @@ def test_gluon_mma_prefill_calls_that_split_take_16_head_blocks(standin, monkeyp
         (one,) = got
         return one
 
+    def trades(rows):  # launch.SPLIT_TRADE_PROGRAMS: 64-head defaults only for few programs
+        few = rows * -(-H // 16) <= launch.SPLIT_TRADE_PROGRAMS
+        return default.BLOCK_H <= 32 or few
+
     bh, splits, fused = run(small)
-    assert bh == 16 and splits > 1 and fused
+    assert bh == (16 if trades(4) else default.BLOCK_H) and splits > 1 and fused
     assert run(small, config=default) == (bh, splits, fused)  # the default, as dispatch gives it
     given = replace(default)  # the same fields, given by the caller: kept
     assert run(small, config=given)[0] == default.BLOCK_H
@@ -479,7 +485,7 @@ def test_gluon_mma_prefill_calls_that_split_take_16_head_blocks(standin, monkeyp
     groups = 40 * -(-H // default.BLOCK_H)
     fused_mid = launch.fused_reduce(s_def, sm90, default.BLOCK_H, groups, units)
     assert fused_mid == (launch.combiners(default.BLOCK_H) * groups <= units)
-    want = (16, s16, True) if s16 > 1 else (default.BLOCK_H, s_def, fused_mid)
+    want = (16, s16, True) if s16 > 1 and trades(40) else (default.BLOCK_H, s_def, fused_mid)
     assert run(mid) == want
     # through the public entry (dispatch resolves the launch to the default object)
     got.clear()

@@ -254,6 +254,12 @@ def _default_mma(num_heads: int, target: Target) -> GluonConfig:
 # gluon_mma's launch for prefill calls that split with its default head blocks (> 16 heads): the
 # default's 16-head form, whose splits' reduce runs in the split launch (fused_reduce).
 SPLIT_CONFIG = GluonConfig(BLOCK_H=SPLIT_BLOCK_H, BLOCK_K=32, num_warps=4)
+# ... taken for 32-head defaults, and for 64-head ones only while the call has at most this many
+# 16-head programs (rows x cdiv(H, 16)). Measured on the H200 in turns against the 64-head
+# launch fused by combiners (data/bench/split_config_combiners_h200.log): 16-head blocks
+# 0.80-0.92x at H32 (T 4-64), 0.91x at H64 T4 (16 programs), but 1.13x at H64 T16 (64) and
+# 1.05x at H128 T4 (32); even at H64/H128 T64.
+SPLIT_TRADE_PROGRAMS = 16
 
 
 def _default_wgmma(num_heads: int, target: Target) -> GluonConfig:
@@ -913,9 +919,12 @@ def run_validated(
         # default launch, given by the dispatch or by None): the same kernel with 16-head
         # blocks (4x the programs, fewer splits, and the reduce fused into the launch).
         # Only while 16-head programs still leave SMs idle (they split too): where they fill
-        # the GPU, 4x the row gathers cost more than the second launch saves (H200, T=64 H128).
+        # the GPU, 4x the row gathers cost more than the second launch saved (H200, T=64
+        # H128); and, since 64-head splits fuse too (combiners), for 64-head defaults only
+        # while there are at most SPLIT_TRADE_PROGRAMS 16-head programs.
         split16 = choose_num_splits(R, H, kv_indices.numel(), SPLIT_CONFIG, units)
-        if split16 > 1:
+        few = cfg.BLOCK_H <= 32 or R * runtime.cdiv(H, SPLIT_BLOCK_H) <= SPLIT_TRADE_PROGRAMS
+        if split16 > 1 and few:
             cfg = _checked_launch(name, SPLIT_CONFIG, H, tgt, has_pe, return_lse, None)
             splits = split16
     block_h = cfg.BLOCK_H
