@@ -37,6 +37,9 @@ the tensors, whose every launch Triton's launcher then asks the driver about
 the first (on, the package's default: :mod:`sparse_mla.fastlaunch`); ``both`` prints a row of
 each per kernel, before/after in one run.
 
+``--kernels ...,flashmla``: also FlashMLA's ``flash_mla_sparse_fwd`` at the same shapes (heads
+padded to 64/128), the peer's host time in the same process (GPU; needs ``flash_mla``).
+
     python scripts/host_cost.py [--parts] [--profile] [--cpu] [--fast both] [--plans both]
         [--clock cpu] [--shapes 16x4,64x4] [--fp8]
 """
@@ -206,6 +209,10 @@ def main(argv=None) -> int:
             kv = quantize(kv, 64)  # an FP8Cache: the entry takes the FP8 op
         out = torch.empty_like(q)
         for name in names:
+            if name == "flashmla":  # the peer, in the same process (not a registered kernel)
+                if not args.fp8 and device == "cuda":
+                    _peer_row(H, T, q, kv, idx, scale, sink, sync)
+                continue
             cfg = None if name == "default" else dispatch.Choice(name)
             if name != "default" and device == "cuda":
                 call = dispatch.Call(runtime.arch(), H, 512, q.dtype, kv, T, kv_format=fmt)
@@ -243,6 +250,33 @@ def main(argv=None) -> int:
     if has_plans:
         op_mod.set_plans_enabled(True)
     return 0
+
+
+def _peer_row(H, T, q, kv, idx, scale, sink, sync) -> None:
+    """FlashMLA's host time per call at the same shape, as an engine calls it: q and the sink
+    zero-padded to 64 (or 128) heads and the [T, 1, top-k] index matrix made once, outside the
+    timing; each call allocates its outputs (FlashMLA takes no ``out=``). Needs ``flash_mla``
+    importable (the peers' stand-in, ../shared/peers/README.md); a row saying why otherwise."""
+    try:
+        import flash_mla
+    except ImportError as e:
+        print(f"H{H} T{T:<7} {'flashmla':<16} -     -     -     {'-':>8}  not importable: {e}")
+        return
+    heads = 64 if H <= 64 else 128
+    qp = torch.zeros(T, heads, 512, dtype=q.dtype, device=q.device)
+    qp[:, :H] = q
+    sp = torch.zeros(heads, dtype=torch.float32, device=q.device)
+    sp[:H] = sink
+    ind = idx.view(T, 1, -1)  # the workload's uniform lists: top-k 512, a multiple of 128
+    kv3 = kv.view(kv.shape[0], 1, 512)
+
+    def call():
+        flash_mla.flash_mla_sparse_fwd(qp, kv3, ind, scale, 512, sp)
+
+    us = host_us(call, sync)
+    name = "flashmla" if heads == H else f"flashmla_pad{heads}"
+    print(f"H{H} T{T:<7} {name:<16} -     -     -     {us:8.1f}  the peer, same process",
+          flush=True)  # fmt: skip
 
 
 def _replays(op_mod, fn, fp8: bool, n: int = 200) -> str:
