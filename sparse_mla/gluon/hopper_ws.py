@@ -15,6 +15,10 @@ program runs 12 warps in three partitions:
   memory, so each warpgroup's wgmma reads whole 64-wide operands.
 - Both halves of O need both tiles' P: a consumer applies its own P from registers
   (wgmma with A in registers) and the other consumer's P from shared memory.
+- A short last tile: when the odd tile of an item's last pair holds at most ``TAIL`` (16)
+  list slots, consumer 1's S and its own PV run over those 16 slots only (m64n16 and K = 16)
+  and it publishes P1 with zeros past them (consumer 0's PV stays whole): a quarter of that
+  tile's work on consumer 1, the latency of a small call's longest item at T = 64.
 - The two must share one running max. Per pair of tiles each consumer publishes the row max
   of its S tile and both meet (a named barrier); each then takes m = max(m, both row maxima),
   so both exponentiate and rescale at the same time, and their O halves and partial sums stay
