@@ -107,7 +107,12 @@ class Partition:
 # In gl.warp_specialize order: the default partition first, then the workers.
 PARTITIONS = (
     Partition(C0, "_consumer0", "default", "S of the even tiles; O[:, 0:256]"),
-    Partition(C1, "_consumer1", "worker 0", "S of the odd tiles; O[:, 256:512]"),
+    Partition(
+        C1,
+        "_consumer1",
+        "worker 0",
+        "S of the odd tiles (a short last one over 16 slots); O[:, 256:512]",
+    ),
     Partition(PRODUCER, "_producer", "worker 1", "cp.async gathers of Q and the KV halves"),
 )
 
@@ -679,10 +684,10 @@ def kernel_gathers() -> list[tuple[str, int, int]]:
 def source_events(function: str) -> list[tuple[str, str]]:
     """(op, barrier name) of one partition function in source order: ``mbarrier.wait`` and the
     arrivals (``_arrive``, ``cp.mbarrier_arrive``, ``mbarrier.expect``), the waits inside
-    ``_qk`` / ``_qk_half`` (READY of the half or halves they read), the named barriers
-    (``_bar_sync(NB_X)``: arrive at X, then wait on it; ``_bar_arrive(NB_X)``: arrive only)
-    and, for a call of ``_epilogue``, ``_load_q`` or ``_begin_item``, the events of that
-    function's own source."""
+    ``_qk`` / ``_qk_half`` / ``_qk_tail`` (READY of the half or halves they read), the named
+    barriers (``_bar_sync(NB_X)``: arrive at X, then wait on it; ``_bar_arrive(NB_X)``: arrive
+    only) and, for a call of ``_epilogue``, ``_load_q``, ``_begin_item`` or ``_consumer1_pv``,
+    the events of that function's own source."""
     by_slot = {b.slot: b.name for b in MBARRIERS}
     by_id = {b.id: b.name for b in NAMED_BARRIERS}
     out: list[tuple[str, str]] = []
@@ -700,12 +705,15 @@ def source_events(function: str) -> list[tuple[str, str]]:
             out += [("wait", by_slot[ready0 + first]), ("wait", by_slot[ready0 + 1 - first])]
         elif name == "_qk_half":  # (q, kv, bars, half, ready0, ph, s, use_acc)
             out.append(("wait", by_slot[_value(c.args[4]) + _value(c.args[3])]))
+        elif name == "_qk_tail":  # (q, kv, bars, ready0, ph): the right half, then the left
+            ready0 = _value(c.args[3])
+            out += [("wait", by_slot[ready0 + 1]), ("wait", by_slot[ready0])]
         elif name == "_bar_sync":  # (bar_id): bar.sync arrives, then waits
             bar = by_id[_value(c.args[0])]
             out += [("arrive", bar), ("wait", bar)]
         elif name == "_bar_arrive":  # (bar_id): bar.arrive, no wait
             out.append(("arrive", by_id[_value(c.args[0])]))
-        elif name in ("_epilogue", "_load_q", "_begin_item"):
+        elif name in ("_epilogue", "_load_q", "_begin_item", "_consumer1_pv"):
             out += source_events(name)
     return out
 
