@@ -5,10 +5,10 @@
 # ran on b72baa6: data/bench/*b72baa6*; the tenth's fp8bench and grid ran on e4e0d12, f1d7888
 # and 11dc3f5: data/bench/*_fp8_f1d7888.log, *_grid_11dc3f5.log; its profile and smem on 4026198:
 # data/bench/gpu_tests_profile_4026198.log, data/bench/ncu_small_kernels_h200_4026198/.) Still
-# open: nb05. From the repository
+# open: nb05, tail and grid. From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -28,7 +28,11 @@
 #   window    experiments/host_window.py (ran at b72baa6)
 #   grid      sparse-mla bench --grid with FlashMLA, at least 5 calls a round (ran at b72baa6;
 #             again after 4784978: timed providers share one output buffer, PERF_NOTES "Timing
-#             in turns" predicts default / forced within 1.00 +- 0.01 at the heavy points)
+#             in turns" predicts default / forced within 1.00 +- 0.01 at the heavy points);
+#             open again since gluon_ws's short last tile (twelfth session: T = 64-1024 moved,
+#             T = 4096/16384 should not)
+#   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
+#             out; the same cases ran as a one-token sweep) and the gluon_ws reference tests
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 OUT=${OUT:-/tmp/pending_gpu_checks}
@@ -92,6 +96,11 @@ if want fp8bench; then
     python3 -m sparse_mla.cli bench --fp8 --time-limit 150 --commit "$COMMIT" \
     --out "$OUT/nvidia-h200_fp8.csv" > "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log" 2>&1
   echo "fp8bench: rc=$?"; grep "^\[" "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log"
+fi
+if want tail; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gluon.py \
+    -k "short_last or ws_prefill_matches" > "$OUT/gpu_tests_ws_tail_${COMMIT:0:7}.log" 2>&1
+  echo "tail: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_tail_${COMMIT:0:7}.log"
 fi
 if want grid; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 260 \
