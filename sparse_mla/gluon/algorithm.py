@@ -296,88 +296,6 @@ def _mla_fwd_kernel(
     with ``COMBINERS`` > 0 a 1-D grid of R x blocks x (NUM_SPLITS + COMBINERS) programs whose
     roles come from work tickets in start order: the splits' first, then the combiners'
     (:func:`_ticket`, :func:`_combiner`)."""
-    if COMBINERS > 0:
-        groups = gl.num_programs(0) // (NUM_SPLITS + COMBINERS)  # R x head blocks
-        rows = groups // gl.cdiv(num_heads, BLOCK_H)
-        t = _ticket(count_ptr, groups, gl.num_programs(0))
-        if t < groups * NUM_SPLITS:
-            g = t % groups
-            _fwd_program(
-                (g % rows).to(gl.int64), g // rows, t // groups, q_ptr, qpe_ptr, kv_ptr, kpe_ptr,
-                idx_ptr, indptr_ptr, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr, count_ptr,
-                stride_qr, stride_qh, stride_qper, stride_qpeh, stride_kvn, stride_kpen, stride_or,
-                stride_oh, num_heads, num_kv, nnz, qk_scale, ARCH, BLOCK_H, BLOCK_K, HEAD_DIM,
-                PE_DIM, DK, HAS_PE, HAS_SINK, NUM_SPLITS, WRITE_LSE, USE_BUFFER, K_WIDTH, MMA_QK,
-                MMA_PV, GATHER, GATHER_PE, SMEM, FUSED_REDUCE, RED, COMBINERS,
-            )  # fmt: skip
-        else:
-            _combiner(
-                t - groups * NUM_SPLITS, groups, rows, count_ptr, opart_ptr, lsepart_ptr,
-                sink_ptr, out_ptr, lse_ptr, stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM,
-                NUM_SPLITS, HAS_SINK, WRITE_LSE, RED, COMBINERS, True,
-            )  # fmt: skip
-    else:
-        _fwd_program(
-            gl.program_id(0).to(gl.int64), gl.program_id(1), gl.program_id(2), q_ptr, qpe_ptr,
-            kv_ptr, kpe_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, lse_ptr, opart_ptr,
-            lsepart_ptr, count_ptr, stride_qr, stride_qh, stride_qper, stride_qpeh, stride_kvn,
-            stride_kpen, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale, ARCH, BLOCK_H,
-            BLOCK_K, HEAD_DIM, PE_DIM, DK, HAS_PE, HAS_SINK, NUM_SPLITS, WRITE_LSE, USE_BUFFER,
-            K_WIDTH, MMA_QK, MMA_PV, GATHER, GATHER_PE, SMEM, FUSED_REDUCE, RED, COMBINERS,
-        )  # fmt: skip
-
-
-@gluon.jit
-def _fwd_program(
-    pid_r,
-    pid_h,
-    pid_s,
-    q_ptr,  # [R, H, HEAD_DIM]
-    qpe_ptr,  # [R, H, PE_DIM] (unused without HAS_PE)
-    kv_ptr,  # [N, HEAD_DIM]
-    kpe_ptr,  # [N, PE_DIM] (unused without HAS_PE)
-    idx_ptr,  # [nnz] int32 | int64
-    indptr_ptr,  # [R + 1]
-    sink_ptr,  # [H] fp32 (unused without HAS_SINK)
-    out_ptr,  # [R, H, HEAD_DIM]
-    lse_ptr,  # [R, H] fp32 (written under WRITE_LSE)
-    opart_ptr,  # [R, NUM_SPLITS, H, HEAD_DIM] fp32 (NUM_SPLITS > 1)
-    lsepart_ptr,  # [R, NUM_SPLITS, H] fp32, base-2 (NUM_SPLITS > 1)
-    count_ptr,  # [R * cdiv(H, BLOCK_H)] int32, zero at rest (FUSED_REDUCE)
-    stride_qr,
-    stride_qh,
-    stride_qper,
-    stride_qpeh,
-    stride_kvn,
-    stride_kpen,
-    stride_or,
-    stride_oh,
-    num_heads,
-    num_kv,
-    nnz,  # kv_indices.numel(): each row's CSR range is clamped to [0, nnz]
-    qk_scale,  # sm_scale * log2(e)
-    ARCH: gl.constexpr,
-    BLOCK_H: gl.constexpr,
-    BLOCK_K: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    PE_DIM: gl.constexpr,
-    DK: gl.constexpr,
-    HAS_PE: gl.constexpr,
-    HAS_SINK: gl.constexpr,
-    NUM_SPLITS: gl.constexpr,
-    WRITE_LSE: gl.constexpr,
-    USE_BUFFER: gl.constexpr,
-    K_WIDTH: gl.constexpr,
-    MMA_QK: gl.constexpr,
-    MMA_PV: gl.constexpr,
-    GATHER: gl.constexpr,
-    GATHER_PE: gl.constexpr,
-    SMEM: gl.constexpr,
-    FUSED_REDUCE: gl.constexpr,
-    RED: gl.constexpr,
-    COMBINERS: gl.constexpr,
-):
-    """The work of one (row ``pid_r``, head block ``pid_h``, KV split ``pid_s``) program."""
     DOT_A_QK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_QK, k_width=K_WIDTH)
     DOT_B_QK: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA_QK, k_width=K_WIDTH)
     DOT_A_PV: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_PV, k_width=K_WIDTH)
@@ -388,88 +306,111 @@ def _fwd_program(
     COL_PV: gl.constexpr = gl.SliceLayout(0, MMA_PV)
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    # ---- Q (and Q_pe) -> shared memory, once per program.
-    offs_hg = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, GATHER))
-    q_ptrs = q_ptr + pid_r * stride_qr + offs_hg[:, None] * stride_qh + offs_d[None, :]
-    q = gl.load(q_ptrs, mask=(offs_hg < num_heads)[:, None], other=0.0)  # [BLOCK_H, HEAD_DIM]
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, HEAD_DIM], SMEM, q)
-    kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
-    offs_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, GATHER_PE))
-    if HAS_PE:
-        offs_hp = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER_PE))
-        qpe_ptrs = qpe_ptr + pid_r * stride_qper + offs_hp[:, None] * stride_qpeh + offs_pe[None, :]
-        qpe = gl.load(qpe_ptrs, mask=(offs_hp < num_heads)[:, None], other=0.0)
-        qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, PE_DIM], SMEM, qpe)
-        pe_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, PE_DIM], SMEM)
+    if COMBINERS > 0:
+        groups = gl.num_programs(0) // (NUM_SPLITS + COMBINERS)  # R x head blocks
+        rows = groups // gl.cdiv(num_heads, BLOCK_H)
+        ticket = _ticket(count_ptr, groups, gl.num_programs(0))
+        g = ticket % groups
+        pid_r = (g % rows).to(gl.int64)
+        pid_h = g // rows
+        pid_s = ticket // groups
+        work = ticket < groups * NUM_SPLITS
     else:
-        qpe_smem = q_smem
-        pe_smem = kv_smem
-
-    # ---- This split's slot range [lo, hi) of the row's CSR list (int64 positions).
-    lo, hi, num_tiles = _split_range(indptr_ptr, nnz, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW_QK)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_QK)
-    acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, layout=MMA_PV)
-
-    # ---- Prologue: slot ids and gather of tile 0.
-    offs_s = lo + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, GATHER))  # [BLOCK_K] int64
-    slot = gl.load(idx_ptr + offs_s, mask=offs_s < hi, other=-1).to(gl.int64)
-    valid = (offs_s < hi) & (slot >= 0) & (slot < num_kv)
-    _issue_tile(
-        kv_smem.index(0), pe_smem.index(0), kv_ptr, kpe_ptr, slot, valid, stride_kvn,
-        stride_kpen, offs_d, offs_pe, ARCH, USE_BUFFER, HAS_PE, GATHER_PE,
-    )  # fmt: skip
-
-    for it in range(num_tiles):
-        buf = it % 2
-        # Next tile's ids and gather go out before this tile's math (past hi they are masked).
-        offs_n = offs_s + BLOCK_K
-        slot_n = gl.load(idx_ptr + offs_n, mask=offs_n < hi, other=-1).to(gl.int64)
-        valid_n = (offs_n < hi) & (slot_n >= 0) & (slot_n < num_kv)
-        gl.thread_barrier()  # every warp is done reading the buffer about to be overwritten
-        _issue_tile(
-            kv_smem.index(1 - buf), pe_smem.index(1 - buf), kv_ptr, kpe_ptr, slot_n, valid_n,
-            stride_kvn, stride_kpen, offs_d, offs_pe, ARCH, USE_BUFFER, HAS_PE, GATHER_PE,
-        )  # fmt: skip
-        _wait(1, ARCH)  # this tile's copies have landed (the next tile's may still fly)
-        gl.thread_barrier()  # ... for every warp's copies, not only this thread's
-        k_tile = kv_smem.index(buf)
-
-        # S = Q K^T over HEAD_DIM in DK-wide chunks (+ Q_pe K_pe^T).
-        qk = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_QK)
-        for d0 in gl.static_range(0, HEAD_DIM, DK):
-            a = q_smem.slice(d0, DK, dim=1).load(DOT_A_QK)  # [BLOCK_H, DK]
-            b = k_tile.slice(d0, DK, dim=1).permute([1, 0]).load(DOT_B_QK)  # [DK, BLOCK_K]
-            qk = _mma(a, b, qk, ARCH)
+        pid_r = gl.program_id(0).to(gl.int64)
+        pid_h = gl.program_id(1)
+        pid_s = gl.program_id(2)
+        work: gl.constexpr = True  # the branch below is the kernel's only path
+    if work:  # (row pid_r, head block pid_h, KV split pid_s)
+        # ---- Q (and Q_pe) -> shared memory, once per program.
+        offs_hg = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, GATHER))
+        q_ptrs = q_ptr + pid_r * stride_qr + offs_hg[:, None] * stride_qh + offs_d[None, :]
+        q = gl.load(q_ptrs, mask=(offs_hg < num_heads)[:, None], other=0.0)  # [BLOCK_H, HEAD_DIM]
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, HEAD_DIM], SMEM, q)
+        kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
+        offs_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, GATHER_PE))
         if HAS_PE:
-            a = qpe_smem.load(DOT_A_QK)  # [BLOCK_H, PE_DIM]
-            b = pe_smem.index(buf).permute([1, 0]).load(DOT_B_QK)  # [PE_DIM, BLOCK_K]
-            qk = _mma(a, b, qk, ARCH)
+            offs_hp = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER_PE))
+            qpe_ptrs = (
+                qpe_ptr + pid_r * stride_qper + offs_hp[:, None] * stride_qpeh + offs_pe[None, :]
+            )
+            qpe = gl.load(qpe_ptrs, mask=(offs_hp < num_heads)[:, None], other=0.0)
+            qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, PE_DIM], SMEM, qpe)
+            pe_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, PE_DIM], SMEM)
+        else:
+            qpe_smem = q_smem
+            pe_smem = kv_smem
 
-        valid_qk = gl.convert_layout(valid, COL_QK)
-        qk = gl.where(valid_qk[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_K]
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
+        # ---- This split's slot range [lo, hi) of the row's CSR list (int64 positions).
+        lo, hi, num_tiles = _split_range(indptr_ptr, nnz, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
 
-        acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
-        p_op = gl.convert_layout(p.to(dtype), DOT_A_PV)  # [BLOCK_H, BLOCK_K]
-        v = k_tile.load(DOT_B_PV)  # [BLOCK_K, HEAD_DIM]
-        # p is 0 on invalid slots, but 0 * NaN is NaN: zero those rows of V.
-        valid_v = gl.convert_layout(valid, gl.SliceLayout(1, DOT_B_PV))
-        v = gl.where(valid_v[:, None], v, gl.zeros_like(v))
-        acc = _mma(p_op, v, acc, ARCH)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW_QK)
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_QK)
+        acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, layout=MMA_PV)
 
-        offs_s = offs_n
-        slot = slot_n
-        valid = valid_n
-    _wait(0, ARCH)
+        # ---- Prologue: slot ids and gather of tile 0.
+        offs_s = lo + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, GATHER))  # [BLOCK_K] int64
+        slot = gl.load(idx_ptr + offs_s, mask=offs_s < hi, other=-1).to(gl.int64)
+        valid = (offs_s < hi) & (slot >= 0) & (slot < num_kv)
+        _issue_tile(
+            kv_smem.index(0), pe_smem.index(0), kv_ptr, kpe_ptr, slot, valid, stride_kvn,
+            stride_kpen, offs_d, offs_pe, ARCH, USE_BUFFER, HAS_PE, GATHER_PE,
+        )  # fmt: skip
 
-    _epilogue(
-        acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
-        stride_or, stride_oh, num_heads, count_ptr, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS,
-        WRITE_LSE, ROW_QK, ROW_PV, COL_PV, FUSED_REDUCE, RED, COMBINERS,
-    )  # fmt: skip
+        for it in range(num_tiles):
+            buf = it % 2
+            # Next tile's ids and gather go out before this tile's math (past hi they are masked).
+            offs_n = offs_s + BLOCK_K
+            slot_n = gl.load(idx_ptr + offs_n, mask=offs_n < hi, other=-1).to(gl.int64)
+            valid_n = (offs_n < hi) & (slot_n >= 0) & (slot_n < num_kv)
+            gl.thread_barrier()  # every warp is done reading the buffer about to be overwritten
+            _issue_tile(
+                kv_smem.index(1 - buf), pe_smem.index(1 - buf), kv_ptr, kpe_ptr, slot_n, valid_n,
+                stride_kvn, stride_kpen, offs_d, offs_pe, ARCH, USE_BUFFER, HAS_PE, GATHER_PE,
+            )  # fmt: skip
+            _wait(1, ARCH)  # this tile's copies have landed (the next tile's may still fly)
+            gl.thread_barrier()  # ... for every warp's copies, not only this thread's
+            k_tile = kv_smem.index(buf)
+
+            # S = Q K^T over HEAD_DIM in DK-wide chunks (+ Q_pe K_pe^T).
+            qk = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_QK)
+            for d0 in gl.static_range(0, HEAD_DIM, DK):
+                a = q_smem.slice(d0, DK, dim=1).load(DOT_A_QK)  # [BLOCK_H, DK]
+                b = k_tile.slice(d0, DK, dim=1).permute([1, 0]).load(DOT_B_QK)  # [DK, BLOCK_K]
+                qk = _mma(a, b, qk, ARCH)
+            if HAS_PE:
+                a = qpe_smem.load(DOT_A_QK)  # [BLOCK_H, PE_DIM]
+                b = pe_smem.index(buf).permute([1, 0]).load(DOT_B_QK)  # [PE_DIM, BLOCK_K]
+                qk = _mma(a, b, qk, ARCH)
+
+            valid_qk = gl.convert_layout(valid, COL_QK)
+            qk = gl.where(valid_qk[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_K]
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
+
+            acc = acc * gl.convert_layout(alpha, ROW_PV)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), DOT_A_PV)  # [BLOCK_H, BLOCK_K]
+            v = k_tile.load(DOT_B_PV)  # [BLOCK_K, HEAD_DIM]
+            # p is 0 on invalid slots, but 0 * NaN is NaN: zero those rows of V.
+            valid_v = gl.convert_layout(valid, gl.SliceLayout(1, DOT_B_PV))
+            v = gl.where(valid_v[:, None], v, gl.zeros_like(v))
+            acc = _mma(p_op, v, acc, ARCH)
+
+            offs_s = offs_n
+            slot = slot_n
+            valid = valid_n
+        _wait(0, ARCH)
+
+        _epilogue(
+            acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
+            stride_or, stride_oh, num_heads, count_ptr, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS,
+            WRITE_LSE, ROW_QK, ROW_PV, COL_PV, FUSED_REDUCE, RED, COMBINERS,
+        )  # fmt: skip
+    else:
+        _combiner(
+            ticket - groups * NUM_SPLITS, groups, rows, count_ptr, opart_ptr, lsepart_ptr, sink_ptr,
+            out_ptr, lse_ptr, stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, NUM_SPLITS,
+            HAS_SINK, WRITE_LSE, RED, COMBINERS, True,
+        )  # fmt: skip
 
 
 @gluon.jit

@@ -111,143 +111,97 @@ def _prefill_wgmma_kernel(
     L2), axis 1 the KV split; with ``COMBINERS`` > 0 one axis of R x blocks x (NUM_SPLITS +
     COMBINERS) programs whose roles come from work tickets in start order, the splits' first
     (``algorithm._ticket``, ``algorithm._combiner``)."""
-    num_hb = gl.cdiv(num_heads, BLOCK_H)
-    if COMBINERS > 0:
-        groups = gl.num_programs(0) // (NUM_SPLITS + COMBINERS)  # R x head blocks
-        t = _ticket(count_ptr, groups, gl.num_programs(0))
-        if t < groups * NUM_SPLITS:
-            g = t % groups
-            _wgmma_program(
-                (g // num_hb).to(gl.int64), g % num_hb, t // groups, q_ptr, kv_ptr, idx_ptr,
-                indptr_ptr, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr, count_ptr,
-                stride_qr, stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz,
-                qk_scale, BLOCK_H, BLOCK_K, HEAD_DIM, STAGES, HAS_SINK, NUM_SPLITS, WRITE_LSE,
-                MMA_S, MMA_O, GATHER, SMEM, SMEM_P, FUSED_REDUCE, RED, COMBINERS,
-            )  # fmt: skip
-        else:
-            _combiner(
-                t - groups * NUM_SPLITS, groups, groups // num_hb, count_ptr, opart_ptr,
-                lsepart_ptr, sink_ptr, out_ptr, lse_ptr, stride_or, stride_oh, num_heads,
-                BLOCK_H, HEAD_DIM, NUM_SPLITS, HAS_SINK, WRITE_LSE, RED, COMBINERS, False,
-            )  # fmt: skip
-    else:
-        pid = gl.program_id(0)
-        _wgmma_program(
-            (pid // num_hb).to(gl.int64), pid % num_hb, gl.program_id(1), q_ptr, kv_ptr, idx_ptr,
-            indptr_ptr, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr, count_ptr, stride_qr,
-            stride_qh, stride_kvn, stride_or, stride_oh, num_heads, num_kv, nnz, qk_scale,
-            BLOCK_H, BLOCK_K, HEAD_DIM, STAGES, HAS_SINK, NUM_SPLITS, WRITE_LSE, MMA_S, MMA_O,
-            GATHER, SMEM, SMEM_P, FUSED_REDUCE, RED, COMBINERS,
-        )  # fmt: skip
-
-
-@gluon.jit
-def _wgmma_program(
-    pid_r,
-    pid_h,
-    pid_s,
-    q_ptr,  # [R, H, HEAD_DIM]
-    kv_ptr,  # [N, HEAD_DIM]
-    idx_ptr,  # [nnz] int32 | int64
-    indptr_ptr,  # [R + 1]
-    sink_ptr,  # [H] fp32 (unused without HAS_SINK)
-    out_ptr,  # [R, H, HEAD_DIM]
-    lse_ptr,  # [R, H] fp32 (written under WRITE_LSE)
-    opart_ptr,  # [R, NUM_SPLITS, H, HEAD_DIM] fp32 (NUM_SPLITS > 1)
-    lsepart_ptr,  # [R, NUM_SPLITS, H] fp32, base-2 (NUM_SPLITS > 1)
-    count_ptr,  # [R * cdiv(H, BLOCK_H)] int32, zero at rest (FUSED_REDUCE)
-    stride_qr,
-    stride_qh,
-    stride_kvn,
-    stride_or,
-    stride_oh,
-    num_heads,
-    num_kv,
-    nnz,  # kv_indices.numel(): each row's CSR range is clamped to [0, nnz]
-    qk_scale,  # sm_scale * log2(e)
-    BLOCK_H: gl.constexpr,
-    BLOCK_K: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr,
-    HAS_SINK: gl.constexpr,
-    NUM_SPLITS: gl.constexpr,
-    WRITE_LSE: gl.constexpr,
-    MMA_S: gl.constexpr,
-    MMA_O: gl.constexpr,
-    GATHER: gl.constexpr,
-    SMEM: gl.constexpr,
-    SMEM_P: gl.constexpr,
-    FUSED_REDUCE: gl.constexpr,
-    RED: gl.constexpr,
-    COMBINERS: gl.constexpr,
-):
-    """The work of one (token ``pid_r``, head block ``pid_h``, KV split ``pid_s``) program."""
     ROW_S: gl.constexpr = gl.SliceLayout(1, MMA_S)  # per-head vectors of the S tile
     COL_S: gl.constexpr = gl.SliceLayout(0, MMA_S)  # per-slot vectors of the S tile
     ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
     COL_O: gl.constexpr = gl.SliceLayout(0, MMA_O)
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-    # ---- Q -> shared memory (NVMMA layout), once per program.
-    offs_hg = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, GATHER))
-    q_ptrs = q_ptr + pid_r * stride_qr + offs_hg[:, None] * stride_qh + offs_d[None, :]
-    q = gl.load(q_ptrs, mask=(offs_hg < num_heads)[:, None], other=0.0)  # [BLOCK_H, HEAD_DIM]
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, HEAD_DIM], SMEM, q)
-    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, HEAD_DIM], SMEM)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_K], SMEM_P)
+    num_hb = gl.cdiv(num_heads, BLOCK_H)
+    if COMBINERS > 0:
+        groups = gl.num_programs(0) // (NUM_SPLITS + COMBINERS)  # R x head blocks
+        ticket = _ticket(count_ptr, groups, gl.num_programs(0))
+        pid = ticket % groups
+        pid_s = ticket // groups
+        work = ticket < groups * NUM_SPLITS
+    else:
+        pid = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        work: gl.constexpr = True  # the branch below is the kernel's only path
+    pid_h = pid % num_hb
+    pid_r = (pid // num_hb).to(gl.int64)
+    if work:  # (token pid_r, head block pid_h, KV split pid_s)
+        # ---- Q -> shared memory (NVMMA layout), once per program.
+        offs_hg = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, GATHER))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, GATHER))
+        q_ptrs = q_ptr + pid_r * stride_qr + offs_hg[:, None] * stride_qh + offs_d[None, :]
+        q = gl.load(q_ptrs, mask=(offs_hg < num_heads)[:, None], other=0.0)  # [BLOCK_H, HEAD_DIM]
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, HEAD_DIM], SMEM, q)
+        kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, HEAD_DIM], SMEM)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_K], SMEM_P)
 
-    # ---- This split's slot range [lo, hi) of the row's CSR list (int64 positions).
-    lo, hi, num_tiles = _split_range(indptr_ptr, nnz, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
+        # ---- This split's slot range [lo, hi) of the row's CSR list (int64 positions).
+        lo, hi, num_tiles = _split_range(indptr_ptr, nnz, pid_r, pid_s, NUM_SPLITS, BLOCK_K)
 
-    # ---- Prologue: gathers of tiles 0 .. STAGES-2 in flight (past hi they copy nothing).
-    offs_k = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, GATHER))
-    for t in gl.static_range(STAGES - 1):
-        slot, valid = _load_slots(idx_ptr, lo + t * BLOCK_K + offs_k, hi, num_kv)
-        _gather_tile(kv_smem.index(t), kv_ptr, slot, valid, stride_kvn, offs_d)
-    # Ids of the next tile to gather, loaded one iteration before its gather is issued.
-    slot_n, valid_n = _load_slots(idx_ptr, lo + (STAGES - 1) * BLOCK_K + offs_k, hi, num_kv)
+        # ---- Prologue: gathers of tiles 0 .. STAGES-2 in flight (past hi they copy nothing).
+        offs_k = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, GATHER))
+        for t in gl.static_range(STAGES - 1):
+            slot, valid = _load_slots(idx_ptr, lo + t * BLOCK_K + offs_k, hi, num_kv)
+            _gather_tile(kv_smem.index(t), kv_ptr, slot, valid, stride_kvn, offs_d)
+        # Ids of the next tile to gather, loaded one iteration before its gather is issued.
+        slot_n, valid_n = _load_slots(idx_ptr, lo + (STAGES - 1) * BLOCK_K + offs_k, hi, num_kv)
 
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW_S)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
-    acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, layout=MMA_O)
-    s_zero = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
-    offs_c = gl.arange(0, BLOCK_K, layout=COL_S)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW_S)
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
+        acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, layout=MMA_O)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
+        offs_c = gl.arange(0, BLOCK_K, layout=COL_S)
 
-    for it in range(num_tiles):
-        stage = it % STAGES
-        # This tile's ids again for the logit mask (an L1/L2 hit), consumed after S.
-        offs_sc = lo + it * BLOCK_K + offs_c
-        _, valid_c = _load_slots(idx_ptr, offs_sc, hi, num_kv)  # [BLOCK_K]
+        for it in range(num_tiles):
+            stage = it % STAGES
+            # This tile's ids again for the logit mask (an L1/L2 hit), consumed after S.
+            offs_sc = lo + it * BLOCK_K + offs_c
+            _, valid_c = _load_slots(idx_ptr, offs_sc, hi, num_kv)  # [BLOCK_K]
 
-        # Every warp is done with tile it-1, whose buffer the gather of tile it+STAGES-1 reuses.
-        gl.thread_barrier()
-        _gather_tile(
-            kv_smem.index((it + STAGES - 1) % STAGES), kv_ptr, slot_n, valid_n, stride_kvn, offs_d
-        )
-        offs_n = lo + (it + STAGES) * BLOCK_K + offs_k
-        slot_n, valid_n = _load_slots(idx_ptr, offs_n, hi, num_kv)
-        cp.wait_group(STAGES - 1)  # this thread's copies of tile it have landed
-        # cp.async writes are generic-proxy; wgmma reads through the async proxy.
-        fence_async_shared()
-        gl.thread_barrier()  # ... and every other thread's
-        kv_tile = kv_smem.index(stage)  # [BLOCK_K, HEAD_DIM]
+            # Every warp is done with tile it-1, whose buffer the gather of tile it+STAGES-1 reuses.
+            gl.thread_barrier()
+            _gather_tile(
+                kv_smem.index((it + STAGES - 1) % STAGES),
+                kv_ptr,
+                slot_n,
+                valid_n,
+                stride_kvn,
+                offs_d,
+            )
+            offs_n = lo + (it + STAGES) * BLOCK_K + offs_k
+            slot_n, valid_n = _load_slots(idx_ptr, offs_n, hi, num_kv)
+            cp.wait_group(STAGES - 1)  # this thread's copies of tile it have landed
+            # cp.async writes are generic-proxy; wgmma reads through the async proxy.
+            fence_async_shared()
+            gl.thread_barrier()  # ... and every other thread's
+            kv_tile = kv_smem.index(stage)  # [BLOCK_K, HEAD_DIM]
 
-        qk = warpgroup_mma(q_smem, kv_tile.permute((1, 0)), s_zero, use_acc=False)
-        qk = gl.where(valid_c[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_K]
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
+            qk = warpgroup_mma(q_smem, kv_tile.permute((1, 0)), s_zero, use_acc=False)
+            qk = gl.where(valid_c[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_K]
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
 
-        # P through shared memory: both warpgroups need all of it as the A operand of O.
-        p_smem.store(p.to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        # Invalid and tail rows of V were zero-filled by the gather: 0 * 0, never NaN.
-        acc = warpgroup_mma(p_smem, kv_tile, acc)
-    cp.wait_group(0)
+            # P through shared memory: both warpgroups need all of it as the A operand of O.
+            p_smem.store(p.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            # Invalid and tail rows of V were zero-filled by the gather: 0 * 0, never NaN.
+            acc = warpgroup_mma(p_smem, kv_tile, acc)
+        cp.wait_group(0)
 
-    _epilogue(
-        acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
-        stride_or, stride_oh, num_heads, count_ptr, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS,
-        WRITE_LSE, ROW_S, ROW_O, COL_O, FUSED_REDUCE, RED, COMBINERS,
-    )  # fmt: skip
+        _epilogue(
+            acc, m_i, l_i, pid_r, pid_h, pid_s, sink_ptr, out_ptr, lse_ptr, opart_ptr, lsepart_ptr,
+            stride_or, stride_oh, num_heads, count_ptr, BLOCK_H, HEAD_DIM, HAS_SINK, NUM_SPLITS,
+            WRITE_LSE, ROW_S, ROW_O, COL_O, FUSED_REDUCE, RED, COMBINERS,
+        )  # fmt: skip
+    else:
+        _combiner(
+            ticket - groups * NUM_SPLITS, groups, groups // num_hb, count_ptr, opart_ptr,
+            lsepart_ptr, sink_ptr, out_ptr, lse_ptr, stride_or, stride_oh, num_heads, BLOCK_H,
+            HEAD_DIM, NUM_SPLITS, HAS_SINK, WRITE_LSE, RED, COMBINERS, False,
+        )  # fmt: skip
