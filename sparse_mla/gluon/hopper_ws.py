@@ -391,30 +391,17 @@ def _qk_half(q_tile, kv_tile, bars, half: gl.constexpr, ready0: gl.constexpr, ph
 
 
 @gluon.jit
-def _qk(q_tile, kv_tile, bars, first_half: gl.constexpr, ready0: gl.constexpr, ph):
-    """S = Q K^T of one tile: the half ``first_half`` of D as soon as it lands, then the other."""
-    s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
+def _qk(
+    q_tile, kv_tile, bars, first_half: gl.constexpr, ready0: gl.constexpr, ph,
+    N: gl.constexpr = BLOCK_K, MMA: gl.constexpr = MMA_S,
+):  # fmt: skip
+    """S = Q K^T of one tile: the half ``first_half`` of D as soon as it lands, then the other.
+    ``N`` < BLOCK_K: the tile's first N slots only (a short last tile: [64, TAIL], MMA_T)."""
+    if N < BLOCK_K:
+        kv_tile = kv_tile.slice(0, N, dim=0)
+    s = gl.zeros([BLOCK_H, N], gl.float32, layout=MMA)
     s = _qk_half(q_tile, kv_tile, bars, first_half, ready0, ph, s, False)
     s = _qk_half(q_tile, kv_tile, bars, 1 - first_half, ready0, ph, s, True)
-    return warpgroup_mma_wait(0, deps=[s])
-
-
-@gluon.jit
-def _qk_tail(q_tile, kv_tile, bars, ready0: gl.constexpr, ph):
-    """S = Q K^T of a short last tile, its first TAIL slots only ([64, TAIL], layout MMA_T):
-    the right half of D first, as consumer 1 takes its full tiles."""
-    rows = kv_tile.slice(0, TAIL, dim=0)
-    s = gl.zeros([BLOCK_H, TAIL], gl.float32, layout=MMA_T)
-    for i in gl.static_range(2):
-        mbarrier.wait(bars.index(ready0 + 1 - i), ph)
-        fence_async_shared()
-        s = warpgroup_mma(
-            q_tile.slice((1 - i) * HALF, HALF, dim=1),
-            rows.slice((1 - i) * HALF, HALF, dim=1).permute((1, 0)),
-            s,
-            use_acc=i > 0,
-            is_async=True,
-        )
     return warpgroup_mma_wait(0, deps=[s])
 
 
@@ -632,7 +619,7 @@ def _consumer1(
             pos = lo + (2 * j + 1) * BLOCK_K
             if short and j + 1 == num_pairs:  # a short last tile: S and P over TAIL slots
                 valid_t = _valid_cols(idx_ptr, pos, hi, num_kv, TAIL, MMA_T)
-                s_t = _qk_tail(q_tile, buf1, bars, READY_1L, ph)
+                s_t = _qk(q_tile, buf1, bars, 1, READY_1L, ph, TAIL, MMA_T)
                 _arrive(bars.index(Q_FREE))  # done with this item's Q
                 acc, m_i, l_i = _consumer1_pv(
                     s_t, valid_t, m_i, l_i, acc, qk_scale, buf0, buf1, p0_smem.index(z),

@@ -684,7 +684,7 @@ def kernel_gathers() -> list[tuple[str, int, int]]:
 def source_events(function: str) -> list[tuple[str, str]]:
     """(op, barrier name) of one partition function in source order: ``mbarrier.wait`` and the
     arrivals (``_arrive``, ``cp.mbarrier_arrive``, ``mbarrier.expect``), the waits inside
-    ``_qk`` / ``_qk_half`` / ``_qk_tail`` (READY of the half or halves they read), the named
+    ``_qk`` / ``_qk_half`` (READY of the half or halves they read), the named
     barriers (``_bar_sync(NB_X)``: arrive at X, then wait on it; ``_bar_arrive(NB_X)``: arrive
     only) and, for a call of ``_epilogue``, ``_load_q``, ``_begin_item`` or ``_consumer1_pv``,
     the events of that function's own source."""
@@ -705,9 +705,6 @@ def source_events(function: str) -> list[tuple[str, str]]:
             out += [("wait", by_slot[ready0 + first]), ("wait", by_slot[ready0 + 1 - first])]
         elif name == "_qk_half":  # (q, kv, bars, half, ready0, ph, s, use_acc)
             out.append(("wait", by_slot[_value(c.args[4]) + _value(c.args[3])]))
-        elif name == "_qk_tail":  # (q, kv, bars, ready0, ph): the right half, then the left
-            ready0 = _value(c.args[3])
-            out += [("wait", by_slot[ready0 + 1]), ("wait", by_slot[ready0])]
         elif name == "_bar_sync":  # (bar_id): bar.sync arrives, then waits
             bar = by_id[_value(c.args[0])]
             out += [("arrive", bar), ("wait", bar)]
