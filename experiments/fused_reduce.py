@@ -83,7 +83,7 @@ def point(T: int, H: int, kernel: str, dev: torch.device) -> str:
     for fused in (True, False):
 
         def run(o, fused=fused):
-            launch.fused_reduce = lambda s, t, bh, f=fused: f and s > 1 and t.backend == "cuda"
+            launch.fused_reduce = lambda s, t, bh, *_, f=fused: f and s > 1 and t.backend == "cuda"
             try:
                 return mla_gluon(q, None, kv, None, idx, indptr, scale, has_pe=False,
                                  attn_sink=w.attn_sink, out=o, kernel=kernel,
@@ -137,7 +137,9 @@ def split_config_point(T: int, H: int, dev: torch.device) -> str:
         fns.append(lambda run=run: run(out))
     ms = bench.time_interleaved(fns, 30.0, rounds=8)
     a, b = (m * 1e3 for m in ms)
-    two = "one launch" if launch.fused_reduce(splits[0], sm90, default.BLOCK_H) else "two launches"
+    groups = T * -(-H // default.BLOCK_H)
+    fused = launch.fused_reduce(splits[0], sm90, default.BLOCK_H, groups, units)
+    two = "one launch" if fused else "two launches"
     return (f"gluon_mma T={T:4d} H={H:3d}: {default.BLOCK_H}-head blocks ({splits[0]} splits, "
             f"{two}) {a:7.2f} us  16-head blocks ({splits[1]} splits, one launch) "
             f"{b:7.2f} us  16/default {b / a:.3f}")  # fmt: skip

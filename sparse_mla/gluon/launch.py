@@ -256,9 +256,9 @@ def _default_mma(num_heads: int, target: Target) -> GluonConfig:
 SPLIT_CONFIG = GluonConfig(BLOCK_H=SPLIT_BLOCK_H, BLOCK_K=32, num_warps=4)
 # ... taken for 32-head defaults, and for 64-head ones only while the call has at most this many
 # 16-head programs (rows x cdiv(H, 16)). Measured on the H200 in turns against the 64-head
-# launch fused by combiners (data/bench/split_config_combiners_h200.log): 16-head blocks
-# 0.80-0.92x at H32 (T 4-64), 0.91x at H64 T4 (16 programs), but 1.13x at H64 T16 (64) and
-# 1.05x at H128 T4 (32); even at H64/H128 T64.
+# launch (fused by combiners where they fit; data/bench/split_config_combiners_h200.log):
+# 16-head blocks 0.80-0.92x at H32 (T 4-64), 0.91x at H64 T4 (16 programs), but 1.13x at H64
+# T16 (64) and 1.05x at H128 T4 (32); even at H64/H128 T64.
 SPLIT_TRADE_PROGRAMS = 16
 
 
@@ -931,7 +931,8 @@ def run_validated(
     pools = (kv2, kpe2) if has_pe else (kv2,)
     sink = attn_sink.contiguous() if attn_sink is not None else _unused(q_nope.device)
     lse_arg = lse if lse is not None else _unused(q_nope.device)
-    fused = fused_reduce(splits, tgt, block_h, R * runtime.cdiv(H, block_h), units)
+    groups = R * runtime.cdiv(H, block_h)  # (row, head block) pairs
+    fused = fused_reduce(splits, tgt, block_h, groups, units)
     if splits > 1:
         opart = torch.empty(R, splits, H, HEAD_DIM, dtype=torch.float32, device=q_nope.device)
         lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
@@ -940,7 +941,6 @@ def run_validated(
     # The fused reduce's arrival counters, one per (row, head block), and the combiners' work
     # ticket after them: zero at rest (the last split or combiner of each sets its counter back
     # to 0, the last ticket the ticket), so a kept set serves the next launch too.
-    groups = R * runtime.cdiv(H, block_h)
     count = (
         fastlaunch.zeroed(groups + 1, torch.int32, q_nope.device)
         if fused
