@@ -4,8 +4,10 @@
 # workbook digest data/bench/workbook_h200_dafac34.md; the ninth's window, fp8bench and grid
 # ran on b72baa6: data/bench/*b72baa6*; the tenth's fp8bench and grid ran on e4e0d12, f1d7888
 # and 11dc3f5: data/bench/*_fp8_f1d7888.log, *_grid_11dc3f5.log; its profile and smem on 4026198:
-# data/bench/gpu_tests_profile_4026198.log, data/bench/ncu_small_kernels_h200_4026198/.) Still
-# open: nb05, tail and grid. From the repository
+# data/bench/gpu_tests_profile_4026198.log, data/bench/ncu_small_kernels_h200_4026198/; the
+# twelfth's tail (with the split kernels' tests) and grid ran on 7840448:
+# data/bench/gpu_tests_7840448.log, data/bench/nvidia-h200_grid_7840448.log.) Still open: nb05.
+# From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
 #   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|plans|workbook|fp8host|host|all \
