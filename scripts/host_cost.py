@@ -37,11 +37,17 @@ the tensors, whose every launch Triton's launcher then asks the driver about
 the first (on, the package's default: :mod:`sparse_mla.fastlaunch`); ``both`` prints a row of
 each per kernel, before/after in one run.
 
+``--turns R``: the providers of a shape timed in turns instead of one after another: R rounds
+(at least one full set of ``bench.balanced_orders``, rounded up to whole sets), each round one
+window of 200 calls per provider in that round's order, so a drift of the host's speed over the
+run (clocks, other processes) falls on every provider alike; a row per provider with the min,
+median and max of its windows. Plans, direct launch and address pointers as the defaults.
+
 ``--kernels ...,flashmla``: also FlashMLA's ``flash_mla_sparse_fwd`` at the same shapes (heads
 padded to 64/128), the peer's host time in the same process (GPU; needs ``flash_mla``).
 
     python scripts/host_cost.py [--parts] [--profile] [--cpu] [--fast both] [--plans both]
-        [--clock cpu] [--shapes 16x4,64x4] [--fp8]
+        [--clock cpu] [--shapes 16x4,64x4] [--fp8] [--turns 8]
 """
 
 from __future__ import annotations
@@ -82,6 +88,31 @@ def host_us(fn, sync, reps: int = 200, warmup: int = 20, windows: int | None = N
     return STAT(times)
 
 
+def host_turns(fns, sync, rounds: int, reps: int = 200, warmup: int = 20) -> list[list[float]]:
+    """Host time per call (us) of each of ``fns`` in turns: every fn warmed up, then ``rounds``
+    rounds (rounded up to whole sets of ``bench.balanced_orders(len(fns))``), each timing one
+    window of ``reps`` back-to-back calls of every fn in that round's order, a sync before each
+    window. Returns each fn's window times."""
+    from sparse_mla.bench import balanced_orders
+
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    orders = balanced_orders(len(fns))
+    rounds = -(-max(rounds, 1) // len(orders)) * len(orders)
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(rounds):
+        for i in orders[r % len(orders)]:
+            fn = fns[i]
+            sync()
+            t0 = CLOCK()
+            for _ in range(reps):
+                fn()
+            times[i].append((CLOCK() - t0) / reps * 1e6)
+    sync()
+    return times
+
+
 def workload(H: int, T: int, device: str, topk: int = 512, N: int = 65536, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).to(device)
@@ -113,6 +144,13 @@ def main(argv=None) -> int:
         help="the entry's validate= (none: its default; on CPU that checks values)",
     )
     ap.add_argument("--windows", type=int, default=5, help="windows of 200 calls (median)")
+    ap.add_argument(
+        "--turns",
+        type=int,
+        default=0,
+        help="time a shape's providers in turns over this many rounds (balanced orders, one "
+        "window each a round): min / median / max of each provider's windows",
+    )
     ap.add_argument(
         "--fast",
         choices=("off", "on", "both"),
@@ -198,8 +236,13 @@ def main(argv=None) -> int:
     has_plans = hasattr(op_mod, "set_plans_enabled")  # older commits: no plans
     if not has_plans:
         plan_modes = [False]
-    print(f"# clock: {args.clock}, {args.stat} of {args.windows} windows of 200 calls")
-    print(f"{'shape':<12} {'kernel':<16} {'fast':<5} {'plan':<5} {'ptr':<5} {'host_us':>8}  parts")
+    if args.turns:
+        print(f"# clock: {args.clock}, providers in turns: >= {args.turns} rounds of one window "
+              "of 200 calls each (balanced orders); us a call")  # fmt: skip
+    else:
+        print(f"# clock: {args.clock}, {args.stat} of {args.windows} windows of 200 calls")
+        print(f"{'shape':<12} {'kernel':<16} {'fast':<5} {'plan':<5} {'ptr':<5} {'host_us':>8}  "
+              "parts")  # fmt: skip
     for shape in args.shapes.split(","):
         H, T = (int(x) for x in shape.split("x"))
         q, kv, idx, indptr, scale, sink = workload(H, T, device)
@@ -208,6 +251,10 @@ def main(argv=None) -> int:
 
             kv = quantize(kv, 64)  # an FP8Cache: the entry takes the FP8 op
         out = torch.empty_like(q)
+        if args.turns:
+            _turns_rows(H, T, names, q, kv, idx, indptr, scale, sink, out, fmt, validate,
+                        device, sync, args.turns)  # fmt: skip
+            continue
         for name in names:
             if name == "flashmla":  # the peer, in the same process (not a registered kernel)
                 if not args.fp8 and device == "cuda":
@@ -253,16 +300,27 @@ def main(argv=None) -> int:
 
 
 def _peer_row(H, T, q, kv, idx, scale, sink, sync) -> None:
-    """FlashMLA's host time per call at the same shape, as an engine calls it: q and the sink
-    zero-padded to 64 (or 128) heads and the [T, 1, top-k] index matrix made once, outside the
-    timing; each call allocates its outputs (FlashMLA takes no ``out=``). Needs ``flash_mla``
-    importable (the peers' stand-in, ../shared/peers/README.md); a row saying why otherwise."""
+    """FlashMLA's host time per call at the same shape (:func:`_peer_call`); a row saying why
+    not when ``flash_mla`` is not importable."""
     try:
-        import flash_mla
+        name, call = _peer_call(H, q, kv, idx, scale, sink)
     except ImportError as e:
         print(f"H{H} T{T:<7} {'flashmla':<16} -     -     -     {'-':>8}  not importable: {e}")
         return
+    us = host_us(call, sync)
+    print(f"H{H} T{T:<7} {name:<16} -     -     -     {us:8.1f}  the peer, same process",
+          flush=True)  # fmt: skip
+
+
+def _peer_call(H, q, kv, idx, scale, sink):
+    """(provider name, call) of FlashMLA as an engine calls it at this shape: q and the sink
+    zero-padded to 64 (or 128) heads and the [T, 1, top-k] index matrix made once, outside the
+    timing; each call allocates its outputs (FlashMLA takes no ``out=``). Needs ``flash_mla``
+    importable (the peers' stand-in, ../shared/peers/README.md)."""
+    import flash_mla
+
     heads = 64 if H <= 64 else 128
+    T = q.shape[0]
     qp = torch.zeros(T, heads, 512, dtype=q.dtype, device=q.device)
     qp[:, :H] = q
     sp = torch.zeros(heads, dtype=torch.float32, device=q.device)
@@ -273,10 +331,49 @@ def _peer_row(H, T, q, kv, idx, scale, sink, sync) -> None:
     def call():
         flash_mla.flash_mla_sparse_fwd(qp, kv3, ind, scale, 512, sp)
 
-    us = host_us(call, sync)
-    name = "flashmla" if heads == H else f"flashmla_pad{heads}"
-    print(f"H{H} T{T:<7} {name:<16} -     -     -     {us:8.1f}  the peer, same process",
-          flush=True)  # fmt: skip
+    return ("flashmla" if heads == H else f"flashmla_pad{heads}"), call
+
+
+def _turns_rows(H, T, names, q, kv, idx, indptr, scale, sink, out, fmt, validate, device, sync,
+                rounds) -> None:  # fmt: skip
+    """``--turns``: one shape's providers (``default``, forced kernels the GPU can run, FlashMLA
+    when asked and importable) timed in turns (:func:`host_turns`); a row each with the min,
+    median and max of its windows, and how many of 200 more calls replayed a plan."""
+    from sparse_mla import dispatch, runtime
+    from sparse_mla import op as op_mod
+    from sparse_mla.prefill import sparse_mla_prefill
+
+    labels, fns, notes = [], [], []
+    for name in names:
+        if name == "flashmla":
+            if fmt != "dense" or device != "cuda":
+                continue
+            try:
+                label, fn = _peer_call(H, q, kv, idx, scale, sink)
+            except ImportError as e:
+                print(f"H{H} T{T:<7} {'flashmla':<16} not importable: {e}")
+                continue
+            labels.append(label)
+            fns.append(fn)
+            notes.append(lambda: "the peer, same process")
+            continue
+        cfg = None if name == "default" else dispatch.Choice(name)
+        if name != "default" and device == "cuda":
+            call = dispatch.Call(runtime.arch(), H, 512, q.dtype, kv, T, kv_format=fmt)
+            if dispatch.kernel(name).unavailable(call):
+                continue
+
+        def full(cfg=cfg, a=(q, kv, idx, indptr, scale)):
+            sparse_mla_prefill(*a, attn_sink=sink, out=out, config=cfg, validate=validate)
+
+        labels.append(name)
+        fns.append(full)
+        notes.append(lambda f=full: _replays(op_mod, f, fmt != "dense"))
+    times = host_turns(fns, sync, rounds)
+    for label, ts, note in zip(labels, times, notes, strict=True):
+        med = statistics.median(ts)
+        print(f"H{H} T{T:<7} {label:<16} min {min(ts):6.1f}  median {med:6.1f}  max "
+              f"{max(ts):6.1f}  ({len(ts)} windows)  {note()}", flush=True)  # fmt: skip
 
 
 def _replays(op_mod, fn, fp8: bool, n: int = 200) -> str:

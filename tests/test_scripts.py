@@ -103,3 +103,38 @@ def test_explorer_digest_says_it_needs_a_gpu(tmp_path, monkeypatch, capsys):
     assert mod.main(["--out", str(tmp_path / "d.md")]) == 2
     assert "no GPU" in capsys.readouterr().out
     assert not (tmp_path / "d.md").exists()
+
+
+def _host_cost_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_cost", ROOT / "scripts" / "host_cost.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_host_cost_turns_time_every_provider_in_every_place():
+    from sparse_mla.bench import balanced_orders
+
+    mod = _host_cost_module()
+    calls: list[int] = []
+    fns = [lambda i=i: calls.append(i) for i in range(3)]
+    times = mod.host_turns(fns, lambda: None, rounds=1, reps=2, warmup=1)
+    orders = balanced_orders(3)  # 4 orders for 3 providers: one round rounds up to 4
+    assert [len(t) for t in times] == [len(orders)] * 3
+    assert all(t > 0 for ts in times for t in ts)
+    timed = calls[3:]  # after one warm-up call each
+    assert timed[::2] == timed[1::2]  # each window is 2 calls of one provider
+    assert timed[::2] == [i for order in orders for i in order]
+
+
+def test_host_cost_turns_rows_on_cpu(capsys):
+    mod = _host_cost_module()
+    assert mod.main(["--cpu", "--shapes", "4x2", "--kernels", "default,triton", "--turns", "2",
+                     "--validate", "false"]) == 0  # fmt: skip
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("H4 T2")]
+    assert [r.split()[2] for r in rows] == ["default", "triton"], rows
+    for r in rows:
+        assert re.search(r"min +[\d.]+ +median +[\d.]+ +max +[\d.]+ +\(2 windows\)", r), r
+        assert "replayed" in r
