@@ -6,8 +6,8 @@
 # and 11dc3f5: data/bench/*_fp8_f1d7888.log, *_grid_11dc3f5.log; its profile and smem on 4026198:
 # data/bench/gpu_tests_profile_4026198.log, data/bench/ncu_small_kernels_h200_4026198/; the
 # twelfth's tail (with the split kernels' tests) and grid ran on 7840448:
-# data/bench/gpu_tests_7840448.log, data/bench/nvidia-h200_grid_7840448.log.) Still open: nb05.
-# From the repository
+# data/bench/gpu_tests_7840448.log, data/bench/nvidia-h200_grid_7840448.log; nb05 on 0c76bc5:
+# data/bench/workbook_nb05_h200_0c76bc5.md, 73 s.) Nothing is open. From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
 #   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|plans|workbook|fp8host|host|all \
@@ -24,7 +24,7 @@
 #   fp8bench  sparse-mla bench --fp8 with room for its T = 1024 and 256 points (cut at b72baa6),
 #             and peer (b)'s first run (flashmla*_fp8decode: the stand-in's decode binding is
 #             built on first use, into $FLASHMLA_BUILD_DIR_decode; check its log line)
-#   nb05      notebook 05 at its full size (it outlasted a 200 s cap at dafac34)
+#   nb05      notebook 05 at its full size (it outlasted a 200 s cap at dafac34; 73 s at 0c76bc5)
 #   (and, in a command of its own, experiments/h29fp8c_gpu_check.sh: the FP8 kernel whose
 #   consumer dequantizes K itself, experiments/fp8_consumer.py, up to 570 s)
 #   window    experiments/host_window.py (ran at b72baa6)

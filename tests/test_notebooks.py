@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -21,6 +22,12 @@ def test_notebooks_exist():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=NAMES)
 def test_committed_without_outputs(path):
+    raw = json.loads(path.read_text())
+    ids = [c.get("id") for c in raw["cells"]]
+    # nbformat 4.5 wants a unique id per cell (it warns, and will refuse, on reading without)
+    missing = [i for i, x in enumerate(ids) if not x]
+    assert not missing, f"{path.name}: cells {missing} have no id"
+    assert len(set(ids)) == len(ids), f"{path.name}: cell ids repeat"
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     for i, cell in enumerate(nb.cells):
