@@ -199,7 +199,6 @@ def main(argv=None) -> int:
 
     from sparse_mla import dispatch, fastlaunch, runtime
     from sparse_mla import op as op_mod
-    from sparse_mla.prefill import sparse_mla_prefill
 
     if args.cpu_launch:
         _fake_sm90()
@@ -260,14 +259,10 @@ def main(argv=None) -> int:
                 if not args.fp8 and device == "cuda":
                     _peer_row(H, T, q, kv, idx, scale, sink, sync)
                 continue
+            full = _entry_call(name, q, kv, idx, indptr, scale, sink, out, fmt, validate, device)
+            if full is None:
+                continue
             cfg = None if name == "default" else dispatch.Choice(name)
-            if name != "default" and device == "cuda":
-                call = dispatch.Call(runtime.arch(), H, 512, q.dtype, kv, T, kv_format=fmt)
-                if dispatch.kernel(name).unavailable(call):
-                    continue
-
-            def full(cfg=cfg, a=(q, kv, idx, indptr, scale), sink=sink, out=out):
-                sparse_mla_prefill(*a, attn_sink=sink, out=out, config=cfg, validate=validate)
 
             for fast, plans, ints in itertools.product(modes, plan_modes, ptr_modes):
                 fastlaunch.set_enabled(fast)
@@ -297,6 +292,26 @@ def main(argv=None) -> int:
     if has_plans:
         op_mod.set_plans_enabled(True)
     return 0
+
+
+def _entry_call(name, q, kv, idx, indptr, scale, sink, out, fmt, validate, device):
+    """The entry's call as timed: ``config=None`` for ``default``, else the kernel forced by
+    name; None where the GPU's kernel cannot take the call."""
+    from sparse_mla import dispatch, runtime
+    from sparse_mla.prefill import sparse_mla_prefill
+
+    cfg = None if name == "default" else dispatch.Choice(name)
+    if cfg is not None and device == "cuda":
+        T, H = q.shape[0], q.shape[1]
+        call = dispatch.Call(runtime.arch(), H, 512, q.dtype, kv, T, kv_format=fmt)
+        if dispatch.kernel(name).unavailable(call):
+            return None
+
+    def full():
+        sparse_mla_prefill(q, kv, idx, indptr, scale, attn_sink=sink, out=out, config=cfg,
+                           validate=validate)  # fmt: skip
+
+    return full
 
 
 def _peer_row(H, T, q, kv, idx, scale, sink, sync) -> None:
@@ -339,9 +354,7 @@ def _turns_rows(H, T, names, q, kv, idx, indptr, scale, sink, out, fmt, validate
     """``--turns``: one shape's providers (``default``, forced kernels the GPU can run, FlashMLA
     when asked and importable) timed in turns (:func:`host_turns`); a row each with the min,
     median and max of its windows, and how many of 200 more calls replayed a plan."""
-    from sparse_mla import dispatch, runtime
     from sparse_mla import op as op_mod
-    from sparse_mla.prefill import sparse_mla_prefill
 
     labels, fns, notes = [], [], []
     for name in names:
@@ -357,15 +370,9 @@ def _turns_rows(H, T, names, q, kv, idx, indptr, scale, sink, out, fmt, validate
             fns.append(fn)
             notes.append(lambda: "the peer, same process")
             continue
-        cfg = None if name == "default" else dispatch.Choice(name)
-        if name != "default" and device == "cuda":
-            call = dispatch.Call(runtime.arch(), H, 512, q.dtype, kv, T, kv_format=fmt)
-            if dispatch.kernel(name).unavailable(call):
-                continue
-
-        def full(cfg=cfg, a=(q, kv, idx, indptr, scale)):
-            sparse_mla_prefill(*a, attn_sink=sink, out=out, config=cfg, validate=validate)
-
+        full = _entry_call(name, q, kv, idx, indptr, scale, sink, out, fmt, validate, device)
+        if full is None:
+            continue
         labels.append(name)
         fns.append(full)
         notes.append(lambda f=full: _replays(op_mod, f, fmt != "dense"))
