@@ -327,18 +327,25 @@ def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
         and (attn_sink is None or type(attn_sink) is _T)
         and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
     ):  # fmt: skip
-        key = _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config)
-        p = _PLANS.get(key)
-        if type(p) is _Plan:
-            if _replayable(p, q, kv, kv_indices, kv_indptr, attn_sink, out, validate):
-                inputs = (q, kv, kv_indices, kv_indptr, attn_sink, out)
-                p.replay(inputs, p.scratch)
-                return
-            p = None  # stale, or the overlap check fails: the full path (raises by name)
-        if p is None or p < _PLAN_TRIES:
-            _record(key, 0 if p is None else p, q, kv, kv_indices, kv_indptr, softmax_scale,
-                    attn_sink, out, config, validate)  # fmt: skip
+        _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+    else:
+        _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+
+
+def _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate):
+    """:func:`_impl` past its gate (plans on, plain tensors, a compiled launch, no dispatch
+    mode): the plan replayed when valid, else the full path, recording a plan when it may."""
+    key = _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config)
+    p = _PLANS.get(key)
+    if type(p) is _Plan:
+        if _replayable(p, q, kv, kv_indices, kv_indptr, attn_sink, out, validate):
+            p.replay((q, kv, kv_indices, kv_indptr, attn_sink, out), p.scratch)
             return
+        p = None  # stale, or the overlap check fails: the full path (raises by name)
+    if p is None or p < _PLAN_TRIES:
+        _record(key, 0 if p is None else p, q, kv, kv_indices, kv_indptr, softmax_scale,
+                attn_sink, out, config, validate)  # fmt: skip
+        return
     _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
 
 
@@ -453,9 +460,15 @@ def call(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, va
     functorch transforms, the autograd profiler), no input that needs a gradient. There the
     dispatcher would call the same kernel with the same arguments (the op has one kernel for
     CPU and CUDA, no autograd or device guard of its own, and does not bump ``out``'s version
-    counter either way). Anywhere else, and with :func:`set_plans_enabled` off, the op itself."""
+    counter either way). Anywhere else, and with :func:`set_plans_enabled` off, the op itself.
+    (``_eager`` implies :func:`_impl`'s gate but for the interpreter, so a compiled launch goes
+    straight to :func:`_planned`.)"""
     if _eager(q, kv, kv_indices, kv_indptr, attn_sink, out):
-        _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+        if runtime.runs_interpreted(q):
+            _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+        else:
+            _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
+                     validate)  # fmt: skip
     else:
         prefill_op(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
 
