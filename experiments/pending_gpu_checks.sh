@@ -7,10 +7,11 @@
 # data/bench/gpu_tests_profile_4026198.log, data/bench/ncu_small_kernels_h200_4026198/; the
 # twelfth's tail (with the split kernels' tests) and grid ran on 7840448:
 # data/bench/gpu_tests_7840448.log, data/bench/nvidia-h200_grid_7840448.log; nb05 on 0c76bc5:
-# data/bench/workbook_nb05_h200_0c76bc5.md, 73 s.) Nothing is open. From the repository
+# data/bench/workbook_nb05_h200_0c76bc5.md, 73 s.) Open: trims (the thirteenth session's two
+# host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -33,6 +34,9 @@
 #             in turns" predicts default / forced within 1.00 +- 0.01 at the heavy points);
 #             open again since gluon_ws's short last tile (twelfth session: T = 64-1024 moved,
 #             T = 4096/16384 should not)
+#   trims     the thirteenth session's host-path trims (op._planned, dispatch._file_stamp's
+#             os.access): the plan and op GPU tests, then experiments/host_split.py with
+#             FlashMLA (needs .whl for xdist and .peers; under 3 minutes)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
 #             out; the same cases ran as a one-token sweep) and the gluon_ws reference tests
 set -u
@@ -98,6 +102,16 @@ if want fp8bench; then
     python3 -m sparse_mla.cli bench --fp8 --time-limit 150 --commit "$COMMIT" \
     --out "$OUT/nvidia-h200_fp8.csv" > "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log" 2>&1
   echo "fp8bench: rc=$?"; grep "^\[" "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log"
+fi
+if want trims; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
+  PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
+    tests/test_plans.py tests/test_op.py > "$OUT/gpu_tests_trims_${COMMIT:0:7}.log" 2>&1
+  echo "trims tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_trims_${COMMIT:0:7}.log"
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 120 \
+    python3 experiments/host_split.py > "$OUT/host_split_${COMMIT:0:7}.log" 2>&1
+  echo "trims host_split: rc=$?"
 fi
 if want tail; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gluon.py \
