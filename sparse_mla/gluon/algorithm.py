@@ -206,6 +206,19 @@ def _ticket(count_ptr, groups, num_programs):
 
 
 @gluon.jit
+def _split_ticket(count_ptr, NUM_SPLITS: gl.constexpr, COMBINERS: gl.constexpr):
+    """What a program of a split launch with combiners (a 1-D grid of groups x (NUM_SPLITS +
+    COMBINERS) programs, one group per (row, head block)) does, by its :func:`_ticket`: the
+    first groups x NUM_SPLITS tickets are split programs, of group ``ticket % groups`` and split
+    ``ticket // groups``; the rest are combiners, numbered from 0 (:func:`_combiner`). Returns
+    (groups, group, split, work: a split program, combiner number)."""
+    groups = gl.num_programs(0) // (NUM_SPLITS + COMBINERS)
+    ticket = _ticket(count_ptr, groups, gl.num_programs(0))
+    first = groups * NUM_SPLITS
+    return groups, ticket % groups, ticket // groups, ticket < first, ticket - first
+
+
+@gluon.jit
 def _combiner(
     c, groups, rows, count_ptr, opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, stride_or,
     stride_oh, num_heads, BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -307,14 +320,11 @@ def _mla_fwd_kernel(
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
     if COMBINERS > 0:
-        groups = gl.num_programs(0) // (NUM_SPLITS + COMBINERS)  # R x head blocks
-        rows = groups // gl.cdiv(num_heads, BLOCK_H)
-        ticket = _ticket(count_ptr, groups, gl.num_programs(0))
-        g = ticket % groups
+        num_hb = gl.cdiv(num_heads, BLOCK_H)
+        groups, g, pid_s, work, comb = _split_ticket(count_ptr, NUM_SPLITS, COMBINERS)
+        rows = groups // num_hb  # groups: R x head blocks
         pid_r = (g % rows).to(gl.int64)
         pid_h = g // rows
-        pid_s = ticket // groups
-        work = ticket < groups * NUM_SPLITS
     else:
         pid_r = gl.program_id(0).to(gl.int64)
         pid_h = gl.program_id(1)
@@ -407,7 +417,7 @@ def _mla_fwd_kernel(
         )  # fmt: skip
     else:
         _combiner(
-            ticket - groups * NUM_SPLITS, groups, rows, count_ptr, opart_ptr, lsepart_ptr, sink_ptr,
+            comb, groups, rows, count_ptr, opart_ptr, lsepart_ptr, sink_ptr,
             out_ptr, lse_ptr, stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, NUM_SPLITS,
             HAS_SINK, WRITE_LSE, RED, COMBINERS, True,
         )  # fmt: skip

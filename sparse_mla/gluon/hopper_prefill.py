@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .algorithm import _combiner, _epilogue, _softmax_step, _split_range, _ticket
+from .algorithm import _combiner, _epilogue, _softmax_step, _split_range, _split_ticket
 
 
 def layouts(block_h: int, block_k: int, head_dim: int, num_warps: int) -> dict:
@@ -119,11 +119,7 @@ def _prefill_wgmma_kernel(
 
     num_hb = gl.cdiv(num_heads, BLOCK_H)
     if COMBINERS > 0:
-        groups = gl.num_programs(0) // (NUM_SPLITS + COMBINERS)  # R x head blocks
-        ticket = _ticket(count_ptr, groups, gl.num_programs(0))
-        pid = ticket % groups
-        pid_s = ticket // groups
-        work = ticket < groups * NUM_SPLITS
+        groups, pid, pid_s, work, comb = _split_ticket(count_ptr, NUM_SPLITS, COMBINERS)
     else:
         pid = gl.program_id(0)
         pid_s = gl.program_id(1)
@@ -201,7 +197,7 @@ def _prefill_wgmma_kernel(
         )  # fmt: skip
     else:
         _combiner(
-            ticket - groups * NUM_SPLITS, groups, groups // num_hb, count_ptr, opart_ptr,
+            comb, groups, groups // num_hb, count_ptr, opart_ptr,
             lsepart_ptr, sink_ptr, out_ptr, lse_ptr, stride_or, stride_oh, num_heads, BLOCK_H,
             HEAD_DIM, NUM_SPLITS, HAS_SINK, WRITE_LSE, RED, COMBINERS, False,
         )  # fmt: skip
