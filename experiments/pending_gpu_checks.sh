@@ -35,7 +35,8 @@
 #             open again since gluon_ws's short last tile (twelfth session: T = 64-1024 moved,
 #             T = 4096/16384 should not)
 #   trims     the thirteenth session's host-path trims (op._planned, dispatch._file_stamp's
-#             os.access): the plan and op GPU tests, then experiments/host_split.py with
+#             os.access) and split-ticket helper (algorithm._split_ticket): the plan, op and
+#             split-kernel GPU tests, then experiments/host_split.py with
 #             FlashMLA (needs .whl for xdist and .peers; under 3 minutes)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
 #             out; the same cases ran as a one-token sweep) and the gluon_ws reference tests
@@ -108,7 +109,10 @@ if want trims; then
     --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
   PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
     tests/test_plans.py tests/test_op.py > "$OUT/gpu_tests_trims_${COMMIT:0:7}.log" 2>&1
-  echo "trims tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_trims_${COMMIT:0:7}.log"
+  echo "trims plan/op tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_trims_${COMMIT:0:7}.log"
+  PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
+    tests/test_gluon.py -k "mma or split or counter" >> "$OUT/gpu_tests_trims_${COMMIT:0:7}.log" 2>&1
+  echo "trims split tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_trims_${COMMIT:0:7}.log"
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 120 \
     python3 experiments/host_split.py > "$OUT/host_split_${COMMIT:0:7}.log" 2>&1
   echo "trims host_split: rc=$?"
