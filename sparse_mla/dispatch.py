@@ -344,7 +344,7 @@ def describe(
 # T only through its bucket (token_bounds), so an engine's varying token counts reuse entries.
 _CACHE: dict[tuple, tuple[tuple[int, ...], dict[int, Choice]]] = {}
 _CACHE_MAX = 4096
-_PATHS: dict[tuple, str] = {}
+_PATHS: dict[tuple, tuple] = {}  # (arch, id(root)) -> (root, its configs file's path)
 _generation = 0
 
 
@@ -383,9 +383,14 @@ def _file_stamp(arch: str, root) -> tuple[int, ...] | None:
     """The stat stamp of ``arch``'s configs file under ``root``, None when there is none. Asked
     on every call: the usual case, no user file, is answered by ``os.access`` without the
     exception a failed ``os.stat`` raises (about half the cost in Python)."""
-    path = _PATHS.get((arch, root))
-    if path is None:
-        path = _PATHS[(arch, root)] = str(configs.config_path(arch, root))
+    got = _PATHS.get((arch, id(root)))  # by id: hashing a Path costs more than the lookup
+    if got is not None and got[0] is root:
+        path = got[1]
+    else:  # (the root is kept in the entry, so its id is not another object's meanwhile)
+        path = str(configs.config_path(arch, root))
+        if len(_PATHS) >= 64:
+            _PATHS.clear()
+        _PATHS[(arch, id(root))] = (root, path)
     if not _access(path, _F_OK):
         return None
     try:  # (a file removed since: None)

@@ -360,7 +360,7 @@ def _checked(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink
         raise ValueError("out overlaps kv; the kernel would read what it writes")
     q = x.q
     T, H, D = q.shape
-    arch = None if runtime.runs_interpreted(q) else runtime.arch(q.device.index or 0)
+    arch = None if runtime.runs_interpreted(q) else runtime.arch(q.get_device())
     call = dispatch.Call(arch, H, D, q.dtype, cache, T, x.kv_indices.numel(), kv_format=KV_FORMAT)
     return x, dispatch.choose(call, config=config)
 

@@ -360,7 +360,7 @@ def _op_args(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out) -> boo
         and (attn_sink is None or isinstance(attn_sink, T))
         and (out is None or isinstance(out, T)) and isinstance(softmax_scale, (int, float))
         and not isinstance(softmax_scale, bool) and _fits_float(softmax_scale)
-        and q.device.type in ("cpu", "cuda")  # meta and others: refused by name, not faked
+        and (q.is_cpu or q.is_cuda)  # meta and others: refused by name, not faked
     )  # fmt: skip
 
 
@@ -416,7 +416,7 @@ op.register_impl(_prefill_impl)
 
 def _arch_of(q: torch.Tensor) -> str | None:
     """The arch whose tuned configs a call on ``q`` reads; None in the interpreter."""
-    return None if runtime.runs_interpreted(q) else runtime.arch(q.device.index or 0)
+    return None if q.is_cpu else runtime.arch(q.get_device())  # (get_device: no device object)
 
 
 def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg: PrefillConfig):

@@ -119,6 +119,11 @@ def _wants_value_check(validate: bool | None, device: torch.device) -> bool:
         return bool(validate)
     if device.type == "cpu":
         return True
+    return _env_asks_values()
+
+
+def _env_asks_values() -> bool:
+    """Whether ``SPARSE_MLA_VALIDATE`` asks GPU calls to check kv_indptr's values."""
     return (getenv(ENV_VALIDATE) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
