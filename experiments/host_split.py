@@ -6,7 +6,10 @@ rounds of one 200-call window each, balanced orders), with FlashMLA's call in th
 
 - ``full``: ``sparse_mla_prefill(..., out=out)`` as a user calls it;
 - ``op``: the op's real kernel (``op._impl``): the plan key, the replay's checks and the replay;
-- ``checks``: the plan key, the lookup and ``op._replayable`` alone (no launch);
+- ``checks``: the plan key, the lookup and ``op._replayable`` alone (no launch): a call that
+  misses the last plan (since the fourteenth session);
+- ``last``: ``op._last`` (the last plan's guard, head and alignment, no key) and
+  ``op._replayable``: what a call of the last plan's layout checks (where the package has it);
 - ``replay``: ``Replay.__call__`` (the stream, the lent scratch, the launches);
 - ``fire``: the generated launch function alone, stream and scratch taken once outside;
 - ``stream``: ``driver.get_current_stream`` alone;
@@ -106,6 +109,11 @@ def _shape_rows(hc, H, T, kernels, rounds, dev, sync) -> None:
             op._PLANS.get(k)
             op._replayable(p, q, kv, idx, indptr, sink, out, False)
 
+        def last(spec=spec, p=p):
+            head = (scale, spec, None, sink is None)
+            op._last(op._LAST, q, kv, idx, indptr, sink, out, head)
+            op._replayable(p, q, kv, idx, indptr, sink, out, False)
+
         def rep(p=p):
             p.replay(inputs, p.scratch)
 
@@ -115,8 +123,13 @@ def _shape_rows(hc, H, T, kernels, rounds, dev, sync) -> None:
         def strm(replay=replay):
             replay.driver.get_current_stream(replay.device)
 
-        for part, fn in (("full", full), ("op", opk), ("checks", checks), ("replay", rep),
-                         ("fire", fire), ("stream", strm)):  # fmt: skip
+        parts = [("full", full), ("op", opk), ("checks", checks), ("replay", rep),
+                 ("fire", fire), ("stream", strm)]  # fmt: skip
+        if hasattr(op, "_last"):
+            if op._PLANS.get(op._LAST, (None,))[0] is not p:
+                print(f"H{H} T{T} {name}: the plan is not the last plan")
+            parts.insert(3, ("last", last))
+        for part, fn in parts:
             labels.append(f"{name}:{part}")
             fns.append(fn)
     try:

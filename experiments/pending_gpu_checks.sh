@@ -11,7 +11,7 @@
 # host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -35,9 +35,12 @@
 #             open again since gluon_ws's short last tile (twelfth session: T = 64-1024 moved,
 #             T = 4096/16384 should not)
 #   trims     the thirteenth session's host-path trims (op._planned, dispatch._file_stamp's
-#             os.access) and split-ticket helper (algorithm._split_ticket): the plan, op and
+#             os.access), split-ticket helper (algorithm._split_ticket) and the fourteenth's
+#             (the last plan by guard, op._last; no device objects per call): the plan, op and
 #             split-kernel GPU tests, then experiments/host_split.py with
 #             FlashMLA (needs .whl for xdist and .peers; under 3 minutes)
+#   turns     scripts/host_cost.py --turns 8, dense and --fp8 (every kernel beside FlashMLA, in
+#             turns; issue 26's 40 us bound), e.g. after a host-path change (up to 9 minutes)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
 #             out; the same cases ran as a one-token sweep) and the gluon_ws reference tests
 set -u
@@ -107,8 +110,8 @@ fi
 if want trims; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
-  PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
-    tests/test_plans.py tests/test_op.py > "$OUT/gpu_tests_trims_${COMMIT:0:7}.log" 2>&1
+  PYTHONPATH=$PWD:/tmp/site timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
+    tests/test_plans.py tests/test_op.py tests/test_plans_fp8.py tests/test_op_fp8.py > "$OUT/gpu_tests_trims_${COMMIT:0:7}.log" 2>&1
   echo "trims plan/op tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_trims_${COMMIT:0:7}.log"
   PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
     tests/test_gluon.py -k "mma or split or counter" >> "$OUT/gpu_tests_trims_${COMMIT:0:7}.log" 2>&1
@@ -116,6 +119,14 @@ if want trims; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 120 \
     python3 experiments/host_split.py > "$OUT/host_split_${COMMIT:0:7}.log" 2>&1
   echo "trims host_split: rc=$?"
+fi
+if want turns; then
+  for mode in dense fp8; do
+    flag=$([ $mode = fp8 ] && echo --fp8)
+    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 270 \
+      python3 scripts/host_cost.py --turns 8 $flag > "$OUT/host_cost_turns_${mode}_${COMMIT:0:7}.log" 2>&1
+    echo "turns $mode: rc=$?"; grep -c "min" "$OUT/host_cost_turns_${mode}_${COMMIT:0:7}.log"
+  done
 fi
 if want tail; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gluon.py \

@@ -245,7 +245,77 @@ def set_plans_enabled(flag: bool) -> bool:
 
 
 class _Plan:
-    __slots__ = ("arch", "layout", "replay", "scratch", "stamp")
+    __slots__ = ("arch", "guard", "head", "layout", "replay", "scratch", "stamp")
+
+
+# The last plan replayed or recorded, the next call's first look (an engine's layers repeat one
+# layout): kept in _PLANS under these keys (as a 1-tuple, so clearing or replacing _PLANS drops
+# it), one for each op. A call takes it when the plan's key would be the call's, checked without
+# building the key (3-4 us of attribute reads and a tuple hash a call): the scale, config and
+# block size by ==, the six tensors' dtype, device, sizes and strides by the plan's guard (a
+# C++ check of all of them at once), and the 16-byte alignment the key records by one OR of the
+# addresses (only plans whose inputs were all aligned are kept here). Any miss: the key.
+_LAST = object()
+_LAST_FP8 = object()
+
+
+def _tensor_guard_type():
+    """torch's C++ tensor check (``torch._C._dynamo.guards.TensorGuards``, what Dynamo's
+    guards use: dispatch keys, dtype, device, requires_grad, sizes and strides of each tensor),
+    or None when this torch has none that behaves as used here (then every call builds its key;
+    checked once, on small CPU tensors)."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        g = _make_guard(TensorGuards, (torch.empty(2, 3),))
+        ok = (g.check(torch.empty(2, 3)) and not g.check(torch.empty(3, 3))
+              and not g.check(torch.empty(3, 2).t()) and not g.check(torch.empty(2, 3).double())
+              and not g.check(torch.empty(2, 3, 1)))  # fmt: skip
+    except Exception:  # a private API: any failure means "not here"
+        return None
+    return TensorGuards if ok else None
+
+
+def _make_guard(cls, tensors):
+    """A guard of ``tensors``' layouts: sizes and strides as they are (static), not dynamic."""
+    return cls(
+        *tensors,
+        dynamic_dims_sizes=[list(t.shape) for t in tensors],
+        dynamic_dims_strides=[list(t.stride()) for t in tensors],
+    )
+
+
+def _guard_of(tensors, head):
+    """(guard, head) for a plan recorded from a call on ``tensors`` (None for an absent sink),
+    or (None, None) when it is not to be the last-plan shortcut: no guard type here, or an input
+    not 16-byte aligned."""
+    present = tuple(t for t in tensors if t is not None)
+    if _GUARDS is None or any(t.data_ptr() & 15 for t in present):
+        return None, None
+    return _make_guard(_GUARDS, present), head
+
+
+_GUARDS = _tensor_guard_type()
+
+
+def _last(slot, q, kv, kv_indices, kv_indptr, s, out, head):
+    """The last plan of ``slot`` (``_LAST`` or ``_LAST_FP8``) when this call has its key, else
+    None (the caller then builds the key). ``head``: (scale, config, block size, no sink)."""
+    got = _PLANS.get(slot)
+    if got is None:
+        return None
+    p = got[0]
+    if p.head != head:
+        return None
+    a = q.data_ptr() | kv.data_ptr() | kv_indices.data_ptr() | kv_indptr.data_ptr()
+    if s is None:
+        if (a | out.data_ptr()) & 15 or not p.guard.check(q, kv, kv_indices, kv_indptr, out):
+            return None
+    elif (a | s.data_ptr() | out.data_ptr()) & 15 or not p.guard.check(
+        q, kv, kv_indices, kv_indptr, s, out
+    ):
+        return None
+    return p
 
 
 class _Watch(TorchDispatchMode):
@@ -312,8 +382,9 @@ def _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, s, out, config):
 
 def _value_check(validate, q) -> bool:
     """_prefill_impl's: check kv_indptr's values, but never inside a CUDA-graph capture."""
-    check = validation._wants_value_check(validate, q.device)
-    if check and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    # validation._wants_value_check without q.device (a device object every call)
+    check = bool(validate) if validate is not None else q.is_cpu or validation._env_asks_values()
+    if check and q.is_cuda and torch.cuda.is_current_stream_capturing():
         check = False
     return check
 
@@ -335,16 +406,23 @@ def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
 def _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate):
     """:func:`_impl` past its gate (plans on, plain tensors, a compiled launch, no dispatch
     mode): the plan replayed when valid, else the full path, recording a plan when it may."""
+    head = (softmax_scale, config, None, attn_sink is None)
+    p = _last(_LAST, q, kv, kv_indices, kv_indptr, attn_sink, out, head)
+    if p is not None and _replayable(p, q, kv, kv_indices, kv_indptr, attn_sink, out, validate):
+        p.replay((q, kv, kv_indices, kv_indptr, attn_sink, out), p.scratch)
+        return
     key = _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config)
     p = _PLANS.get(key)
     if type(p) is _Plan:
         if _replayable(p, q, kv, kv_indices, kv_indptr, attn_sink, out, validate):
+            if p.guard is not None:
+                _PLANS[_LAST] = (p,)
             p.replay((q, kv, kv_indices, kv_indptr, attn_sink, out), p.scratch)
             return
         p = None  # stale, or the overlap check fails: the full path (raises by name)
     if p is None or p < _PLAN_TRIES:
         _record(key, 0 if p is None else p, q, kv, kv_indices, kv_indptr, softmax_scale,
-                attn_sink, out, config, validate)  # fmt: skip
+                attn_sink, out, config, validate, head)  # fmt: skip
         return
     _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
 
@@ -366,7 +444,7 @@ def _replayable(p, q, pool, kv_indices, kv_indptr, attn_sink, out, validate) -> 
 
 
 def _record(key, tries, q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
-            validate):  # fmt: skip
+            validate, head):  # fmt: skip
     """``_prefill_impl`` on a call that may get a plan: the checks first (the same errors in the
     same order), then the call itself recorded (launches and torch ops); a plan when it can be
     replayed, else one try fewer for this key."""
@@ -393,13 +471,16 @@ def _record(key, tries, q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, 
         inputs,
         out,
         lambda: impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False),
+        (_LAST, inputs, head),
     )
 
 
-def _plan_from(key, tries, arch, stamp, layout, inputs, out, launch) -> None:
+def _plan_from(key, tries, arch, stamp, layout, inputs, out, launch, last) -> None:
     """Run ``launch()`` recorded and store its plan for ``key`` (the dense and the FP8 op's
     kernels): a plan when every launch went through fastlaunch, no torch op but ``torch.empty``
-    ran and the choice did not change meanwhile, else one try fewer for this key."""
+    ran and the choice did not change meanwhile, else one try fewer for this key. ``last``:
+    (the op's last-plan slot, the tensors the key describes, the rest of the key as
+    :func:`_last` compares it); the plan becomes that slot's when its guard can be made."""
     watch = _Watch()
     with fastlaunch.recording() as launches, watch:
         launch()
@@ -416,7 +497,11 @@ def _plan_from(key, tries, arch, stamp, layout, inputs, out, launch) -> None:
     p = _Plan()
     p.arch, p.stamp, p.layout, p.replay = arch, stamp, layout, replay
     p.scratch = _scratch(watch.empties)
+    slot, tensors, head = last
+    p.guard, p.head = _guard_of(tensors, head)
     _store(key, p)
+    if p.guard is not None:
+        _PLANS[slot] = (p,)
 
 
 def _store(key, value) -> None:
@@ -530,22 +615,35 @@ def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
         and (attn_sink is None or type(attn_sink) is _T)
         and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
     ):  # fmt: skip
+        head = (softmax_scale, config, block_size, attn_sink is None)
+        p = _last(_LAST_FP8, q, kv_cache, kv_indices, kv_indptr, attn_sink, out, head)
+        if p is not None and _replayable(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out,
+                                         validate):  # fmt: skip
+            _replay_fp8(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out)
+            return
         key = (_plan_key(q, kv_cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
                          config), block_size)  # fmt: skip
         p = _PLANS.get(key)
         if type(p) is _Plan:
             if _replayable(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out, validate):
-                raw = kv_cache if kv_cache.dtype == _U8 else kv_cache.view(_U8)
-                inputs = (q, raw, kv_indices, kv_indptr, attn_sink, out)
-                p.replay(inputs, p.scratch)
+                if p.guard is not None:
+                    _PLANS[_LAST_FP8] = (p,)
+                _replay_fp8(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out)
                 return
             p = None  # stale, or the overlap check fails: the full path (raises by name)
         if p is None or p < _PLAN_TRIES:
             _record_fp8(key, 0 if p is None else p, q, kv_cache, block_size, kv_indices,
-                        kv_indptr, softmax_scale, attn_sink, out, config, validate)  # fmt: skip
+                        kv_indptr, softmax_scale, attn_sink, out, config, validate,
+                        head)  # fmt: skip
             return
     _fp8_full(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
               config, validate)  # fmt: skip
+
+
+def _replay_fp8(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out) -> None:
+    """Replay the FP8 plan ``p`` (checked) on this call: the launches get the cache as uint8."""
+    raw = kv_cache if kv_cache.dtype == _U8 else kv_cache.view(_U8)
+    p.replay((q, raw, kv_indices, kv_indptr, attn_sink, out), p.scratch)
 
 
 def _fp8_full(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
@@ -563,7 +661,7 @@ def _fp8_full(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
 
 
 def _record_fp8(key, tries, q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale,
-                attn_sink, out, config, validate):  # fmt: skip
+                attn_sink, out, config, validate, head):  # fmt: skip
     """:func:`_fp8_full` on a call that may get a plan: the cache's and the entry's checks and
     the choice first (the same errors in the same order), then the launch recorded; a plan when
     it can be replayed, else one try fewer for this key (as :func:`_record`)."""
@@ -589,8 +687,17 @@ def _record_fp8(key, tries, q, kv_cache, block_size, kv_indices, kv_indptr, soft
     layout = (out_ext, q_ext, same, (validation._extent(kv_cache), *exts[1:]))
     raw = cache.kernel_bytes()  # made here, so the launch's cache argument is an input
     inputs = (q, raw, kv_indices, kv_indptr, attn_sink, out)
-    _plan_from(key, tries, arch, stamp, layout, inputs, out,
-               lambda: fp8_prefill._launch(x, cache, choice, out))  # fmt: skip
+    _plan_from(
+        key,
+        tries,
+        arch,
+        stamp,
+        layout,
+        inputs,
+        out,
+        lambda: fp8_prefill._launch(x, cache, choice, out),
+        (_LAST_FP8, (q, kv_cache, kv_indices, kv_indptr, attn_sink, out), head),
+    )
 
 
 LIB.impl("prefill_fp8", _fp8_impl, "CPU")

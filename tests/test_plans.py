@@ -227,6 +227,114 @@ def test_a_replay_rechecks_what_depends_on_more_than_the_layout(standin, tmp_pat
     assert_root_and_clear_take_the_full_path(run, seen, tmp_path)
 
 
+def _variants(c, out):
+    """(what, inputs) each differing from ``c``'s call (into ``out``) in one thing a plan's key
+    records: a shape, a stride, a dtype, an input not 16-byte aligned, the sink absent."""
+    T, H, D = c.q.shape
+    N = c.kv.shape[0]
+    args = dict(q=c.q, kv=c.kv, idx=c.kv_indices, ptr=c.kv_indptr, sink=c.attn_sink, out=out)
+
+    def unaligned(t):  # the same layout 2 bytes on
+        buf = torch.empty(t.numel() + 8, dtype=t.dtype)[1:]
+        return buf[: t.numel()].view(t.shape).copy_(t)
+
+    def wide(t):  # rows twice as far apart
+        return torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)[..., : t.shape[-1]]
+
+    return [
+        ("T", dict(args, q=torch.randn(T + 1, H, D).to(c.q.dtype),
+                   out=torch.empty(T + 1, H, D, dtype=out.dtype),
+                   ptr=torch.cat([c.kv_indptr, c.kv_indptr[-1:]]))),
+        ("H", dict(args, q=c.q[:, : H // 2], out=out[:, : H // 2],
+                   sink=None if c.attn_sink is None else c.attn_sink[: H // 2])),
+        ("q strides", dict(args, q=c.q.transpose(0, 1).contiguous().transpose(0, 1))),
+        ("kv strides", dict(args, kv=wide(c.kv).copy_(c.kv))),
+        ("out strides", dict(args, out=wide(out))),
+        ("N", dict(args, kv=c.kv[: N - 1])),
+        ("nnz", dict(args, idx=torch.cat([c.kv_indices, c.kv_indices[:1]]))),
+        ("q dtype", dict(args, q=c.q.half())),
+        ("kv_indices dtype", dict(args, idx=c.kv_indices.long())),
+        ("kv_indptr dtype", dict(args, ptr=c.kv_indptr.long())),
+        *([("sink dtype", dict(args, sink=c.attn_sink.double())),
+           ("no sink", dict(args, sink=None)),
+           ("sink unaligned", dict(args, sink=unaligned(c.attn_sink)))]
+          if c.attn_sink is not None else [("a sink", dict(args, sink=torch.randn(H)))]),
+        ("q unaligned", dict(args, q=unaligned(c.q))),
+        ("kv unaligned", dict(args, kv=unaligned(c.kv))),
+        ("kv_indices unaligned", dict(args, idx=unaligned(c.kv_indices))),
+        ("kv_indptr unaligned", dict(args, ptr=unaligned(c.kv_indptr))),
+        ("out unaligned", dict(args, out=unaligned(out))),
+        ("q needs a gradient", dict(args, q=c.q.clone().requires_grad_(True))),
+        ("q on another device", dict(args, q=c.q.to("meta"))),
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(op._GUARDS is None, reason="this torch has no C++ tensor guard")
+@pytest.mark.parametrize("sink", [True, False])
+def test_the_last_plan_is_taken_only_where_its_key_would_be(standin, monkeypatch, sink):
+    """The shortcut past the plan key (op._last: the last plan replayed or recorded, matched by
+    its guard, the scale, config and sink flag and one OR of the addresses): the same layout on
+    new tensors takes it; a call that differs in anything the key records (each shape, stride,
+    dtype, 16-byte alignment, device, the sink's presence, the scale, the config) does not, and
+    such a call still replays what the full path launches; plans recorded from unaligned inputs
+    and a torch without the guard leave the shortcut out and still replay by key."""
+    c = make_case(4, 16, 512, N=300, max_slots=100, dtype=torch.bfloat16, seed=31, sink=sink)
+    out = torch.empty_like(c.q)
+    scale = c.softmax_scale
+
+    def run(q, kv, idx, ptr, sink, out, scale=scale, config=None):
+        prefill.sparse_mla_prefill(q, kv, idx, ptr, scale, attn_sink=sink, out=out,
+                                   config=config, validate=False)  # fmt: skip
+
+    first = (c.q, c.kv, c.kv_indices, c.kv_indptr, c.attn_sink, out)
+    for _ in range(3):
+        run(*first)
+    (p,) = _plans()
+    assert op._PLANS[op._LAST] == (p,) and p.guard is not None
+
+    def last(q, kv, idx, ptr, sink, out, head=None):  # the head as the call makes it
+        head = head or (scale, None, None, sink is None)
+        return op._last(op._LAST, q, kv, idx, ptr, sink, out, head)
+
+    fresh = (*_fresh(c, 7), torch.empty_like(c.q))
+    assert last(*first) is p and last(*fresh) is p
+    assert last(*fresh, head=(scale * 2, None, None, False)) is None
+    assert last(*fresh, head=(scale, op.spec_of(dispatch.Choice("triton")), None, False)) is None
+    for what, v in _variants(c, out):
+        assert last(v["q"], v["kv"], v["idx"], v["ptr"], v["sink"], v["out"]) is None, what
+        if what != "q needs a gradient":  # (never planned: op._eager's gate; the guard's)
+            key = op._plan_key(v["q"], v["kv"], v["idx"], v["ptr"], scale, v["sink"], v["out"],
+                               None)  # fmt: skip
+            assert key != op._plan_key(*first[:4], scale, c.attn_sink, out, None), what
+    # a call that misses it: its own plan, whose launches are the full path's
+    v = dict(_variants(c, out))["kv strides"]
+    inputs = (v["q"], v["kv"], v["idx"], v["ptr"], v["sink"], v["out"])
+    for _ in range(3):
+        run(*inputs)
+    assert len(_plans()) == 2 and op._PLANS[op._LAST][0] is not p
+    standin.clear()
+    run(*inputs)
+    replayed = list(standin)
+    full = _full_path_launches(standin, run, inputs)
+    assert replayed and [_comparable(x, inputs) for x in replayed] == [
+        _comparable(x, inputs) for x in full]  # fmt: skip
+    # unaligned inputs: a plan with no guard, not the last; without the guard type: none either
+    for what, patch in (("unaligned", None), ("no guard type", "_GUARDS")):
+        op._PLANS.clear()
+        if patch:
+            monkeypatch.setattr(op, patch, None)
+            inputs = first
+        else:
+            inputs = (dict(_variants(c, out))["q unaligned"]["q"], *first[1:])
+        for _ in range(3):
+            run(*inputs)
+        (p,) = _plans()
+        assert p.guard is None and op._LAST not in op._PLANS, what
+        seen = fastlaunch.stats()["fast"]
+        run(*inputs)
+        assert fastlaunch.stats()["fast"] > seen, what  # replayed by key
+
+
 def test_the_op_is_seen_where_something_watches(standin):
     """The dispatcher is bypassed only where nothing could tell: a dispatch mode, a profiler,
     torch.compile and an input that needs a gradient see torch.ops.sparse_mla.prefill."""
@@ -299,6 +407,9 @@ def test_gpu_replays_equal_the_full_path_every_kernel(H, T):
                                      for t in _fresh(c, seed))  # fmt: skip
             args = (q, kv, idx, ptr, c.softmax_scale)
             got = poisoned_like(q)
+            head = (float(c.softmax_scale), op.spec_of(cfg), None, sink is None)
+            # the replay is the last plan's, matched by its guard on these CUDA tensors
+            assert op._GUARDS is None or op._last(op._LAST, q, kv, idx, ptr, sink, got, head)
             prefill.sparse_mla_prefill(*args, attn_sink=sink, out=got, config=cfg)
             prev = op.set_plans_enabled(False)
             try:

@@ -323,6 +323,25 @@ def test_a_cache_of_another_layout_takes_the_full_path(standin, monkeypatch):
     assert len(seen) == n  # FP8Cache refused them before the entry's checks
 
 
+@pytest.mark.skipif(op._GUARDS is None, reason="this torch has no C++ tensor guard")
+def test_the_last_fp8_plan_is_its_ops_own(standin):
+    """The FP8 op keeps its last plan apart from the dense op's (op._LAST_FP8): a recorded FP8
+    plan is the shortcut for the same layout on new tensors and block size, not for another
+    block size or cache layout, and a dense call never takes it."""
+    c = make_fp8_case(4, 16, num_blocks=4, block_size=64, max_slots=200, seed=9)
+    first = (c.q, c.cache.data, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
+    for _ in range(3):
+        _call(*first, block_size=64, scale=c.softmax_scale)
+    (p,) = _plans()
+    assert op._PLANS[op._LAST_FP8] == (p,) and op._LAST not in op._PLANS
+    head = (c.softmax_scale, None, 64, False)
+    fresh = (*_fresh(c, 3), torch.empty_like(c.q))
+    assert op._last(op._LAST_FP8, *fresh, head) is p
+    assert op._last(op._LAST_FP8, *fresh[:1], c.cache.data[:2], *fresh[2:], head) is None
+    assert op._last(op._LAST_FP8, *fresh, (c.softmax_scale, None, 32, False)) is None
+    assert op._last(op._LAST, *fresh, (c.softmax_scale, None, None, False)) is None
+
+
 def test_dense_ids_make_no_plan(standin, monkeypatch):
     """Dense [T, K] ids (kv_indptr None): the entry builds their CSR form per call (torch ops
     a replay cannot repeat), so the call runs its full path every time."""
