@@ -11,7 +11,7 @@
 # host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -39,8 +39,11 @@
 #             (the last plan by guard, op._last; no device objects per call): the plan, op and
 #             split-kernel GPU tests, then experiments/host_split.py with
 #             FlashMLA (needs .whl for xdist and .peers; under 3 minutes)
-#   turns     scripts/host_cost.py --turns 8, dense and --fp8 (every kernel beside FlashMLA, in
-#             turns; issue 26's 40 us bound), e.g. after a host-path change (up to 9 minutes)
+#   turns     scripts/host_cost.py --turns 8, dense (every kernel and FlashMLA, in turns, at the
+#             thirteenth session's seven shapes) and --fp8 (TURNS_MODES="dense fp8" picks);
+#             issue 26's 40 us bound, after a host-path change (up to 9 minutes)
+#   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
+#             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
 #             out; the same cases ran as a one-token sweep) and the gluon_ws reference tests
 set -u
@@ -121,12 +124,20 @@ if want trims; then
   echo "trims host_split: rc=$?"
 fi
 if want turns; then
-  for mode in dense fp8; do
-    flag=$([ $mode = fp8 ] && echo --fp8)
+  # dense: the thirteenth session's shapes and kernels with FlashMLA in the same turns
+  dense="--kernels default,triton,gluon_mma,gluon_wgmma,gluon_ws,gluon_ws_small,flashmla"
+  dense="$dense --shapes 16x4,64x4,128x4,16x1024,64x1024,16x16384,64x16384"
+  for mode in ${TURNS_MODES:-dense fp8}; do
+    flags=$([ $mode = fp8 ] && echo --fp8 --shapes 16x4,64x4,128x4,16x16384,64x16384 || echo $dense)
     PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 270 \
-      python3 scripts/host_cost.py --turns 8 $flag > "$OUT/host_cost_turns_${mode}_${COMMIT:0:7}.log" 2>&1
+      python3 scripts/host_cost.py --turns 8 $flags > "$OUT/host_cost_turns_${mode}_${COMMIT:0:7}.log" 2>&1
     echo "turns $mode: rc=$?"; grep -c "min" "$OUT/host_cost_turns_${mode}_${COMMIT:0:7}.log"
   done
+fi
+if want split; then
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
+    python3 experiments/ws_small_split.py > "$OUT/ws_small_split_h200_${COMMIT:0:7}.log" 2>&1
+  echo "split: rc=$?"; tail -n 14 "$OUT/ws_small_split_h200_${COMMIT:0:7}.log"
 fi
 if want tail; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gluon.py \
