@@ -110,7 +110,7 @@ def _shape_rows(hc, H, T, kernels, rounds, dev, sync) -> None:
             op._replayable(p, q, kv, idx, indptr, sink, out, False)
 
         def last(spec=spec, p=p):
-            head = (scale, spec, None, sink is None)
+            head = (scale, spec, None, sink is None, indptr is None)
             op._last(op._LAST, q, kv, idx, indptr, sink, out, head)
             op._replayable(p, q, kv, idx, indptr, sink, out, False)
 

@@ -11,7 +11,7 @@
 # host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -42,6 +42,8 @@
 #   turns     scripts/host_cost.py --turns 8, dense (every kernel and FlashMLA, in turns, at the
 #             thirteenth session's seven shapes) and --fp8 (TURNS_MODES="dense fp8" picks);
 #             issue 26's 40 us bound, after a host-path change (up to 9 minutes)
+#   dense     the fourteenth session's plans for dense [T, K] ids: their GPU tests (replays
+#             bitwise equal to the full path) and host_cost --ids dense in turns with FlashMLA
 #   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
 #             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
@@ -133,6 +135,19 @@ if want turns; then
       python3 scripts/host_cost.py --turns 8 $flags > "$OUT/host_cost_turns_${mode}_${COMMIT:0:7}.log" 2>&1
     echo "turns $mode: rc=$?"; grep -c "min" "$OUT/host_cost_turns_${mode}_${COMMIT:0:7}.log"
   done
+fi
+if want dense; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
+  PYTHONPATH=$PWD:/tmp/site timeout 130 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
+    tests/test_plans.py tests/test_dense_ids.py -k "dense_ids_replays or default_on_dense or bitwise" \
+    > "$OUT/gpu_tests_dense_plans_${COMMIT:0:7}.log" 2>&1
+  echo "dense plan tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_dense_plans_${COMMIT:0:7}.log"
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 150 \
+    python3 scripts/host_cost.py --turns 6 --ids dense \
+    --kernels default,gluon_ws_small,gluon_ws,triton,flashmla --shapes 16x4,128x4,64x1024,16x16384 \
+    > "$OUT/host_cost_turns_dense_ids_${COMMIT:0:7}.log" 2>&1
+  echo "dense turns: rc=$?"; cat "$OUT/host_cost_turns_dense_ids_${COMMIT:0:7}.log"
 fi
 if want split; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \

@@ -143,6 +143,13 @@ def main(argv=None) -> int:
         default="none",
         help="the entry's validate= (none: its default; on CPU that checks values)",
     )
+    ap.add_argument(
+        "--ids",
+        choices=("csr", "dense"),
+        default="csr",
+        help="the slot lists as CSR (kv_indices [T x 512] + kv_indptr) or dense [T, 512] ids "
+        "with kv_indptr=None (an engine's top-k as it is)",
+    )
     ap.add_argument("--windows", type=int, default=5, help="windows of 200 calls (median)")
     ap.add_argument(
         "--turns",
@@ -236,15 +243,18 @@ def main(argv=None) -> int:
     if not has_plans:
         plan_modes = [False]
     if args.turns:
-        print(f"# clock: {args.clock}, providers in turns: >= {args.turns} rounds of one window "
-              "of 200 calls each (balanced orders); us a call")  # fmt: skip
+        print(f"# clock: {args.clock}, ids {args.ids}, providers in turns: >= {args.turns} "
+              "rounds of one window of 200 calls each (balanced orders); us a call")  # fmt: skip
     else:
-        print(f"# clock: {args.clock}, {args.stat} of {args.windows} windows of 200 calls")
+        print(f"# clock: {args.clock}, ids {args.ids}, {args.stat} of {args.windows} windows of "
+              "200 calls")  # fmt: skip
         print(f"{'shape':<12} {'kernel':<16} {'fast':<5} {'plan':<5} {'ptr':<5} {'host_us':>8}  "
               "parts")  # fmt: skip
     for shape in args.shapes.split(","):
         H, T = (int(x) for x in shape.split("x"))
         q, kv, idx, indptr, scale, sink = workload(H, T, device)
+        if args.ids == "dense":  # the same uniform lists as [T, 512] ids
+            idx, indptr = idx.view(T, -1), None
         if args.fp8:
             from sparse_mla.fp8 import quantize
 

@@ -300,22 +300,28 @@ _GUARDS = _tensor_guard_type()
 
 def _last(slot, q, kv, kv_indices, kv_indptr, s, out, head):
     """The last plan of ``slot`` (``_LAST`` or ``_LAST_FP8``) when this call has its key, else
-    None (the caller then builds the key). ``head``: (scale, config, block size, no sink)."""
+    None (the caller then builds the key). ``head``: (scale, config, block size, no sink, dense
+    ids), so the guard below is asked about as many tensors as it was made of."""
     got = _PLANS.get(slot)
     if got is None:
         return None
     p = got[0]
     if p.head != head:
         return None
-    a = q.data_ptr() | kv.data_ptr() | kv_indices.data_ptr() | kv_indptr.data_ptr()
-    if s is None:
-        if (a | out.data_ptr()) & 15 or not p.guard.check(q, kv, kv_indices, kv_indptr, out):
-            return None
-    elif (a | s.data_ptr() | out.data_ptr()) & 15 or not p.guard.check(
-        q, kv, kv_indices, kv_indptr, s, out
-    ):
-        return None
-    return p
+    g = p.guard
+    a = q.data_ptr() | kv.data_ptr() | kv_indices.data_ptr() | out.data_ptr()
+    if kv_indptr is not None:
+        if s is None:
+            ok = not (a | kv_indptr.data_ptr()) & 15 and g.check(q, kv, kv_indices, kv_indptr, out)
+        else:
+            ok = not (a | kv_indptr.data_ptr() | s.data_ptr()) & 15 and g.check(
+                q, kv, kv_indices, kv_indptr, s, out
+            )
+    elif s is None:
+        ok = not a & 15 and g.check(q, kv, kv_indices, out)
+    else:
+        ok = not (a | s.data_ptr()) & 15 and g.check(q, kv, kv_indices, s, out)
+    return p if ok else None
 
 
 class _Watch(TorchDispatchMode):
@@ -372,8 +378,8 @@ def _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, s, out, config):
         kv.shape, kv.stride(), kv.dtype, kv.device, kv.data_ptr() & 15,
         kv_indices.shape, kv_indices.stride(), kv_indices.dtype, kv_indices.device,
         kv_indices.data_ptr() & 15,
-        kv_indptr.shape, kv_indptr.stride(), kv_indptr.dtype, kv_indptr.device,
-        kv_indptr.data_ptr() & 15,
+        None if kv_indptr is None else (kv_indptr.shape, kv_indptr.stride(), kv_indptr.dtype,
+                                        kv_indptr.device, kv_indptr.data_ptr() & 15),
         None if s is None else (s.shape, s.stride(), s.dtype, s.device, s.data_ptr() & 15),
         out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15,
         softmax_scale, config,
@@ -394,7 +400,7 @@ def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
     ``_prefill_impl`` (recording a plan when the call can have one). See above."""
     if (
         _PLANS_ON[0] and type(q) is _T and type(kv) is _T and type(kv_indices) is _T
-        and type(kv_indptr) is _T and type(out) is _T
+        and (kv_indptr is None or type(kv_indptr) is _T) and type(out) is _T
         and (attn_sink is None or type(attn_sink) is _T)
         and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
     ):  # fmt: skip
@@ -406,7 +412,7 @@ def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
 def _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate):
     """:func:`_impl` past its gate (plans on, plain tensors, a compiled launch, no dispatch
     mode): the plan replayed when valid, else the full path, recording a plan when it may."""
-    head = (softmax_scale, config, None, attn_sink is None)
+    head = (softmax_scale, config, None, attn_sink is None, kv_indptr is None)
     p = _last(_LAST, q, kv, kv_indices, kv_indptr, attn_sink, out, head)
     if p is not None and _replayable(p, q, kv, kv_indices, kv_indptr, attn_sink, out, validate):
         p.replay((q, kv, kv_indices, kv_indptr, attn_sink, out), p.scratch)
@@ -438,7 +444,7 @@ def _replayable(p, q, pool, kv_indices, kv_indptr, attn_sink, out, validate) -> 
             p.layout, q, pool, kv_indices, kv_indptr, attn_sink, out))
     ):  # fmt: skip
         return False
-    if _value_check(validate, q):
+    if kv_indptr is not None and _value_check(validate, q):  # (dense ids: no values to check)
         validation.check_indptr(kv_indptr, kv_indices.numel())
     return True
 
@@ -527,7 +533,8 @@ def _eager(q, kv, kv_indices, kv_indptr, attn_sink, out) -> bool:
     """Whether a call may skip the dispatcher (:func:`call`)."""
     return (
         _PLANS_ON[0] and not _is_compiling() and type(q) is _T and type(kv) is _T
-        and type(kv_indices) is _T and type(kv_indptr) is _T and type(out) is _T
+        and type(kv_indices) is _T and (kv_indptr is None or type(kv_indptr) is _T)
+        and type(out) is _T
         and (attn_sink is None or type(attn_sink) is _T)
         and not _dispatch_modes() and not _function_modes() and not _functorch()
         and not _profiling() and _jit_tracing() is None
@@ -615,7 +622,7 @@ def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
         and (attn_sink is None or type(attn_sink) is _T)
         and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
     ):  # fmt: skip
-        head = (softmax_scale, config, block_size, attn_sink is None)
+        head = (softmax_scale, config, block_size, attn_sink is None, False)
         p = _last(_LAST_FP8, q, kv_cache, kv_indices, kv_indptr, attn_sink, out, head)
         if p is not None and _replayable(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out,
                                          validate):  # fmt: skip

@@ -17,7 +17,7 @@ import triton.language as tl
 from conftest import make_case, poisoned_like
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sparse_mla import configs, dispatch, fastlaunch, op, prefill, runtime
+from sparse_mla import configs, dispatch, fastlaunch, op, prefill, runtime, validation
 from sparse_mla.reference import check_against_reference
 from sparse_mla.standin import sm90_driver, sm90_patches
 
@@ -293,13 +293,14 @@ def test_the_last_plan_is_taken_only_where_its_key_would_be(standin, monkeypatch
     assert op._PLANS[op._LAST] == (p,) and p.guard is not None
 
     def last(q, kv, idx, ptr, sink, out, head=None):  # the head as the call makes it
-        head = head or (scale, None, None, sink is None)
+        head = head or (scale, None, None, sink is None, ptr is None)
         return op._last(op._LAST, q, kv, idx, ptr, sink, out, head)
 
     fresh = (*_fresh(c, 7), torch.empty_like(c.q))
     assert last(*first) is p and last(*fresh) is p
-    assert last(*fresh, head=(scale * 2, None, None, False)) is None
-    assert last(*fresh, head=(scale, op.spec_of(dispatch.Choice("triton")), None, False)) is None
+    assert last(*fresh, head=(scale * 2, None, None, not sink, False)) is None
+    cfg = op.spec_of(dispatch.Choice("triton"))
+    assert last(*fresh, head=(scale, cfg, None, not sink, False)) is None
     for what, v in _variants(c, out):
         assert last(v["q"], v["kv"], v["idx"], v["ptr"], v["sink"], v["out"]) is None, what
         if what != "q needs a gradient":  # (never planned: op._eager's gate; the guard's)
@@ -333,6 +334,56 @@ def test_the_last_plan_is_taken_only_where_its_key_would_be(standin, monkeypatch
         seen = fastlaunch.stats()["fast"]
         run(*inputs)
         assert fastlaunch.stats()["fast"] > seen, what  # replayed by key
+
+
+def _dense_ids(T, K, N, seed, dtype=torch.int32):
+    """[T, K] slot ids: valid ones, -1 and N (absent) mixed, a new draw per seed."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-1, N + 1, (T, K), generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_dense_ids_replay_what_the_full_path_launches(standin, name):
+    """Dense [T, K] ids (kv_indptr None) plan too: for a kernel that reads them itself the
+    plan's replay on new ids makes exactly the full path's launches (the ids also in
+    kv_indptr's place), and the plan is the last plan; a kernel that reads CSR only gets the
+    CSR form made per call with torch ops, so it never plans and each call takes the full path
+    (the same launches). A CSR call of the same lists is another key."""
+    T, H, K, N = 4, 64, 96, 300
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(T, H, 512, generator=g).bfloat16()
+    kv = torch.randn(N, 512, generator=g).bfloat16()
+    sink = torch.randn(H, generator=g)
+    cfg = dispatch.Choice(name)
+
+    def run(q, kv, idx, ptr, sink, out):
+        prefill.sparse_mla_prefill(q, kv, idx, ptr, 0.05, attn_sink=sink, out=out, config=cfg,
+                                   validate=False)  # fmt: skip
+
+    first = (q, kv, _dense_ids(T, K, N, 1), None, sink, torch.empty_like(q))
+    for _ in range(3):
+        run(*first)
+    reads = dispatch.kernel(name).dense_ids
+    assert len(_plans()) == (1 if reads else 0)
+    head = (0.05, op.spec_of(cfg), None, False, True)
+    for seed in (2, 3):
+        inputs = (q.clone(), kv.clone(), _dense_ids(T, K, N, seed), None, sink.clone(),
+                  torch.empty_like(q))  # fmt: skip
+        if reads and op._GUARDS is not None:
+            assert op._last(op._LAST, *inputs, head) is _plans()[0]
+        standin.clear()
+        run(*inputs)
+        replayed = list(standin)
+        full = _full_path_launches(standin, run, inputs)
+        assert replayed and [_comparable(x, inputs) for x in replayed] == [
+            _comparable(x, inputs) for x in full]  # fmt: skip
+        for _ in range(3):  # the switch cleared the plans: make this layout's again
+            run(*first)
+    csr = (first[2].flatten(), torch.arange(0, T * K + 1, K, dtype=torch.int32))
+    assert op._plan_key(q, kv, *csr, 0.05, sink, first[5], head[1]) != op._plan_key(
+        q, kv, first[2], None, 0.05, sink, first[5], head[1])  # fmt: skip
+    if op._GUARDS is not None:
+        assert op._last(op._LAST, q, kv, *csr, sink, first[5], (*head[:4], False)) is None
 
 
 def test_the_op_is_seen_where_something_watches(standin):
@@ -407,7 +458,7 @@ def test_gpu_replays_equal_the_full_path_every_kernel(H, T):
                                      for t in _fresh(c, seed))  # fmt: skip
             args = (q, kv, idx, ptr, c.softmax_scale)
             got = poisoned_like(q)
-            head = (float(c.softmax_scale), op.spec_of(cfg), None, sink is None)
+            head = (float(c.softmax_scale), op.spec_of(cfg), None, sink is None, False)
             # the replay is the last plan's, matched by its guard on these CUDA tensors
             assert op._GUARDS is None or op._last(op._LAST, q, kv, idx, ptr, sink, got, head)
             prefill.sparse_mla_prefill(*args, attn_sink=sink, out=got, config=cfg)
@@ -424,6 +475,57 @@ def test_gpu_replays_equal_the_full_path_every_kernel(H, T):
             for _ in range(2):  # the switch cleared the plans: make this layout's again
                 prefill.sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink,
                                            out=torch.empty_like(c.q), config=cfg)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("H", [16, 128])
+@pytest.mark.parametrize("T", [4, 300])
+def test_gpu_dense_ids_replays_equal_the_full_path(H, T):
+    """Dense [T, K] ids: for config=None and every kernel that reads them itself, a plan's
+    replay on fresh ids and inputs (poisoned out) equals the full path bit for bit and the fp32
+    reference, and is taken as the last plan."""
+    op._PLANS.clear()
+    N, K = 2000, 300
+    g = torch.Generator().manual_seed(H + T)
+    q = torch.randn(T, H, 512, generator=g).bfloat16().cuda()
+    kv = torch.randn(N, 512, generator=g).bfloat16().cuda()
+    sink = torch.randn(H, generator=g).cuda()
+    names = [None] + [n for n in DENSE if dispatch.kernel(n).dense_ids]
+    for name in names:
+        cfg = None if name is None else dispatch.Choice(name)
+        if cfg is not None:
+            call = dispatch.Call(runtime.arch(), H, 512, q.dtype, kv, T)
+            if dispatch.kernel(name).unavailable(call):
+                continue
+        first = _dense_ids(T, K, N, 1).cuda()
+        for _ in range(3):
+            prefill.sparse_mla_prefill(q, kv, first, None, 0.05, attn_sink=sink,
+                                       out=torch.empty_like(q), config=cfg)  # fmt: skip
+        assert any(type(p) is op._Plan for p in op._PLANS.values()), name
+        for seed in (2, 3):
+            ids = _dense_ids(T, K, N, seed).cuda()
+            q2, kv2 = torch.randn_like(q), torch.randn_like(kv)
+            got = poisoned_like(q2)
+            head = (0.05, None if cfg is None else op.spec_of(cfg), None, False, True)
+            assert op._GUARDS is None or op._last(op._LAST, q2, kv2, ids, None, sink, got, head)
+            prefill.sparse_mla_prefill(q2, kv2, ids, None, 0.05, attn_sink=sink, out=got,
+                                       config=cfg)  # fmt: skip
+            prev = op.set_plans_enabled(False)
+            try:
+                want = poisoned_like(q2)
+                prefill.sparse_mla_prefill(q2, kv2, ids, None, 0.05, attn_sink=sink, out=want,
+                                           config=cfg)  # fmt: skip
+            finally:
+                op.set_plans_enabled(prev)
+            torch.cuda.synchronize()
+            assert torch.equal(got, want), name
+            idx, ptr = validation.dense_as_csr(ids)
+            rep = check_against_reference(got, q2, kv2, idx, ptr, 0.05, attn_sink=sink)
+            assert rep.ok, (name, rep)
+            for _ in range(3):  # the switch cleared the plans: make this layout's again
+                prefill.sparse_mla_prefill(q, kv, first, None, 0.05, attn_sink=sink,
+                                           out=torch.empty_like(q), config=cfg)  # fmt: skip
 
 
 @triton.jit

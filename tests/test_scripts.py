@@ -130,15 +130,17 @@ def test_host_cost_turns_time_every_provider_in_every_place():
     assert timed[::2] == [i for order in orders for i in order]
 
 
-def test_host_cost_turns_rows_on_cpu():
+@pytest.mark.parametrize("ids", ["csr", "dense"])
+def test_host_cost_turns_rows_on_cpu(ids):
     # In a process of its own: --cpu replaces the registered kernels' runs with no-ops.
     res = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "host_cost.py"), "--cpu", "--shapes", "4x2",
-         "--kernels", "default,triton", "--turns", "2", "--validate", "false"],
+         "--kernels", "default,triton", "--turns", "2", "--validate", "false", "--ids", ids],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
+    assert f"ids {ids}," in res.stdout
     rows = [ln for ln in res.stdout.splitlines() if ln.startswith("H4 T2")]
     assert [r.split()[2] for r in rows] == ["default", "triton"], rows
     for r in rows:
