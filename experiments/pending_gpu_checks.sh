@@ -7,7 +7,9 @@
 # data/bench/gpu_tests_profile_4026198.log, data/bench/ncu_small_kernels_h200_4026198/; the
 # twelfth's tail (with the split kernels' tests) and grid ran on 7840448:
 # data/bench/gpu_tests_7840448.log, data/bench/nvidia-h200_grid_7840448.log; nb05 on 0c76bc5:
-# data/bench/workbook_nb05_h200_0c76bc5.md, 73 s.) Open: trims (the thirteenth session's two
+# data/bench/workbook_nb05_h200_0c76bc5.md, 73 s; the thirteenth and fourteenth sessions' trims, turns,
+# split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*.) Open:
+# none. (Formerly open: trims, the thirteenth session's two
 # host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
