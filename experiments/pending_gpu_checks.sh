@@ -9,7 +9,8 @@
 # data/bench/gpu_tests_7840448.log, data/bench/nvidia-h200_grid_7840448.log; nb05 on 0c76bc5:
 # data/bench/workbook_nb05_h200_0c76bc5.md, 73 s; the thirteenth and fourteenth sessions' trims, turns,
 # split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*.) Open:
-# none. (Formerly open: trims, the thirteenth session's two
+# dense again (the CSR-only kernels and the FP8 entry plan dense ids since the fourteenth
+# session's last commits). (Formerly open: trims, the thirteenth session's two
 # host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
@@ -45,7 +46,10 @@
 #             thirteenth session's seven shapes) and --fp8 (TURNS_MODES="dense fp8" picks);
 #             issue 26's 40 us bound, after a host-path change (up to 9 minutes)
 #   dense     the fourteenth session's plans for dense [T, K] ids: their GPU tests (replays
-#             bitwise equal to the full path) and host_cost --ids dense in turns with FlashMLA
+#             bitwise equal to the full path, every dense kernel and the FP8 ones) and
+#             host_cost --ids dense in turns with FlashMLA, and --fp8 --ids dense (ran on
+#             3b44e9d for the dense readers; open again since the CSR-only kernels plan
+#             dense ids too; under 8 minutes)
 #   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
 #             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
@@ -142,14 +146,18 @@ if want dense; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
   PYTHONPATH=$PWD:/tmp/site timeout 130 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
-    tests/test_plans.py tests/test_dense_ids.py -k "dense_ids_replays or default_on_dense or bitwise" \
+    tests/test_plans.py tests/test_dense_ids.py tests/test_plans_fp8.py tests/test_fp8_prefill.py \
+    -k "dense_ids_replays or default_on_dense or bitwise or every_kernel_dense or fp8_replays or dense" \
     > "$OUT/gpu_tests_dense_plans_${COMMIT:0:7}.log" 2>&1
   echo "dense plan tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_dense_plans_${COMMIT:0:7}.log"
-  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 150 \
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
     python3 scripts/host_cost.py --turns 6 --ids dense \
-    --kernels default,gluon_ws_small,gluon_ws,triton,flashmla --shapes 16x4,128x4,64x1024,16x16384 \
-    > "$OUT/host_cost_turns_dense_ids_${COMMIT:0:7}.log" 2>&1
+    --kernels default,gluon_ws_small,gluon_ws,triton,gluon_mma,gluon_wgmma,flashmla \
+    --shapes 16x4,128x4,64x1024,16x16384 > "$OUT/host_cost_turns_dense_ids_${COMMIT:0:7}.log" 2>&1
   echo "dense turns: rc=$?"; cat "$OUT/host_cost_turns_dense_ids_${COMMIT:0:7}.log"
+  PYTHONPATH=$PWD timeout 150 python3 scripts/host_cost.py --turns 6 --ids dense --fp8 \
+    --shapes 16x4,64x4,16x16384 > "$OUT/host_cost_turns_fp8_dense_ids_${COMMIT:0:7}.log" 2>&1
+  echo "fp8 dense turns: rc=$?"; cat "$OUT/host_cost_turns_fp8_dense_ids_${COMMIT:0:7}.log"
 fi
 if want split; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \

@@ -45,7 +45,7 @@ from .configs import PrefillConfig
 from .fp8 import D_NOPE, HEAD_DIM, KV_FORMAT, NUM_TILES, ROW_BYTES, TILE, FP8Cache
 from .prefill import _LOG2E, _fold_sink, _mma, _no_sink, _round_to, _softmax_tile, resolve_config
 from .prefill import default_config as prefill_default_config
-from .validation import _shares_memory, dense_as_csr, validate_inputs
+from .validation import _dense_launch_csr, _shares_memory, validate_inputs
 
 __all__ = ["NAME", "compile_args", "default_config", "sparse_mla_prefill_fp8"]
 
@@ -375,7 +375,7 @@ def _launch(x, cache: FP8Cache, choice: dispatch.Choice, out) -> None:
     ids, ptr = x.kv_indices, x.kv_indptr
     k = dispatch.kernel(choice.kernel)
     if ptr is None and not k.dense_ids:
-        ids, ptr = dense_as_csr(ids)  # dense [T, K] ids: their CSR form, on the device
+        ids, ptr = _dense_launch_csr(ids)  # dense [T, K] ids: a kept CSR kv_indptr
     k.run(x.q, cache, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
 
 

@@ -605,8 +605,8 @@ def prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=Non
 # what depends on more: out's overlap with q, the cache's bytes and the other inputs; kv_indptr's
 # values when asked; the choice's stamp; the direct-launch state. The launches get the cache as
 # its uint8 tensor (FP8Cache.kernel_bytes: data, or data's uint8 view, made per call). Dense
-# [T, K] ids (kv_indptr None) never plan: the entry builds their CSR form per call with torch ops
-# (validation.dense_as_csr: a view of the ids and an arange) that a replay cannot repeat.
+# [T, K] ids (kv_indptr None) plan too: the FP8 kernels read CSR, and the launch hands them the
+# ids as they are with a kept kv_indptr (validation._dense_launch_csr), no torch op per call.
 
 _U8 = torch.uint8
 
@@ -618,11 +618,12 @@ def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
     one). See above."""
     if (
         _PLANS_ON[0] and type(q) is _T and type(kv_cache) is _T and type(kv_indices) is _T
-        and type(kv_indptr) is _T and type(out) is _T and type(block_size) is int
+        and (kv_indptr is None or type(kv_indptr) is _T) and type(out) is _T
+        and type(block_size) is int
         and (attn_sink is None or type(attn_sink) is _T)
         and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
     ):  # fmt: skip
-        head = (softmax_scale, config, block_size, attn_sink is None, False)
+        head = (softmax_scale, config, block_size, attn_sink is None, kv_indptr is None)
         p = _last(_LAST_FP8, q, kv_cache, kv_indices, kv_indptr, attn_sink, out, head)
         if p is not None and _replayable(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out,
                                          validate):  # fmt: skip

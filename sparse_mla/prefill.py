@@ -21,7 +21,7 @@ import triton.language as tl
 from . import configs, dispatch, fastlaunch, op, runtime
 from .configs import PrefillConfig
 from .fp8 import FP8Cache
-from .validation import _wants_value_check, dense_as_csr, validate_inputs
+from .validation import _dense_launch_csr, _wants_value_check, validate_inputs
 
 __all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
 
@@ -294,7 +294,8 @@ def sparse_mla_prefill(
             (no row is gathered for them), so pass the narrowest K that holds the lists.
             The kernels that read the dense form themselves (``dispatch.Kernel.dense_ids``)
             load a token's ids at row t x K with no kv_indptr hop; the others get the CSR form
-            built on the device (:func:`sparse_mla.validation.dense_as_csr`, no host sync).
+            on the device, no host sync: the ids as they are and a kept [0, K, 2K, ...]
+            kv_indptr (:func:`sparse_mla.validation.dense_as_csr` says what it is).
         kv_indptr: [T+1] int32 or int64: token t uses kv_indices[kv_indptr[t]:kv_indptr[t+1]].
             Entries must satisfy 0 <= kv_indptr[0] <= ... <= kv_indptr[T] <= nnz (the first
             may be above 0: the tokens use a window of kv_indices). None: the dense form.
@@ -407,7 +408,7 @@ def _prefill_impl(
         return
     ids, ptr = x.kv_indices, x.kv_indptr
     if ptr is None and not k.dense_ids:  # dense ids for a kernel that reads CSR only
-        ids, ptr = dense_as_csr(ids)
+        ids, ptr = _dense_launch_csr(ids)  # kept kv_indptr, no torch op: plans replay it
     k.run(q, kv2, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
 
 

@@ -427,6 +427,37 @@ def dense_as_csr(kv_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return kv_indices.reshape(-1), ptr
 
 
+# The kv_indptr of dense ids for the kernels that read CSR only, [0, K, 2K, ...]: the same for
+# every call with the same K, dtype and device, so it is made once for up to the most tokens seen
+# and kept. A launch reads entries 0..T of it. A tensor once handed to a launch (a plan's replay
+# keeps its address, a CUDA graph reads it) is never freed: a longer one is added beside it, at
+# least twice as long, so a key holds at most ~log2(T) of them.
+_DENSE_PTRS: dict[tuple, list[torch.Tensor]] = {}
+
+
+def _dense_launch_csr(kv_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dense_as_csr` for a launch: (kv_indices itself, [T, K] contiguous: a kernel reads
+    it through its address and numel, the flattened view's; a kv_indptr whose entries 0..T are
+    dense_as_csr's, kept as above). With a kept one long enough no torch op runs, so the call
+    can be planned (:mod:`sparse_mla.op`). Inside a CUDA-graph capture a new one is made and
+    not kept (the graph's memory), as dense_as_csr does."""
+    T, K = kv_indices.shape
+    dtype = kv_indices.dtype if T * K < 2**31 else torch.int64
+    dev = kv_indices.device
+    key = (K, dtype, dev)
+    kept = _DENSE_PTRS.get(key)
+    if kept and kept[-1].numel() > T:
+        return kv_indices, kept[-1]
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return dense_as_csr(kv_indices)
+    n = max(T + 1, 2 * kept[-1].numel() if kept else 0)
+    if dtype == torch.int32 and K:
+        n = min(n, (2**31 - 1) // K + 1)  # entries up to (n - 1) K fit; T K < 2^31 keeps n > T
+    ptr = torch.arange(n, dtype=dtype, device=dev).mul_(K)
+    _DENSE_PTRS.setdefault(key, []).append(ptr)
+    return kv_indices, ptr
+
+
 def _check_out_memory(out, q, inputs, nq) -> None:
     """``out`` must not overlap itself or an input; ``out`` may be ``q`` itself (in place:
     each program reads its own block of q before it writes the same block of out)."""

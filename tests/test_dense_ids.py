@@ -247,6 +247,38 @@ def test_dense_as_csr():
     assert validation.dense_as_csr(big)[1].dtype == torch.int64
 
 
+def test_dense_launch_csr_keeps_one_kv_indptr_and_never_frees_it(monkeypatch):
+    """validation._dense_launch_csr: the ids as they are and a kv_indptr whose entries 0..T are
+    dense_as_csr's, kept per (K, dtype, device) and reused by calls with fewer tokens (the same
+    tensor: no torch op); more tokens add a longer one (at least twice) beside the kept ones,
+    which stay alive; int32 offsets stop where they would pass 2^31; K = 0 gives zeros."""
+    monkeypatch.setattr(validation, "_DENSE_PTRS", {})
+    cpu = torch.device("cpu")
+    ids = torch.randint(-1, 50, (6, 5), dtype=torch.int32)
+    got, ptr = validation._dense_launch_csr(ids)
+    assert got is ids and ptr.dtype == torch.int32
+    assert torch.equal(ptr[:7], validation.dense_as_csr(ids)[1])
+    small = torch.randint(-1, 50, (2, 5), dtype=torch.int32)
+    assert validation._dense_launch_csr(small)[1] is ptr  # kept, reused
+    bigger = torch.randint(-1, 50, (9, 5), dtype=torch.int32)
+    _, ptr2 = validation._dense_launch_csr(bigger)
+    assert ptr2.numel() >= 14 and torch.equal(ptr2[:10], validation.dense_as_csr(bigger)[1])
+    assert validation._DENSE_PTRS[(5, torch.int32, cpu)] == [ptr, ptr2]  # both alive
+    assert validation._dense_launch_csr(ids)[1] is ptr2
+    _, p64 = validation._dense_launch_csr(ids.long())  # another dtype: its own
+    assert p64.dtype == torch.int64 and torch.equal(p64[:7], torch.arange(7) * 5)
+    _, p0 = validation._dense_launch_csr(ids[:, :0].contiguous())
+    assert p0.numel() >= 7 and not p0.any()
+    # int32 offsets never overflow: doubling a kept one stops at (2^31 - 1) // K + 1 entries
+    # (meta tensors: no memory; 2000 x 2^20 ids still take int32 offsets)
+    meta = torch.device("meta")
+    K = 2**20
+    validation._DENSE_PTRS[(K, torch.int32, meta)] = [torch.empty(1500, dtype=torch.int32,
+                                                                  device=meta)]  # fmt: skip
+    _, cap = validation._dense_launch_csr(torch.empty(2000, K, dtype=torch.int32, device=meta))
+    assert cap.dtype == torch.int32 and cap.numel() == (2**31 - 1) // K + 1 >= 2001
+
+
 @pytest.fixture
 def csr_only_spy():
     """A kernel that reads CSR only (``dense_ids`` False) and runs the Triton kernel: the entry
@@ -269,8 +301,10 @@ def test_dense_to_a_kernel_that_reads_csr_only(csr_only_spy):
     want = _check(case, config=dispatch.Choice("triton"))
     got = _check(case, config=dispatch.Choice("csr_only_spy"))
     (idx, ptr), = csr_only_spy  # fmt: skip
-    assert idx.dim() == 1 and torch.equal(idx, case.ids.flatten())
-    assert ptr.dtype == torch.int64 and ptr.tolist() == [11 * t for t in range(6)]
+    # the ids as they are (the kernel reads their address and numel, the flattened view's) and
+    # a kept kv_indptr whose entries 0..T are the CSR offsets (validation._dense_launch_csr)
+    assert idx is case.ids and idx.is_contiguous()
+    assert ptr.dtype == torch.int64 and ptr[:6].tolist() == [11 * t for t in range(6)]
     assert torch.equal(got, want)
 
 

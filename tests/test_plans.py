@@ -344,11 +344,11 @@ def _dense_ids(T, K, N, seed, dtype=torch.int32):
 
 @pytest.mark.parametrize("name", DENSE)
 def test_dense_ids_replay_what_the_full_path_launches(standin, name):
-    """Dense [T, K] ids (kv_indptr None) plan too: for a kernel that reads them itself the
-    plan's replay on new ids makes exactly the full path's launches (the ids also in
-    kv_indptr's place), and the plan is the last plan; a kernel that reads CSR only gets the
-    CSR form made per call with torch ops, so it never plans and each call takes the full path
-    (the same launches). A CSR call of the same lists is another key."""
+    """Dense [T, K] ids (kv_indptr None) plan too: a plan's replay on new ids makes exactly the
+    full path's launches, and the plan is the last plan. A kernel that reads them itself gets
+    the ids also in kv_indptr's place; one that reads CSR only gets the ids as they are and a
+    kept kv_indptr (validation._dense_launch_csr: no torch op once kept, so it plans too), whose
+    entries 0..T are dense_as_csr's. A CSR call of the same lists is another key."""
     T, H, K, N = 4, 64, 96, 300
     g = torch.Generator().manual_seed(5)
     q = torch.randn(T, H, 512, generator=g).bfloat16()
@@ -361,15 +361,18 @@ def test_dense_ids_replay_what_the_full_path_launches(standin, name):
                                    validate=False)  # fmt: skip
 
     first = (q, kv, _dense_ids(T, K, N, 1), None, sink, torch.empty_like(q))
-    for _ in range(3):
+    for _ in range(4):  # compile, the kept kv_indptr made (a torch op: no plan), recorded
         run(*first)
-    reads = dispatch.kernel(name).dense_ids
-    assert len(_plans()) == (1 if reads else 0)
+    assert len(_plans()) == 1
+    if not dispatch.kernel(name).dense_ids:
+        kept = validation._DENSE_PTRS[(K, torch.int32, torch.device("cpu"))][-1]
+        want = validation.dense_as_csr(first[2])[1]
+        assert torch.equal(kept[: T + 1], want)
     head = (0.05, op.spec_of(cfg), None, False, True)
     for seed in (2, 3):
         inputs = (q.clone(), kv.clone(), _dense_ids(T, K, N, seed), None, sink.clone(),
                   torch.empty_like(q))  # fmt: skip
-        if reads and op._GUARDS is not None:
+        if op._GUARDS is not None:
             assert op._last(op._LAST, *inputs, head) is _plans()[0]
         standin.clear()
         run(*inputs)
@@ -482,16 +485,17 @@ def test_gpu_replays_equal_the_full_path_every_kernel(H, T):
 @pytest.mark.parametrize("H", [16, 128])
 @pytest.mark.parametrize("T", [4, 300])
 def test_gpu_dense_ids_replays_equal_the_full_path(H, T):
-    """Dense [T, K] ids: for config=None and every kernel that reads them itself, a plan's
-    replay on fresh ids and inputs (poisoned out) equals the full path bit for bit and the fp32
-    reference, and is taken as the last plan."""
+    """Dense [T, K] ids: for config=None and every registered dense kernel (those that read
+    CSR only get the ids as they are and a kept kv_indptr), a plan's replay on fresh ids and
+    inputs (poisoned out) equals the full path bit for bit and the fp32 reference, and is taken
+    as the last plan."""
     op._PLANS.clear()
     N, K = 2000, 300
     g = torch.Generator().manual_seed(H + T)
     q = torch.randn(T, H, 512, generator=g).bfloat16().cuda()
     kv = torch.randn(N, 512, generator=g).bfloat16().cuda()
     sink = torch.randn(H, generator=g).cuda()
-    names = [None] + [n for n in DENSE if dispatch.kernel(n).dense_ids]
+    names = [None, *DENSE]
     for name in names:
         cfg = None if name is None else dispatch.Choice(name)
         if cfg is not None:
@@ -499,7 +503,7 @@ def test_gpu_dense_ids_replays_equal_the_full_path(H, T):
             if dispatch.kernel(name).unavailable(call):
                 continue
         first = _dense_ids(T, K, N, 1).cuda()
-        for _ in range(3):
+        for _ in range(4):
             prefill.sparse_mla_prefill(q, kv, first, None, 0.05, attn_sink=sink,
                                        out=torch.empty_like(q), config=cfg)  # fmt: skip
         assert any(type(p) is op._Plan for p in op._PLANS.values()), name

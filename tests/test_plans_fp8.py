@@ -342,17 +342,43 @@ def test_the_last_fp8_plan_is_its_ops_own(standin):
     assert op._last(op._LAST, *fresh, (c.softmax_scale, None, None, False, False)) is None
 
 
-def test_dense_ids_make_no_plan(standin, monkeypatch):
-    """Dense [T, K] ids (kv_indptr None): the entry builds their CSR form per call (torch ops
-    a replay cannot repeat), so the call runs its full path every time."""
+@pytest.mark.parametrize("name", [None, *FP8])
+def test_dense_ids_plan_and_replay_the_full_paths_launches(standin, monkeypatch, name):
+    """Dense [T, K] ids (kv_indptr None): the FP8 kernels read CSR, and the launch gives them
+    the ids as they are with a kept kv_indptr (validation._dense_launch_csr), so after the first
+    calls a plan replays them: on new ids no full path runs and the launches are exactly the
+    full path's (plans off)."""
     c = make_fp8_case(3, 16, num_blocks=2, block_size=64, seed=9)
     seen = _full_path_spy(monkeypatch)
-    ids = torch.randint(-1, c.cache.num_slots, (3, 20), dtype=torch.int32)
-    for i in range(4):
-        _call(c.q, c.cache.data, ids, None, c.attn_sink, torch.empty_like(c.q), block_size=64,
-              scale=c.softmax_scale)  # fmt: skip
-        assert len(seen) == i + 1
-    assert _plans() == []
+    cfg = None if name is None else dispatch.Choice(name)
+    kw = dict(block_size=64, scale=c.softmax_scale, config=cfg)
+
+    def ids(seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(-1, c.cache.num_slots + 1, (3, 20), generator=g, dtype=torch.int32)
+
+    first = (c.q, c.cache.data, ids(1), None, c.attn_sink, torch.empty_like(c.q))
+    for _ in range(4):
+        _call(*first, **kw)
+    assert len(_plans()) == 1
+    for seed in (2, 3):
+        inputs = (*_fresh(c, seed)[:2], ids(seed), None, c.attn_sink, torch.empty_like(c.q))
+        n = len(seen)
+        standin.clear()
+        _call(*inputs, **kw)
+        replayed = list(standin)
+        assert len(seen) == n  # replayed: no full path
+        prev = op.set_plans_enabled(False)
+        try:
+            standin.clear()
+            _call(*inputs, **kw)
+            full = list(standin)
+        finally:
+            op.set_plans_enabled(prev)
+        assert replayed and [_comparable(x, inputs) for x in replayed] == [
+            _comparable(x, inputs) for x in full]  # fmt: skip
+        for _ in range(3):  # the switch cleared the plans: make this layout's again
+            _call(*first, **kw)
 
 
 def test_interpreted_fp8_calls_make_no_plan(monkeypatch):

@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 
 from .. import fastlaunch, runtime
 from .._consts import LOG2E as _LOG2E
-from ..validation import _shares_memory, dense_as_csr, validate_inputs
+from ..validation import _dense_launch_csr, _shares_memory, validate_inputs
 from . import cdna4, hopper, hopper_prefill, hopper_ws, hopper_ws_small
 from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
 from .hopper_prefill import _prefill_wgmma_kernel
@@ -886,7 +886,7 @@ def run_validated(
     cfg = _checked_launch(name, config, H, tgt, has_pe, return_lse, num_kv_splits)
     N = kv2.shape[0]
     if kv_indptr is None and not (name in _WS and KERNELS[name].dense_ids):
-        kv_indices, kv_indptr = dense_as_csr(kv_indices)  # on the device, no host sync
+        kv_indices, kv_indptr = _dense_launch_csr(kv_indices)  # kept kv_indptr, no host sync
     if out is None:
         out = torch.empty(R, H, HEAD_DIM, dtype=q_nope.dtype, device=q_nope.device)
     lse = torch.empty(R, H, dtype=torch.float32, device=q_nope.device) if return_lse else None
