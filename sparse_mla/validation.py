@@ -441,6 +441,8 @@ def _dense_launch_csr(kv_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     dense_as_csr's, kept as above). With a kept one long enough no torch op runs, so the call
     can be planned (:mod:`sparse_mla.op`). Inside a CUDA-graph capture a new one is made and
     not kept (the graph's memory), as dense_as_csr does."""
+    if not kv_indices.is_contiguous():  # (validated ids are; a kernel reads them as flat rows)
+        kv_indices = kv_indices.contiguous()
     T, K = kv_indices.shape
     dtype = kv_indices.dtype if T * K < 2**31 else torch.int64
     dev = kv_indices.device

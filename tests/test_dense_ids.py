@@ -269,6 +269,9 @@ def test_dense_launch_csr_keeps_one_kv_indptr_and_never_frees_it(monkeypatch):
     assert p64.dtype == torch.int64 and torch.equal(p64[:7], torch.arange(7) * 5)
     _, p0 = validation._dense_launch_csr(ids[:, :0].contiguous())
     assert p0.numel() >= 7 and not p0.any()
+    wide = torch.randint(-1, 50, (6, 8), dtype=torch.int32)
+    view, _ = validation._dense_launch_csr(wide[:, :5])  # not contiguous: made so
+    assert view.is_contiguous() and torch.equal(view, wide[:, :5])
     # int32 offsets never overflow: doubling a kept one stops at (2^31 - 1) // K + 1 entries
     # (meta tensors: no memory; 2000 x 2^20 ids still take int32 offsets)
     meta = torch.device("meta")
