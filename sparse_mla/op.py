@@ -387,7 +387,9 @@ def _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, s, out, config):
 
 
 def _value_check(validate, q) -> bool:
-    """_prefill_impl's: check kv_indptr's values, but never inside a CUDA-graph capture."""
+    """Whether a call checks kv_indptr's values (the op's kernel, its plans and
+    ``prefill._prefill_impl``): as asked, else on CPU tensors or when ``SPARSE_MLA_VALIDATE``
+    says so, but never inside a CUDA-graph capture."""
     # validation._wants_value_check without q.device (a device object every call)
     check = bool(validate) if validate is not None else q.is_cpu or validation._env_asks_values()
     if check and q.is_cuda and torch.cuda.is_current_stream_capturing():

@@ -21,7 +21,7 @@ import triton.language as tl
 from . import configs, dispatch, fastlaunch, op, runtime
 from .configs import PrefillConfig
 from .fp8 import FP8Cache
-from .validation import _dense_launch_csr, _wants_value_check, validate_inputs
+from .validation import _dense_launch_csr, validate_inputs
 
 __all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
 
@@ -384,9 +384,7 @@ def _prefill_impl(
     ``config``: None or a :func:`sparse_mla.op.config_spec` string. ``validate``: as the
     entry's; inside a CUDA-graph capture the value check is skipped (a replay could not run
     it), see :mod:`sparse_mla.op`."""
-    check = _wants_value_check(validate, q.device)
-    if check and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        check = False
+    check = op._value_check(validate, q)
     x = validate_inputs(
         q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
         validate=check,
