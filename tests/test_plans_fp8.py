@@ -13,6 +13,7 @@ import torch
 import triton
 from test_fp8_prefill import make_fp8_case
 from test_plans import (
+    _full_path_launches,
     assert_replay_passes_addresses,
     assert_root_and_clear_take_the_full_path,
     standin_setup,
@@ -158,13 +159,7 @@ def test_replay_makes_the_launches_the_full_path_makes(standin, name, T):
         _call(*inputs, **kw)
         replayed = list(standin)
         assert fastlaunch.stats()["slow"] == before["slow"]
-        prev = op.set_plans_enabled(False)
-        try:
-            standin.clear()
-            _call(*inputs, **kw)
-            full = list(standin)
-        finally:
-            op.set_plans_enabled(prev)
+        full = _full_path_launches(standin, lambda *a: _call(*a, **kw), inputs)
         assert replayed and len(replayed) == len(full)
         assert [_comparable(x, inputs) for x in replayed] == [_comparable(x, inputs) for x in full]
         for x in replayed:  # q, then the cache's bytes as uint8 at the new cache's address
@@ -368,13 +363,7 @@ def test_dense_ids_plan_and_replay_the_full_paths_launches(standin, monkeypatch,
         _call(*inputs, **kw)
         replayed = list(standin)
         assert len(seen) == n  # replayed: no full path
-        prev = op.set_plans_enabled(False)
-        try:
-            standin.clear()
-            _call(*inputs, **kw)
-            full = list(standin)
-        finally:
-            op.set_plans_enabled(prev)
+        full = _full_path_launches(standin, lambda *a: _call(*a, **kw), inputs)
         assert replayed and [_comparable(x, inputs) for x in replayed] == [
             _comparable(x, inputs) for x in full]  # fmt: skip
         for _ in range(3):  # the switch cleared the plans: make this layout's again
