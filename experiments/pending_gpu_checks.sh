@@ -8,9 +8,9 @@
 # twelfth's tail (with the split kernels' tests) and grid ran on 7840448:
 # data/bench/gpu_tests_7840448.log, data/bench/nvidia-h200_grid_7840448.log; nb05 on 0c76bc5:
 # data/bench/workbook_nb05_h200_0c76bc5.md, 73 s; the thirteenth and fourteenth sessions' trims, turns,
-# split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*.) Open:
-# dense again (the CSR-only kernels and the FP8 entry plan dense ids since the fourteenth
-# session's last commits). (Formerly open: trims, the thirteenth session's two
+# split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*;
+# dense again, with the CSR-only kernels and the FP8 entry, in the fifteenth on e3cd9d5:
+# data/bench/*dense*e3cd9d5*.) Open: none. (Formerly open: trims, the thirteenth session's two
 # host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
@@ -48,8 +48,7 @@
 #   dense     the fourteenth session's plans for dense [T, K] ids: their GPU tests (replays
 #             bitwise equal to the full path, every dense kernel and the FP8 ones) and
 #             host_cost --ids dense in turns with FlashMLA, and --fp8 --ids dense (ran on
-#             3b44e9d for the dense readers; open again since the CSR-only kernels plan
-#             dense ids too; under 8 minutes)
+#             3b44e9d for the dense readers, on e3cd9d5 for every kernel; 4 minutes)
 #   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
 #             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
