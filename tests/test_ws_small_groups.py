@@ -144,7 +144,7 @@ def _case(R, H, N, *, index_dtype, seed, max_len, dtype=torch.bfloat16):
 
 def _launch(q, kv, idx, ptr, sink, out, scale, groups):
     """The launch contract: items = T * cdiv(H, 16 g), grid = min(items, SMs), -inf sink logits
-    when there is no sink, num_warps=4, num_stages=1."""
+    when there is no sink, ids_per_row 0 (CSR lists), num_warps=4, num_stages=1."""
     from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
 
     R, H, _ = q.shape
@@ -154,7 +154,7 @@ def _launch(q, kv, idx, ptr, sink, out, scale, groups):
     grid = (min(items, sms),)
     _prefill_ws_small_kernel[grid](
         q, kv, idx, ptr, sink_t, out, q.stride(0), q.stride(1), kv.stride(0), out.stride(0),
-        out.stride(1), H, kv.shape[0], idx.numel(), scale * LOG2E, items,
+        out.stride(1), H, kv.shape[0], idx.numel(), scale * LOG2E, items, 0,
         HEAD_GROUPS=groups, num_warps=4, num_stages=1,
     )  # fmt: skip
 
