@@ -142,21 +142,47 @@ def _case(R, H, N, *, index_dtype, seed, max_len, dtype=torch.bfloat16):
     return q, kv, idx.to(index_dtype).to("cuda"), indptr.to(torch.int32).to("cuda")
 
 
-def _launch(q, kv, idx, ptr, sink, out, scale, groups):
-    """The launch contract: items = T * cdiv(H, 16 g), grid = min(items, SMs), -inf sink logits
-    when there is no sink, ids_per_row 0 (CSR lists), num_warps=4, num_stages=1."""
-    from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
-
+def _launch_args(q, kv, idx, ptr, sink, out, scale, groups):
+    """The launch contract, (args, constexprs): -inf sink logits when there is no sink, items =
+    T * cdiv(H, 16 g), ids_per_row 0 (CSR lists), num_warps=4, num_stages=1."""
     R, H, _ = q.shape
     sink_t = torch.full((H,), -math.inf, device=q.device) if sink is None else sink.contiguous()
     items = R * triton.cdiv(H, 16 * groups)
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    grid = (min(items, sms),)
-    _prefill_ws_small_kernel[grid](
+    args = (
         q, kv, idx, ptr, sink_t, out, q.stride(0), q.stride(1), kv.stride(0), out.stride(0),
         out.stride(1), H, kv.shape[0], idx.numel(), scale * LOG2E, items, 0,
-        HEAD_GROUPS=groups, num_warps=4, num_stages=1,
     )  # fmt: skip
+    return args, {"HEAD_GROUPS": groups}
+
+
+def _launch(q, kv, idx, ptr, sink, out, scale, groups):
+    """:func:`_launch_args` with grid = min(items, SMs)."""
+    from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
+
+    args, constexprs = _launch_args(q, kv, idx, ptr, sink, out, scale, groups)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    grid = (min(args[15], sms),)
+    _prefill_ws_small_kernel[grid](*args, **constexprs, num_warps=4, num_stages=1)
+
+
+def test_launch_binds_every_parameter():
+    """The GPU cases' launch gives every runtime parameter of the kernel, by position, and
+    leaves the constexprs after HEAD_GROUPS at their defaults (a parameter added to the kernel
+    and not here fails on the CPU, not only on the GPU)."""
+    import inspect as pyinspect
+
+    from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
+
+    q = torch.randn(3, 8, 512, dtype=torch.bfloat16)
+    kv = torch.randn(10, 512, dtype=torch.bfloat16)
+    idx = torch.tensor([1, 2, 3], dtype=torch.int32)
+    ptr = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    args, constexprs = _launch_args(q, kv, idx, ptr, None, torch.empty_like(q), 0.1, 1)
+    sig = pyinspect.signature(_prefill_ws_small_kernel.fn)
+    bound = sig.bind(*args, **constexprs)  # TypeError on a missing or extra argument
+    constexpr = [n for n, p in sig.parameters.items() if p.default is not p.empty]
+    assert len(args) == len(sig.parameters) - len(constexpr), (len(args), constexpr)
+    assert bound.arguments["ids_per_row"] == 0 and bound.arguments["num_items"] == 3
 
 
 def _check(H, groups, with_sink, index_dtype, *, seed, max_len=700, R=300, dtype=torch.bfloat16):
