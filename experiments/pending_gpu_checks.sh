@@ -10,11 +10,11 @@
 # data/bench/workbook_nb05_h200_0c76bc5.md, 73 s; the thirteenth and fourteenth sessions' trims, turns,
 # split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*;
 # dense again, with the CSR-only kernels and the FP8 entry, in the fifteenth on e3cd9d5:
-# data/bench/*dense*e3cd9d5*.) Open: none. (Formerly open: trims, the thirteenth session's two
+# data/bench/*dense*e3cd9d5*.) Open: bars (the fifteenth session's patch, below). (Formerly open: trims, the thirteenth session's two
 # host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|bars|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -49,6 +49,10 @@
 #             bitwise equal to the full path, every dense kernel and the FP8 ones) and
 #             host_cost --ids dense in turns with FlashMLA, and --fp8 --ids dense (ran on
 #             3b44e9d for the dense readers, on e3cd9d5 for every kernel; 4 minutes)
+#   bars      experiments/patches/ws_bars_by_role.diff (gluon_ws's mbarriers in one allocation
+#             per role: fewer compiler barriers) applied to the device's copy, the GPU tests
+#             of every gluon_ws path and gluon_ws_fp8, then experiments/ws_bars_ab.py (before
+#             and after in turns at T = 64 and 16384, H128; under 7 minutes)
 #   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
 #             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
@@ -157,6 +161,21 @@ if want dense; then
   PYTHONPATH=$PWD timeout 150 python3 scripts/host_cost.py --turns 6 --ids dense --fp8 \
     --shapes 16x4,64x4,16x16384 > "$OUT/host_cost_turns_fp8_dense_ids_${COMMIT:0:7}.log" 2>&1
   echo "fp8 dense turns: rc=$?"; cat "$OUT/host_cost_turns_fp8_dense_ids_${COMMIT:0:7}.log"
+fi
+if want bars; then
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  { git apply experiments/patches/ws_bars_by_role.diff 2>/dev/null \
+    || patch -p1 -s < experiments/patches/ws_bars_by_role.diff; } || { echo "bars: no patch"; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
+  PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_kernels_gpu.py tests/test_fp8_prefill.py tests/test_dense_ids.py tests/test_gluon.py \
+    -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill" \
+    > "$OUT/gpu_tests_ws_bars_${COMMIT:0:7}.log" 2>&1
+  echo "bars tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_bars_${COMMIT:0:7}.log"
+  PYTHONPATH=$PWD timeout 150 python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py \
+    > "$OUT/ws_bars_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "bars ab: rc=$?"; cat "$OUT/ws_bars_ab_h200_${COMMIT:0:7}.log"
 fi
 if want split; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \

@@ -1,0 +1,95 @@
+"""``gluon_ws`` with its mbarriers in one allocation (before) or one allocation per role (after).
+
+Triton 3.6's shared-memory hazard analysis (membar) takes an mbarrier arrive for a write and a
+wait for a read of the whole allocation, so with the ten mbarriers in one [10, 1] array a wait
+behind an arrive on another slot cost the warpgroup a ``bar.sync``. With READY, FREE, Q_READY
+and Q_FREE in four allocations (fifteenth session) the sm90 SASS has 7 fewer in consumer 0
+(31 -> 24) and 5 fewer in the producer (12 -> 7, none now before a gather's cp.async); consumer
+1 keeps its 27. Prediction: T = 64 H128 (one pair an item, the call its latency) -0.02..-0.1 us;
+T = 16384 0..-1%.
+
+The change is experiments/patches/ws_bars_by_role.diff (with the notebook's pipeline reader
+taught the new form); not in the package until the GPU tests and this comparison have run.
+Here, in one process and in turns (:func:`sparse_mla.bench.time_interleaved`): ``gluon_ws``
+forced as the package has it (the patch applied), and the same launch with the kernel of
+``--before`` (a copy of ``hopper_ws.py`` without the patch, loaded as a sibling module) swapped
+into the launcher; plans off for both (a replay keeps the kernel it recorded). Each is checked
+against the fp32 reference first (NaN-poisoned output). On an H200, ~90 s:
+
+    cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+    git apply experiments/patches/ws_bars_by_role.diff
+    python experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py
+
+(``experiments/pending_gpu_checks.sh STEP=bars`` does this after the patched kernel's GPU tests.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+import torch
+
+from sparse_mla import bench, dispatch, op
+from sparse_mla.gluon import launch
+from sparse_mla.prefill import sparse_mla_prefill
+
+POINTS = (("dsv4_csa", 64, 128, 1024), ("dsv4_csa", 16384, 128, 1024))
+
+
+def load_before(path: str):
+    """The file at ``path`` as module ``sparse_mla.gluon.hopper_ws_before`` (its relative
+    imports resolve in the package)."""
+    name = "sparse_mla.gluon.hopper_ws_before"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def point(kind, T, H, topk, before, dev) -> str:
+    w = bench.GridPoint(kind, T, H, topk).build(dev, seed=0, sink=True, big_buffer=True)
+    q, kv, idx, indptr, scale = w.args()
+    refs = bench._References(w, 256)
+    after_entry = launch._WS["gluon_ws"]
+    before_entry = (before._prefill_ws_kernel, after_entry[1])
+    fns, names = [], []
+    for label, entry in (("after", after_entry), ("before", before_entry)):
+
+        def run(o, entry=entry):
+            launch._WS["gluon_ws"] = entry
+            try:
+                return sparse_mla_prefill(q, kv, idx, indptr, scale, attn_sink=w.attn_sink,
+                                          out=o, config=dispatch.Choice("gluon_ws"))  # fmt: skip
+            finally:
+                launch._WS["gluon_ws"] = after_entry
+
+        ok, _rel, note = bench._check(run, w, 256, refs)
+        if not ok:
+            raise SystemExit(f"{label} at T={T} H={H}: wrong ({note})")
+        out = torch.empty_like(q)
+        fns.append(lambda run=run, out=out: run(out))
+        names.append(label)
+    ms = bench.time_interleaved(fns, 300.0 if T <= 1024 else 600.0, rounds=8)
+    return (f"{kind} T={T} H={H} top-k {topk}: after {ms[0] * 1e3:.2f} us, before "
+            f"{ms[1] * 1e3:.2f} us, after / before {ms[0] / ms[1]:.4f}")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", required=True, help="hopper_ws.py before the change")
+    args = ap.parse_args()
+    before = load_before(args.before)
+    dev = torch.device("cuda")
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    op.set_plans_enabled(False)
+    for kind, T, H, topk in POINTS:
+        print(point(kind, T, H, topk, before, dev), flush=True)
+        torch.cuda.empty_cache()
+    op.set_plans_enabled(True)
+
+
+if __name__ == "__main__":
+    main()
