@@ -14,7 +14,7 @@
 # host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|bars|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -49,6 +49,11 @@
 #             bitwise equal to the full path, every dense kernel and the FP8 ones) and
 #             host_cost --ids dense in turns with FlashMLA, and --fp8 --ids dense (ran on
 #             3b44e9d for the dense readers, on e3cd9d5 for every kernel; 4 minutes)
+#   suite     the whole GPU test suite (-m gpu), property tests at a fifth of their examples
+#             (SPARSE_MLA_PROPERTY_SCALE=0.2), each test's result as it ends (a cut run still
+#             says what passed), the slowest 25; in 9 minutes at most. The fifteenth session
+#             found test_ws_small_groups's GPU cases failing since b7db5ec: no run had taken the
+#             whole suite since; take this step once a session
 #   bars      experiments/patches/ws_bars_by_role.diff (gluon_ws's mbarriers in one allocation
 #             per role: fewer compiler barriers) applied to the device's copy, the GPU tests
 #             of every gluon_ws path and gluon_ws_fp8, then experiments/ws_bars_ab.py (before
@@ -161,6 +166,16 @@ if want dense; then
   PYTHONPATH=$PWD timeout 150 python3 scripts/host_cost.py --turns 6 --ids dense --fp8 \
     --shapes 16x4,64x4,16x16384 > "$OUT/host_cost_turns_fp8_dense_ids_${COMMIT:0:7}.log" 2>&1
   echo "fp8 dense turns: rc=$?"; cat "$OUT/host_cost_turns_fp8_dense_ids_${COMMIT:0:7}.log"
+fi
+if want suite; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
+  SPARSE_MLA_PROPERTY_SCALE=0.2 PYTHONPATH=$PWD:/tmp/site timeout 540 python3 -m pytest -v -m gpu \
+    -p no:cacheprovider -n 12 --durations=25 -rfE --tb=short tests \
+    2>&1 | grep -v "PytestBenchmark\|warner(" > "$OUT/gpu_suite_${COMMIT:0:7}.log"
+  echo "suite: $(grep -c ' PASSED ' "$OUT/gpu_suite_${COMMIT:0:7}.log") passed," \
+    "$(grep -c ' FAILED \| ERROR ' "$OUT/gpu_suite_${COMMIT:0:7}.log") failed or errors"
+  grep " FAILED \| ERROR " "$OUT/gpu_suite_${COMMIT:0:7}.log" | head -n 20; tail -n 3 "$OUT/gpu_suite_${COMMIT:0:7}.log"
 fi
 if want bars; then
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
