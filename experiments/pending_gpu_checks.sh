@@ -10,8 +10,9 @@
 # data/bench/workbook_nb05_h200_0c76bc5.md, 73 s; the thirteenth and fourteenth sessions' trims, turns,
 # split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*;
 # dense again, with the CSR-only kernels and the FP8 entry, in the fifteenth on e3cd9d5:
-# data/bench/*dense*e3cd9d5*.) Open: bars (the fifteenth session's patch, below). (Formerly open: trims, the thirteenth session's two
-# host-path trims, 52458fb, CPU-verified only). From the repository
+# data/bench/*dense*e3cd9d5*.) Open: bars (the fifteenth session's patch, below), and suite
+# once a session. (Formerly open: trims, the thirteenth session's two host-path trims, 52458fb,
+# CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
 #   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|split|plans|workbook|fp8host|host|all \

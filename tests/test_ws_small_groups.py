@@ -143,8 +143,8 @@ def _case(R, H, N, *, index_dtype, seed, max_len, dtype=torch.bfloat16):
 
 
 def _launch_args(q, kv, idx, ptr, sink, out, scale, groups):
-    """The launch contract, (args, constexprs): -inf sink logits when there is no sink, items =
-    T * cdiv(H, 16 g), ids_per_row 0 (CSR lists), num_warps=4, num_stages=1."""
+    """The launch contract's arguments, (args, constexprs): -inf sink logits when there is no
+    sink, items = T * cdiv(H, 16 g), ids_per_row 0 (CSR lists)."""
     R, H, _ = q.shape
     sink_t = torch.full((H,), -math.inf, device=q.device) if sink is None else sink.contiguous()
     items = R * triton.cdiv(H, 16 * groups)
@@ -156,7 +156,7 @@ def _launch_args(q, kv, idx, ptr, sink, out, scale, groups):
 
 
 def _launch(q, kv, idx, ptr, sink, out, scale, groups):
-    """:func:`_launch_args` with grid = min(items, SMs)."""
+    """:func:`_launch_args` with grid = min(items, SMs), num_warps=4, num_stages=1."""
     from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
 
     args, constexprs = _launch_args(q, kv, idx, ptr, sink, out, scale, groups)
