@@ -69,6 +69,11 @@ OUT=${OUT:-/tmp/pending_gpu_checks}
 STEP=${STEP:-all}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$OUT"
+# pytest-xdist and execnet from .whl into /tmp/site (the steps that run tests with -n)
+xdist() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
+}
 want() { [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && case $1 in profile|smem) true;; *) false;; esac; }; }
 if want plans; then
   timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_plans_fp8.py \
@@ -128,8 +133,7 @@ if want fp8bench; then
   echo "fp8bench: rc=$?"; grep "^\[" "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log"
 fi
 if want trims; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
+  xdist
   PYTHONPATH=$PWD:/tmp/site timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
     tests/test_plans.py tests/test_op.py tests/test_plans_fp8.py tests/test_op_fp8.py > "$OUT/gpu_tests_trims_${COMMIT:0:7}.log" 2>&1
   echo "trims plan/op tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_trims_${COMMIT:0:7}.log"
@@ -152,8 +156,7 @@ if want turns; then
   done
 fi
 if want dense; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
+  xdist
   PYTHONPATH=$PWD:/tmp/site timeout 130 python3 -m pytest -q -p no:cacheprovider -m gpu -n 8 \
     tests/test_plans.py tests/test_dense_ids.py tests/test_plans_fp8.py tests/test_fp8_prefill.py \
     -k "dense_ids_replays or default_on_dense or bitwise or every_kernel_dense or fp8_replays or dense" \
@@ -169,8 +172,7 @@ if want dense; then
   echo "fp8 dense turns: rc=$?"; cat "$OUT/host_cost_turns_fp8_dense_ids_${COMMIT:0:7}.log"
 fi
 if want suite; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
+  xdist
   SPARSE_MLA_PROPERTY_SCALE=0.2 PYTHONPATH=$PWD:/tmp/site timeout 540 python3 -m pytest -v -m gpu \
     -p no:cacheprovider -n 12 --durations=25 -rfE --tb=short tests \
     2>&1 | grep -v "PytestBenchmark\|warner(" > "$OUT/gpu_suite_${COMMIT:0:7}.log"
@@ -182,8 +184,7 @@ if want bars; then
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
   { git apply experiments/patches/ws_bars_by_role.diff 2>/dev/null \
     || patch -p1 -s < experiments/patches/ws_bars_by_role.diff; } || { echo "bars: no patch"; exit 1; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1
+  xdist
   PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
     tests/test_kernels_gpu.py tests/test_fp8_prefill.py tests/test_dense_ids.py tests/test_gluon.py \
     -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill" \
