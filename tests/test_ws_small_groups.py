@@ -143,8 +143,8 @@ def _case(R, H, N, *, index_dtype, seed, max_len, dtype=torch.bfloat16):
 
 
 def _launch_args(q, kv, idx, ptr, sink, out, scale, groups):
-    """The launch contract's arguments, (args, constexprs): -inf sink logits when there is no
-    sink, items = T * cdiv(H, 16 g), ids_per_row 0 (CSR lists)."""
+    """The launch contract's arguments, (args, constexprs, items): -inf sink logits when there
+    is no sink, items = T * cdiv(H, 16 g), ids_per_row 0 (CSR lists)."""
     R, H, _ = q.shape
     sink_t = torch.full((H,), -math.inf, device=q.device) if sink is None else sink.contiguous()
     items = R * triton.cdiv(H, 16 * groups)
@@ -152,16 +152,16 @@ def _launch_args(q, kv, idx, ptr, sink, out, scale, groups):
         q, kv, idx, ptr, sink_t, out, q.stride(0), q.stride(1), kv.stride(0), out.stride(0),
         out.stride(1), H, kv.shape[0], idx.numel(), scale * LOG2E, items, 0,
     )  # fmt: skip
-    return args, {"HEAD_GROUPS": groups}
+    return args, {"HEAD_GROUPS": groups}, items
 
 
 def _launch(q, kv, idx, ptr, sink, out, scale, groups):
     """:func:`_launch_args` with grid = min(items, SMs), num_warps=4, num_stages=1."""
     from sparse_mla.gluon.hopper_ws_small import _prefill_ws_small_kernel
 
-    args, constexprs = _launch_args(q, kv, idx, ptr, sink, out, scale, groups)
+    args, constexprs, items = _launch_args(q, kv, idx, ptr, sink, out, scale, groups)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    grid = (min(args[15], sms),)
+    grid = (min(items, sms),)
     _prefill_ws_small_kernel[grid](*args, **constexprs, num_warps=4, num_stages=1)
 
 
@@ -177,7 +177,7 @@ def test_launch_binds_every_parameter():
     kv = torch.randn(10, 512, dtype=torch.bfloat16)
     idx = torch.tensor([1, 2, 3], dtype=torch.int32)
     ptr = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
-    args, constexprs = _launch_args(q, kv, idx, ptr, None, torch.empty_like(q), 0.1, 1)
+    args, constexprs, _items = _launch_args(q, kv, idx, ptr, None, torch.empty_like(q), 0.1, 1)
     sig = pyinspect.signature(_prefill_ws_small_kernel.fn)
     bound = sig.bind(*args, **constexprs)  # TypeError on a missing or extra argument
     constexpr = [n for n, p in sig.parameters.items() if p.default is not p.empty]
