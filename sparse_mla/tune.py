@@ -460,13 +460,16 @@ def _time_job(job: dict[str, Any]) -> dict[str, Any]:
 def _compile_only(fn):
     """Call ``fn`` with kernel launches replaced by Triton's JIT warmup: compile, don't run.
 
-    The compiled kernel lands in the JIT cache, so the next real call launches at once. A
-    failure here is left for that call to report. Returns the last kernel compiled (a
+    Both launch routes are caught: :func:`sparse_mla.runtime.launch` and the direct-launch
+    path every GPU launch of the package takes (:class:`sparse_mla.fastlaunch.Launcher`), with
+    the op's plan replays off for the call (a replay launches what it recorded, not through
+    either). The compiled kernel lands in the JIT cache, so the next real call launches at
+    once. A failure here is left for that call to report. Returns the last kernel compiled (a
     ``CompiledKernel``), or None.
     """
-    from . import runtime
+    from . import fastlaunch, op, runtime
 
-    real = runtime.launch
+    real, real_call = runtime.launch, fastlaunch.Launcher.__call__
     compiled = []
 
     def warm(kernel, grid, *args, interpret, **kw):
@@ -476,13 +479,22 @@ def _compile_only(fn):
             compiled.append(kernel.warmup(*args, grid=grid, **kw))
         return None
 
+    def warm_direct(self, grid, args, kwargs):
+        targs = [a.descriptor() if type(a) is fastlaunch.TmaArg else a for a in args]
+        with runtime.compiling():
+            compiled.append(self.fn.warmup(*targs, grid=grid, **kwargs))
+
     runtime.launch = warm
+    fastlaunch.Launcher.__call__ = warm_direct
+    plans = op.set_plans_enabled(False)
     try:
         fn()
     except Exception:
         pass
     finally:
         runtime.launch = real
+        fastlaunch.Launcher.__call__ = real_call
+        op.set_plans_enabled(plans)
     return compiled[-1] if compiled else None
 
 

@@ -392,3 +392,41 @@ def test_a_config_ptxas_refuses_is_one_quiet_row(capsys):
     )
     out = capsys.readouterr().out
     assert ".entry" not in out and "reproducer" not in out, out[:500]
+
+
+class _StandInKernel:
+    """A kernel whose warmup returns a token and whose launch must not happen."""
+
+    def __init__(self, token):
+        self.token, self.warmups = token, []
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warmups.append((grid, args, kwargs))
+        return self.token
+
+    def __getitem__(self, grid):
+        raise AssertionError("a compile-only call launched the kernel")
+
+
+def test_compile_only_catches_both_launch_routes():
+    # Every GPU launch of the package goes through fastlaunch's Launcher; runtime.launch is the
+    # other route. Compile-only sees both (the time sweep's resource columns come from this),
+    # launches neither and puts both back.
+    from sparse_mla import fastlaunch, op
+
+    direct, plain = _StandInKernel("direct"), _StandInKernel("plain")
+    kw = fastlaunch.frozen(BLOCK=16)
+    real_launch, real_call = runtime.launch, fastlaunch.Launcher.__call__
+
+    def fn():
+        assert not op.plans_enabled()  # a plan replay would bypass both routes
+        runtime.launch(plain, (2,), 1, interpret=False, BLOCK=8)
+        fastlaunch.launcher(direct)((3, 1), (5, 6), kw)
+
+    assert tune._compile_only(fn) == "direct"
+    assert plain.warmups == [((2,), (1,), {"BLOCK": 8})]
+    assert direct.warmups == [((3, 1), (5, 6), {"BLOCK": 16})]
+    assert runtime.launch is real_launch and fastlaunch.Launcher.__call__ is real_call
+    assert op.plans_enabled()
+    # A call that launches nothing compiles nothing.
+    assert tune._compile_only(lambda: None) is None
