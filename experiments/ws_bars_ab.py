@@ -80,13 +80,25 @@ def point(kind, T, H, topk, before, dev) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", required=True, help="hopper_ws.py before the change")
+    ap.add_argument(
+        "--points",
+        nargs="*",
+        default=None,
+        metavar="T:H:TOPK",
+        help="dsv4_csa points (default: T = 64 and 16384 at H128, top-k 1024)",
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="measure each point this many times")
     args = ap.parse_args()
+    points = POINTS
+    if args.points:
+        points = tuple(("dsv4_csa", *map(int, p.split(":"))) for p in args.points)
     before = load_before(args.before)
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     op.set_plans_enabled(False)
-    for kind, T, H, topk in POINTS:
-        print(point(kind, T, H, topk, before, dev), flush=True)
+    for kind, T, H, topk in points:
+        for _ in range(args.repeat):
+            print(point(kind, T, H, topk, before, dev), flush=True)
         torch.cuda.empty_cache()
     op.set_plans_enabled(True)
 
