@@ -10,9 +10,9 @@
 # data/bench/workbook_nb05_h200_0c76bc5.md, 73 s; the thirteenth and fourteenth sessions' trims, turns,
 # split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*;
 # dense again, with the CSR-only kernels and the FP8 entry, in the fifteenth on e3cd9d5:
-# data/bench/*dense*e3cd9d5*.) Open: bars (the fifteenth session's patch, below), and suite
-# once a session. (Formerly open: trims, the thirteenth session's two host-path trims, 52458fb,
-# CPU-verified only). From the repository
+# data/bench/*dense*e3cd9d5*; bars and suite in the sixteenth on ce5f459 and 2550cc7:
+# data/bench/*ws_bars*, gpu_suite_*.) Open: suite once a session. (Formerly open: trims, the
+# thirteenth session's two host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
 #   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|split|plans|workbook|fp8host|host|all \
@@ -55,10 +55,11 @@
 #             says what passed), the slowest 25; in 9 minutes at most. The fifteenth session
 #             found test_ws_small_groups's GPU cases failing since b7db5ec: no run had taken the
 #             whole suite since; take this step once a session
-#   bars      experiments/patches/ws_bars_by_role.diff (gluon_ws's mbarriers in one allocation
-#             per role: fewer compiler barriers) applied to the device's copy, the GPU tests
-#             of every gluon_ws path and gluon_ws_fp8, then experiments/ws_bars_ab.py (before
-#             and after in turns at T = 64 and 16384, H128; under 7 minutes)
+#   bars      gluon_ws's mbarriers in one allocation per role (fewer compiler barriers; was
+#             experiments/patches/ws_bars_by_role.diff, in the package since the sixteenth
+#             session): the GPU tests of every gluon_ws path and gluon_ws_fp8, then
+#             experiments/ws_bars_ab.py against ce5f459's kernel (in turns at T = 64 and
+#             16384, H128; under 7 minutes)
 #   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
 #             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
@@ -181,10 +182,8 @@ if want suite; then
     "$(grep -c ' FAILED \| ERROR ' "$OUT/gpu_suite_${COMMIT:0:7}.log") failed or errors"
   grep " FAILED \| ERROR " "$OUT/gpu_suite_${COMMIT:0:7}.log" | head -n 20; tail -n 3 "$OUT/gpu_suite_${COMMIT:0:7}.log"
 fi
-if want bars; then
-  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-  { git apply experiments/patches/ws_bars_by_role.diff 2>/dev/null \
-    || patch -p1 -s < experiments/patches/ws_bars_by_role.diff; } || { echo "bars: no patch"; exit 1; }
+if want bars; then  # in the package since the sixteenth session: the A/B against ce5f459's kernel
+  git show ce5f459:sparse_mla/gluon/hopper_ws.py > /tmp/hopper_ws_before.py || { echo "bars: no git"; exit 1; }
   xdist
   PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
     tests/test_kernels_gpu.py tests/test_fp8_prefill.py tests/test_dense_ids.py tests/test_gluon.py \
@@ -192,7 +191,7 @@ if want bars; then
     > "$OUT/gpu_tests_ws_bars_${COMMIT:0:7}.log" 2>&1
   echo "bars tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_bars_${COMMIT:0:7}.log"
   # A cache of its own: Triton's cache key ignores the file name, so the copy's kernel would
-  # stand in for the package's unpatched one in later runs (and name the copy in line info)
+  # stand in for the package's in later runs (and name the copy in line info)
   TRITON_CACHE_DIR=/tmp/bars_triton_cache PYTHONPATH=$PWD timeout 150 \
     python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py \
     > "$OUT/ws_bars_ab_h200_${COMMIT:0:7}.log" 2>&1

@@ -8,19 +8,17 @@ and Q_FREE in four allocations (fifteenth session) the sm90 SASS has 7 fewer in 
 1 keeps its 27. Prediction: T = 64 H128 (one pair an item, the call its latency) -0.02..-0.1 us;
 T = 16384 0..-1%.
 
-The change is experiments/patches/ws_bars_by_role.diff (with the notebook's pipeline reader
-taught the new form); not in the package until the GPU tests and this comparison have run.
+The change was experiments/patches/ws_bars_by_role.diff until its GPU tests and this
+comparison ran (sixteenth session, data/bench/ws_bars_ab_h200.log); it is in the package since.
 Here, in one process and in turns (:func:`sparse_mla.bench.time_interleaved`): ``gluon_ws``
-forced as the package has it (the patch applied), and the same launch with the kernel of
-``--before`` (a copy of ``hopper_ws.py`` without the patch, loaded as a sibling module) swapped
-into the launcher; plans off for both (a replay keeps the kernel it recorded). Each is checked
-against the fp32 reference first (NaN-poisoned output). On an H200, ~90 s:
+forced as the package has it, and the same launch with the kernel of ``--before`` (the file
+before the change, loaded as a sibling module) swapped into the launcher; plans off for both
+(a replay keeps the kernel it recorded). Each is checked against the fp32 reference first
+(NaN-poisoned output). On an H200, ~90 s; a Triton cache of its own, since the copy's kernels
+share the package's cache keys (Triton's key ignores the file) and would stand in for them:
 
-    cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-    git apply experiments/patches/ws_bars_by_role.diff
-    python experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py
-
-(``experiments/pending_gpu_checks.sh STEP=bars`` does this after the patched kernel's GPU tests.)
+    git show ce5f459:sparse_mla/gluon/hopper_ws.py > /tmp/hopper_ws_before.py
+    TRITON_CACHE_DIR=/tmp/ab python experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py
 """
 
 from __future__ import annotations

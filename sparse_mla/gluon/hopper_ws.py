@@ -116,7 +116,7 @@ M_INIT = gl.constexpr(
 )  # running max before any valid slot: finite, so 2^(m_old - m_new) is never NaN
 LOG2E = gl.constexpr(_consts.LOG2E)
 
-# Barrier slots in the [NUM_BARS, 1] mbarrier array.
+# The mbarriers by number (:func:`_bar`), kept in one allocation per role (:func:`_shared_state`).
 READY = gl.constexpr(0)  # + 2 * buffer + half: a half tile has landed (producer's 128 lanes arrive)
 FREE = gl.constexpr(4)  # + 2 * buffer + half: its last reader is done (one arrival)
 Q_READY = gl.constexpr(8)  # Q has landed
@@ -288,10 +288,10 @@ def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h):
     by the descriptor), once both consumers are past their last QK^T of the previous item: by
     TMA (eight bulk copies) rather than 32 16-byte cp.async per lane, which cost 1.5-2.6 us of
     an item's latency at T = 64 (data/bench/ws_lat_h200.log, ablation abl_noq)."""
-    mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
-    mbarrier.expect(bars.index(Q_READY), BLOCK_H * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8)
+    mbarrier.wait(_bar(bars, Q_FREE), (it & 1) ^ 1)
+    mbarrier.expect(_bar(bars, Q_READY), BLOCK_H * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8)
     tma.async_copy_global_to_shared(
-        q_desc, [pid_r.to(gl.int32), pid_h * BLOCK_H, 0], bars.index(Q_READY),
+        q_desc, [pid_r.to(gl.int32), pid_h * BLOCK_H, 0], _bar(bars, Q_READY),
         q_smem.index(0).reshape([1, BLOCK_H, HEAD_DIM]),
     )  # fmt: skip
 
@@ -347,18 +347,18 @@ def _producer(
             slot1 = _slots(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
             # In the order the consumers release them: 0L (consumer 0's own PV), 1R (consumer
             # 1's own PV), 0R (consumer 1's PV with P0), 1L (consumer 0's PV with P1).
-            mbarrier.wait(bars.index(FREE_0L), ph)
+            mbarrier.wait(_bar(bars, FREE_0L), ph)
             _gather_half(kv_smem.index(0).slice(0, HALF, dim=1), kv_ptr, slot0, stride_kvn, 0)
-            cp.mbarrier_arrive(bars.index(READY_0L), increment_count=False)
-            mbarrier.wait(bars.index(FREE_1R), ph)
+            cp.mbarrier_arrive(_bar(bars, READY_0L), increment_count=False)
+            mbarrier.wait(_bar(bars, FREE_1R), ph)
             _gather_half(kv_smem.index(1).slice(HALF, HALF, dim=1), kv_ptr, slot1, stride_kvn, HALF)
-            cp.mbarrier_arrive(bars.index(READY_1R), increment_count=False)
-            mbarrier.wait(bars.index(FREE_0R), ph)
+            cp.mbarrier_arrive(_bar(bars, READY_1R), increment_count=False)
+            mbarrier.wait(_bar(bars, FREE_0R), ph)
             _gather_half(kv_smem.index(0).slice(HALF, HALF, dim=1), kv_ptr, slot0, stride_kvn, HALF)
-            cp.mbarrier_arrive(bars.index(READY_0R), increment_count=False)
-            mbarrier.wait(bars.index(FREE_1L), ph)
+            cp.mbarrier_arrive(_bar(bars, READY_0R), increment_count=False)
+            mbarrier.wait(_bar(bars, FREE_1L), ph)
             _gather_half(kv_smem.index(1).slice(0, HALF, dim=1), kv_ptr, slot1, stride_kvn, 0)
-            cp.mbarrier_arrive(bars.index(READY_1L), increment_count=False)
+            cp.mbarrier_arrive(_bar(bars, READY_1L), increment_count=False)
         g0 += num_pairs
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
     # No copy may still be in flight when the program ends.
@@ -379,7 +379,7 @@ def _valid_cols(idx_ptr, pos0, hi, num_kv, N: gl.constexpr = BLOCK_K, MMA: gl.co
 @gluon.jit
 def _qk_half(q_tile, kv_tile, bars, half: gl.constexpr, ready0: gl.constexpr, ph, s, use_acc):
     """Issue S (+)= Q[:, half] K[:, half]^T once that half of the tile has landed (async)."""
-    mbarrier.wait(bars.index(ready0 + half), ph)
+    mbarrier.wait(_bar(bars, ready0 + half), ph)
     fence_async_shared()  # the cp.async writes (generic proxy) before wgmma's reads (async proxy)
     return warpgroup_mma(
         q_tile.slice(half * HALF, HALF, dim=1),
@@ -422,6 +422,21 @@ def _opaque_zero(j):
     return gl.inline_asm_elementwise(
         "and.b32 $0, $1, 0;", "=r,r", [j], dtype=gl.int32, is_pure=True, pack=1
     )
+
+
+@gluon.jit
+def _bar(bars, i: gl.constexpr):
+    """mbarrier ``i`` (READY + k, FREE + k, Q_READY or Q_FREE) of :func:`_shared_state`'s
+    ``bars``, a tuple of one allocation per role."""
+    if i < FREE:
+        b = bars[0].index(i - READY)
+    elif i < Q_READY:
+        b = bars[1].index(i - FREE)
+    elif i == Q_READY:
+        b = bars[2].index(0)
+    else:
+        b = bars[3].index(0)
+    return b
 
 
 @gluon.jit
@@ -533,14 +548,14 @@ def _consumer0(
             item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS
         )
         valid = _valid_cols(idx_ptr, lo, hi, num_kv)
-        mbarrier.wait(bars.index(Q_READY), it & 1)
+        mbarrier.wait(_bar(bars, Q_READY), it & 1)
         # S of the first pair's tile; each iteration issues the next one's behind its last PV.
         s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
         if num_pairs > 0:
             zi = _opaque_zero(item)
             s = _qk(q_smem.index(zi), kv_smem.index(zi), bars, 0, READY_0L, g0 & 1)
         if num_pairs <= 1:
-            _arrive(bars.index(Q_FREE))  # done with this item's Q
+            _arrive(_bar(bars, Q_FREE))  # done with this item's Q
         for j in range(num_pairs):
             ph = (g0 + j) & 1
             z = _opaque_zero(j)
@@ -563,7 +578,7 @@ def _consumer0(
             fence_async_shared()
             _bar_arrive(NB_P0)
             acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
-            _arrive(bars.index(FREE_0L))
+            _arrive(_bar(bars, FREE_0L))
 
             _bar_sync(NB_P1)
             pv = warpgroup_mma(p1_smem.index(z), buf1.slice(0, HALF, dim=1), acc, is_async=True)
@@ -575,14 +590,14 @@ def _consumer0(
                 s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
                 s = _qk_half(q_tile, buf0, bars, 0, READY_0L, ph ^ 1, s, False)
                 acc = warpgroup_mma_wait(1, deps=[pv])  # the PV (issued first) is done
-                _arrive(bars.index(FREE_1L))
+                _arrive(_bar(bars, FREE_1L))
                 s = _qk_half(q_tile, buf0, bars, 1, READY_0L, ph ^ 1, s, True)
                 s = warpgroup_mma_wait(0, deps=[s])
                 if j + 2 == num_pairs:
-                    _arrive(bars.index(Q_FREE))
+                    _arrive(_bar(bars, Q_FREE))
             else:
                 acc = warpgroup_mma_wait(0, deps=[pv])
-                _arrive(bars.index(FREE_1L))
+                _arrive(_bar(bars, FREE_1L))
         g0 += num_pairs
         _epilogue(
             acc, m_i, l_i, l_smem.index(2 * (it & 1)), l_smem.index(1 + 2 * (it & 1)), 0,
@@ -606,9 +621,9 @@ def _consumer1(
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
             item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS
         )
-        mbarrier.wait(bars.index(Q_READY), it & 1)
+        mbarrier.wait(_bar(bars, Q_READY), it & 1)
         if num_pairs == 0:
-            _arrive(bars.index(Q_FREE))
+            _arrive(_bar(bars, Q_FREE))
         short = _short_tail(lo, hi, num_pairs)
         for j in range(num_pairs):
             ph = (g0 + j) & 1
@@ -620,7 +635,7 @@ def _consumer1(
             if short and j + 1 == num_pairs:  # a short last tile: S and P over TAIL slots
                 valid_t = _valid_cols(idx_ptr, pos, hi, num_kv, TAIL, MMA_T)
                 s_t = _qk(q_tile, buf1, bars, 1, READY_1L, ph, TAIL, MMA_T)
-                _arrive(bars.index(Q_FREE))  # done with this item's Q
+                _arrive(_bar(bars, Q_FREE))  # done with this item's Q
                 acc, m_i, l_i = _consumer1_pv(
                     s_t, valid_t, m_i, l_i, acc, qk_scale, buf0, buf1, p0_smem.index(z),
                     p1_smem.index(z), m0_smem, m1_smem, bars, dtype, ROW_T, True,
@@ -629,7 +644,7 @@ def _consumer1(
                 valid = _valid_cols(idx_ptr, pos, hi, num_kv)
                 s = _qk(q_tile, buf1, bars, 1, READY_1L, ph)
                 if j + 1 == num_pairs:
-                    _arrive(bars.index(Q_FREE))  # done with this item's Q
+                    _arrive(_bar(bars, Q_FREE))  # done with this item's Q
                 acc, m_i, l_i = _consumer1_pv(
                     s, valid, m_i, l_i, acc, qk_scale, buf0, buf1, p0_smem.index(z),
                     p1_smem.index(z), m0_smem, m1_smem, bars, dtype, ROW_S, False,
@@ -679,9 +694,9 @@ def _consumer1_pv(
     _bar_sync(NB_P0)
     acc = warpgroup_mma(p0, buf0.slice(HALF, HALF, dim=1), acc, is_async=True)
     p_op = warpgroup_mma_wait(1, deps=[p_op])  # the PV with this warpgroup's P is done
-    _arrive(bars.index(FREE_1R))
+    _arrive(_bar(bars, FREE_1R))
     acc = warpgroup_mma_wait(0, deps=[acc])
-    _arrive(bars.index(FREE_0R))
+    _arrive(_bar(bars, FREE_0R))
     return acc, m_new, l_i
 
 
@@ -694,8 +709,9 @@ def _shared_state(dtype: gl.constexpr, READY_COUNT: gl.constexpr):
 
     Shared memory (2-byte dtype): Q 64 x 512 x 2 = 65,536 B; the two KV tiles 2 x 64 x 512 x 2
     = 131,072; P0 and P1 2 x 64 x 64 x 2 = 16,384; the row maxima and partial sums 6 x 64 x 4
-    = 1,536; 10 mbarriers x 8 = 80: 214,608 B of the 232,448 a block may have (227 KiB; the
-    compiler adds its scratch: 215,864 in all for sm90)."""
+    = 1,536; 10 mbarriers x 8 = 80 (``bars``: four allocations, READY, FREE, Q_READY, Q_FREE):
+    214,608 B of the 232,448 a block may have (227 KiB; the compiler adds its scratch and the
+    small allocations' alignment: 215,920 in all for sm90)."""
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
     kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
     # One allocation per buffer that one consumer writes and the other reads: the compiler's
@@ -708,12 +724,20 @@ def _shared_state(dtype: gl.constexpr, READY_COUNT: gl.constexpr):
     m0_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
     m1_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
     l_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], VEC)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
+    # The mbarriers by role, one allocation each: the compiler's shared-memory hazard analysis
+    # takes an mbarrier arrive for a write and a wait for a read of the whole allocation, so in
+    # one array every wait behind an arrive of another slot cost the warpgroup a barrier.
+    bars = (
+        gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout()),  # READY + i
+        gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout()),  # FREE + i
+        gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()),  # Q_READY
+        gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()),  # Q_FREE
+    )
     for i in gl.static_range(4):
-        mbarrier.init(bars.index(READY + i), count=READY_COUNT)
-        mbarrier.init(bars.index(FREE + i), count=1)
-    mbarrier.init(bars.index(Q_READY), count=1)  # the producer's expect; the bytes by TMA
-    mbarrier.init(bars.index(Q_FREE), count=2)  # one arrival per consumer
+        mbarrier.init(_bar(bars, READY + i), count=READY_COUNT)
+        mbarrier.init(_bar(bars, FREE + i), count=1)
+    mbarrier.init(_bar(bars, Q_READY), count=1)  # the producer's expect; the bytes by TMA
+    mbarrier.init(_bar(bars, Q_FREE), count=2)  # one arrival per consumer
     return q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars
 
 

@@ -57,6 +57,7 @@ from .hopper_ws import (
     FREE,
     READY,
     _arrive,
+    _bar,
     _begin_item,
     _consumer0,
     _consumer1,
@@ -242,14 +243,14 @@ def _producer(
                     sws = sws + (sw,)  # noqa: RUF005
                 # Store piece k.
                 if _first(k):
-                    mbarrier.wait(bars.index(FREE + _half(k)), ph)
+                    mbarrier.wait(_bar(bars, FREE + _half(k)), ph)
                     scales = sws[0]
                     sws = sws[1:]
                 _store_piece(kv_smem.index(_tile(k)), win[0], scales, _chunk(k))
                 win = win[1:]
                 if _last(k):
                     fence_async_shared()  # the generic-proxy stores before wgmma's reads
-                    _arrive(bars.index(READY + _half(k)))
+                    _arrive(_bar(bars, READY + _half(k)))
             s0 = n0
             s1 = n1
         g0 += num_pairs

@@ -640,9 +640,9 @@ def _callee(c: ast.Call) -> str:
 
 
 def _bar(node: ast.expr) -> int | None:
-    """The slot of ``bars.index(<expr>)``, else None."""
-    if isinstance(node, ast.Call) and _callee(node) == "bars.index":
-        return _value(node.args[0])
+    """The slot of ``_bar(bars, <expr>)`` (the kernel's mbarrier by number), else None."""
+    if isinstance(node, ast.Call) and _callee(node) == "_bar" and len(node.args) == 2:
+        return _value(node.args[1])
     return None
 
 
@@ -753,14 +753,19 @@ def smem_buffers(elem_bytes: int = 2) -> list[Buffer]:
     ``elem_bytes`` for the q/kv dtype (2: bf16/fp16)."""
     out = []
     for node in ast.walk(_fn_tree("_shared_state")):
-        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+        if not isinstance(node, ast.Assign):
             continue
-        if _callee(node.value) != "gl.allocate_shared_memory":
+        # One allocation, or a tuple of allocations of one dtype (the mbarriers, one allocation
+        # per role): counted as one buffer whose first dimension is the sum of theirs.
+        calls = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+        if not all(isinstance(c, ast.Call) and _callee(c) == "gl.allocate_shared_memory"
+                   for c in calls):  # fmt: skip
             continue
         var = ast.unparse(node.targets[0])
-        dtype, shape = ast.unparse(node.value.args[0]), node.value.args[1]
+        dtype = ast.unparse(calls[0].args[0])
         size = elem_bytes if dtype == "dtype" else _ELEM_BYTES[dtype]
-        dims = tuple(_value(d) for d in shape.elts)
+        shapes = [tuple(_value(d) for d in c.args[1].elts) for c in calls]
+        dims = (sum(sh[0] for sh in shapes), *shapes[0][1:])
         out.append(Buffer(_BUFFER_NAMES.get(var, var), var, dims, size))
     return out
 
