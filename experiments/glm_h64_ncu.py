@@ -66,6 +66,13 @@ def main() -> int:
     ap.add_argument("-T", type=int, default=2048)
     ap.add_argument("-H", type=int, default=64)
     ap.add_argument("--topk", type=int, default=2048)
+    ap.add_argument(
+        "--clock-control",
+        default="base",
+        choices=("base", "none"),
+        help="ncu's clock control: base (locked, its default) or none (the GPU's own "
+        "boost and power management; the SM Frequency row then says what it ran at)",
+    )
     ap.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.run:
@@ -75,13 +82,14 @@ def main() -> int:
 
     os.makedirs(a.out, exist_ok=True)
     cmd = [prof.ncu_path(), "--target-processes", "all", "--nvtx", "--nvtx-include", "profiled/",
-           "--print-units", "base", "--csv", "--page", "details"]  # fmt: skip
+           "--print-units", "base", "--csv", "--page", "details",
+           "--clock-control", a.clock_control]  # fmt: skip
     for s in SECTIONS:
         cmd += ["--section", s]
     cmd += [sys.executable, __file__, "--run", "-T", str(a.T), "-H", str(a.H),
             "--topk", str(a.topk)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    path = os.path.join(a.out, f"glm_h{a.H}_T{a.T}_sections.csv")
+    path = os.path.join(a.out, f"glm_h{a.H}_T{a.T}_clock_{a.clock_control}_sections.csv")
     with open(path, "w") as f:
         f.write(done.stdout)
     print(done.stderr[-3000:])
