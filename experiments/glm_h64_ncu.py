@@ -1,18 +1,18 @@
 """Why `gluon_ws` trails FlashMLA at GLM H64 (full top-k 2048): both kernels under Nsight Compute.
 
 The grid's one miss (PERF_NOTES, No cliffs, step 11): at T = 16384, GLM H64, `config=None`
-(`gluon_ws`) reads 1.005-1.03 of FlashMLA over the last three grids, while at CSA H64 (640 slots
-a token) it is at parity; a fit of t = a + b x slots puts `gluon_ws`'s cost a slot 5-8% above
-FlashMLA's and its fixed part below. This runs one GLM H64 point (T = 2048 by default: 8x
-fewer tokens, the same per-token work) with `gluon_ws` forced and with FlashMLA, each checked
-against the fp32 reference first, then called once more each for `ncu` to record (the
-parent process, below, runs this file under ncu with its sections: speed of light, compute
-workload (tensor pipe), memory tables (shared-memory wavefronts and bank conflicts),
-scheduler and warp-state statistics). What would say where the slots' extra cost is: the
-tensor pipe's active share in each (the MMA work is the same), the shared-memory wavefronts a
-call (the copies' bytes against FlashMLA's), and the stall reasons of the busiest warps.
+(`gluon_ws`) reads 1.005-1.03 of FlashMLA over the last three grids, while at CSA H64 (607 slots
+a token on average) it is at parity; a fit of t = a + b x slots puts `gluon_ws`'s cost a slot
+5-8% above FlashMLA's and its fixed part below. This runs one GLM H64 point (`-T`, default 2048;
+its causal lists average 1024 slots there, 1920 at T = 16384, so only T = 16384 is the grid's
+point) with `gluon_ws` forced and with FlashMLA, each checked against the fp32 reference first,
+then called once more each inside an NVTX range that `ncu` records (the parent process runs this
+file under ncu with its sections: speed of light with the SM clock, compute workload, memory
+tables, scheduler and warp-state statistics, launch and occupancy). `--clock-control none`
+leaves the GPU its own clocks, so a power-bound kernel shows a lower SM frequency. Measured
+(sixteenth session, `data/bench/glm_h64_ncu_h200/`): PERF_NOTES, No cliffs, step 11.
 
-    PYTHONPATH=$PWD:$PWD/.peers python3 experiments/glm_h64_ncu.py --out $OUT/glm_ncu
+    PYTHONPATH=$PWD:$PWD/.peers python3 experiments/glm_h64_ncu.py -T 16384 --clock-control none
 
 (`--run` is the profiled child.) FlashMLA comes from the peers' build (../shared/peers).
 """
