@@ -11,11 +11,12 @@
 # split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*;
 # dense again, with the CSR-only kernels and the FP8 entry, in the fifteenth on e3cd9d5:
 # data/bench/*dense*e3cd9d5*; bars and suite in the sixteenth on ce5f459 and 2550cc7:
-# data/bench/*ws_bars*, gpu_suite_*.) Open: suite once a session. (Formerly open: trims, the
+# data/bench/*ws_bars*, gpu_suite_*.) Open: mask (the sixteenth session's patch, below), then
+# grid if it measures; suite once a session. (Formerly open: trims, the
 # thirteenth session's two host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|mask|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -60,6 +61,11 @@
 #             session): the GPU tests of every gluon_ws path and gluon_ws_fp8, then
 #             experiments/ws_bars_ab.py against ce5f459's kernel (in turns at T = 64 and
 #             16384, H128; under 7 minutes)
+#   mask      experiments/patches/ws_c1_mask_under_s.diff (consumer 1 issues its S before its
+#             tile's mask: the 16 id loads and ~150 compares under the MMA, not before it)
+#             applied to the device's copy, the GPU tests of every gluon_ws path and
+#             gluon_ws_fp8, then ws_bars_ab.py against the unpatched kernel at T = 64 H128,
+#             T = 16384 H64 / H128 and GLM H64, twice each (under 9 minutes)
 #   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
 #             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
@@ -196,6 +202,22 @@ if want bars; then  # in the package since the sixteenth session: the A/B agains
     python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py \
     > "$OUT/ws_bars_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "bars ab: rc=$?"; cat "$OUT/ws_bars_ab_h200_${COMMIT:0:7}.log"
+fi
+if want mask; then  # the sixteenth session's step 12: consumer 1's mask under its S (a patch)
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  { git apply experiments/patches/ws_c1_mask_under_s.diff 2>/dev/null \
+    || patch -p1 -s < experiments/patches/ws_c1_mask_under_s.diff; } || { echo "mask: no patch"; exit 1; }
+  xdist
+  PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_kernels_gpu.py tests/test_fp8_prefill.py tests/test_dense_ids.py tests/test_gluon.py \
+    -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill" \
+    > "$OUT/gpu_tests_ws_mask_${COMMIT:0:7}.log" 2>&1
+  echo "mask tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_mask_${COMMIT:0:7}.log"
+  TRITON_CACHE_DIR=/tmp/mask_triton_cache PYTHONPATH=$PWD timeout 300 \
+    python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py --repeat 2 \
+    --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048 \
+    > "$OUT/ws_mask_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "mask ab: rc=$?"; cat "$OUT/ws_mask_ab_h200_${COMMIT:0:7}.log"
 fi
 if want split; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \

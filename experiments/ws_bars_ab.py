@@ -1,4 +1,7 @@
-"""``gluon_ws`` with its mbarriers in one allocation (before) or one allocation per role (after).
+"""``gluon_ws`` against another version of its kernel file (``--before``), in turns.
+
+Written for step 11 (below: mbarriers by role) and used again for step 12 (consumer 1's mask
+under its S, experiments/patches/ws_c1_mask_under_s.diff: ``pending_gpu_checks.sh STEP=mask``).
 
 Triton 3.6's shared-memory hazard analysis (membar) takes an mbarrier arrive for a write and a
 wait for a read of the whole allocation, so with the ten mbarriers in one [10, 1] array a wait
@@ -82,14 +85,20 @@ def main() -> None:
         "--points",
         nargs="*",
         default=None,
-        metavar="T:H:TOPK",
-        help="dsv4_csa points (default: T = 64 and 16384 at H128, top-k 1024)",
+        metavar="[glm:]T:H:TOPK",
+        help="dsv4_csa points, glm_full_topk ones with the glm: prefix (default: T = 64 and "
+        "16384 at H128, top-k 1024)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="measure each point this many times")
     args = ap.parse_args()
     points = POINTS
     if args.points:
-        points = tuple(("dsv4_csa", *map(int, p.split(":"))) for p in args.points)
+        points = tuple(
+            ("glm_full_topk", *map(int, p[4:].split(":")))
+            if p.startswith("glm:")
+            else ("dsv4_csa", *map(int, p.split(":")))
+            for p in args.points
+        )
     before = load_before(args.before)
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
