@@ -86,6 +86,16 @@ wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl > /dev/null 2>&1
 }
+# The GPU tests of every gluon_ws path and of gluon_ws_fp8 (its consumers), for a kernel change;
+# log gpu_tests_ws_$1_<commit>.log
+ws_gpu_tests() {
+  xdist
+  PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_kernels_gpu.py tests/test_fp8_prefill.py tests/test_dense_ids.py tests/test_gluon.py \
+    -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill" \
+    > "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log" 2>&1
+  echo "$1 tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log"
+}
 want() { [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && case $1 in profile|smem) true;; *) false;; esac; }; }
 if want plans; then
   timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_plans_fp8.py \
@@ -190,12 +200,7 @@ if want suite; then
 fi
 if want bars; then  # in the package since the sixteenth session: the A/B against ce5f459's kernel
   git show ce5f459:sparse_mla/gluon/hopper_ws.py > /tmp/hopper_ws_before.py || { echo "bars: no git"; exit 1; }
-  xdist
-  PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
-    tests/test_kernels_gpu.py tests/test_fp8_prefill.py tests/test_dense_ids.py tests/test_gluon.py \
-    -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill" \
-    > "$OUT/gpu_tests_ws_bars_${COMMIT:0:7}.log" 2>&1
-  echo "bars tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_bars_${COMMIT:0:7}.log"
+  ws_gpu_tests bars
   # A cache of its own: Triton's cache key ignores the file name, so the copy's kernel would
   # stand in for the package's in later runs (and name the copy in line info)
   TRITON_CACHE_DIR=/tmp/bars_triton_cache PYTHONPATH=$PWD timeout 150 \
@@ -207,12 +212,7 @@ if want mask; then  # the sixteenth session's step 12: consumer 1's mask under i
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
   { git apply experiments/patches/ws_c1_mask_under_s.diff 2>/dev/null \
     || patch -p1 -s < experiments/patches/ws_c1_mask_under_s.diff; } || { echo "mask: no patch"; exit 1; }
-  xdist
-  PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
-    tests/test_kernels_gpu.py tests/test_fp8_prefill.py tests/test_dense_ids.py tests/test_gluon.py \
-    -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill" \
-    > "$OUT/gpu_tests_ws_mask_${COMMIT:0:7}.log" 2>&1
-  echo "mask tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_mask_${COMMIT:0:7}.log"
+  ws_gpu_tests mask
   TRITON_CACHE_DIR=/tmp/mask_triton_cache PYTHONPATH=$PWD timeout 300 \
     python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py --repeat 2 \
     --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048 \
