@@ -11,12 +11,12 @@
 # split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*;
 # dense again, with the CSR-only kernels and the FP8 entry, in the fifteenth on e3cd9d5:
 # data/bench/*dense*e3cd9d5*; bars and suite in the sixteenth on ce5f459 and 2550cc7:
-# data/bench/*ws_bars*, gpu_suite_*.) Open: mask (the sixteenth session's patch, below), then
-# grid if it measures; suite once a session. (Formerly open: trims, the
+# data/bench/*ws_bars*, gpu_suite_*.) Open: mask and fold (the sixteenth session's patches,
+# below; fold applies both), then grid with what measures; suite once a session. (Formerly open: trims, the
 # thirteenth session's two host-path trims, 52458fb, CPU-verified only). From the repository
 # root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|mask|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|mask|fold|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -66,6 +66,12 @@
 #             applied to the device's copy, the GPU tests of every gluon_ws path and
 #             gluon_ws_fp8, then ws_bars_ab.py against the unpatched kernel at T = 64 H128,
 #             T = 16384 H64 / H128 and GLM H64, twice each (under 9 minutes)
+#   fold      experiments/patches/ws_fold_pos_scale.diff on top of ws_c1_mask_under_s.diff
+#             (gluon_ws's consumers take the row max before scaling when the softmax scale is
+#             > 0, the scale then one FFMA with the exponent's subtraction; a POS_SCALE
+#             constexpr the launch sets): the GPU tests of every gluon_ws path and
+#             gluon_ws_fp8 (with the patch's tests of scales 0 and -0.05 for every kernel), then
+#             ws_bars_ab.py against step 12's kernel (under 9 minutes)
 #   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
 #             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
@@ -218,6 +224,24 @@ if want mask; then  # the sixteenth session's step 12: consumer 1's mask under i
     --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048 \
     > "$OUT/ws_mask_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "mask ab: rc=$?"; cat "$OUT/ws_mask_ab_h200_${COMMIT:0:7}.log"
+fi
+if want fold; then  # step 13, on top of step 12: a positive softmax scale folded into the exponent
+  { git apply experiments/patches/ws_c1_mask_under_s.diff 2>/dev/null \
+    || patch -p1 -s < experiments/patches/ws_c1_mask_under_s.diff; } || { echo "fold: no mask patch"; exit 1; }
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py  # step 12's kernel
+  { git apply experiments/patches/ws_fold_pos_scale.diff 2>/dev/null \
+    || patch -p1 -s < experiments/patches/ws_fold_pos_scale.diff; } || { echo "fold: no patch"; exit 1; }
+  ws_gpu_tests fold
+  # The patch's tests of a scale of 0 or below, for every kernel (FP8 too)
+  PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_kernels_gpu.py tests/test_fp8_prefill.py -k scale_of_zero \
+    > "$OUT/gpu_tests_scale_sign_${COMMIT:0:7}.log" 2>&1
+  echo "scale tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_scale_sign_${COMMIT:0:7}.log"
+  TRITON_CACHE_DIR=/tmp/fold_triton_cache PYTHONPATH=$PWD timeout 300 \
+    python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py --repeat 2 \
+    --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048 \
+    > "$OUT/ws_fold_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "fold ab: rc=$?"; cat "$OUT/ws_fold_ab_h200_${COMMIT:0:7}.log"
 fi
 if want split; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
