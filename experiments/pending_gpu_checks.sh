@@ -12,9 +12,9 @@
 # dense again, with the CSR-only kernels and the FP8 entry, in the fifteenth on e3cd9d5:
 # data/bench/*dense*e3cd9d5*; bars and suite in the sixteenth on ce5f459 and 2550cc7:
 # data/bench/*ws_bars*, gpu_suite_*.) Open: mask and fold (the sixteenth session's patches,
-# below; fold applies both), then grid with what measures; suite once a session. (Formerly open: trims, the
-# thirteenth session's two host-path trims, 52458fb, CPU-verified only). From the repository
-# root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
+# below; fold applies both), then grid with what measures; suite once a session. (Formerly
+# open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
+# the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
 #   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|mask|fold|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
@@ -101,6 +101,20 @@ ws_gpu_tests() {
     -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill" \
     > "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log" 2>&1
   echo "$1 tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log"
+}
+# Apply experiments/patches/$1.diff to this copy (git apply, else patch), or stop the script.
+apply_patch() {
+  { git apply "experiments/patches/$1.diff" 2>/dev/null \
+    || patch -p1 -s < "experiments/patches/$1.diff"; } || { echo "no patch $1"; exit 1; }
+}
+# experiments/ws_bars_ab.py against /tmp/hopper_ws_before.py at the heavy and the latency
+# points, twice each, in a Triton cache of its own (see bars); log ws_$1_ab_h200_<commit>.log
+ws_ab() {
+  TRITON_CACHE_DIR=/tmp/$1_triton_cache PYTHONPATH=$PWD timeout 300 \
+    python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py --repeat 2 \
+    --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048 \
+    > "$OUT/ws_$1_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "$1 ab: rc=$?"; cat "$OUT/ws_$1_ab_h200_${COMMIT:0:7}.log"
 }
 want() { [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && case $1 in profile|smem) true;; *) false;; esac; }; }
 if want plans; then
@@ -216,32 +230,21 @@ if want bars; then  # in the package since the sixteenth session: the A/B agains
 fi
 if want mask; then  # the sixteenth session's step 12: consumer 1's mask under its S (a patch)
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-  { git apply experiments/patches/ws_c1_mask_under_s.diff 2>/dev/null \
-    || patch -p1 -s < experiments/patches/ws_c1_mask_under_s.diff; } || { echo "mask: no patch"; exit 1; }
+  apply_patch ws_c1_mask_under_s
   ws_gpu_tests mask
-  TRITON_CACHE_DIR=/tmp/mask_triton_cache PYTHONPATH=$PWD timeout 300 \
-    python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py --repeat 2 \
-    --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048 \
-    > "$OUT/ws_mask_ab_h200_${COMMIT:0:7}.log" 2>&1
-  echo "mask ab: rc=$?"; cat "$OUT/ws_mask_ab_h200_${COMMIT:0:7}.log"
+  ws_ab mask
 fi
 if want fold; then  # step 13, on top of step 12: a positive softmax scale folded into the exponent
-  { git apply experiments/patches/ws_c1_mask_under_s.diff 2>/dev/null \
-    || patch -p1 -s < experiments/patches/ws_c1_mask_under_s.diff; } || { echo "fold: no mask patch"; exit 1; }
+  apply_patch ws_c1_mask_under_s
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py  # step 12's kernel
-  { git apply experiments/patches/ws_fold_pos_scale.diff 2>/dev/null \
-    || patch -p1 -s < experiments/patches/ws_fold_pos_scale.diff; } || { echo "fold: no patch"; exit 1; }
+  apply_patch ws_fold_pos_scale
   ws_gpu_tests fold
   # The patch's tests of a scale of 0 or below, for every kernel (FP8 too)
   PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
     tests/test_kernels_gpu.py tests/test_fp8_prefill.py -k scale_of_zero \
     > "$OUT/gpu_tests_scale_sign_${COMMIT:0:7}.log" 2>&1
   echo "scale tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_scale_sign_${COMMIT:0:7}.log"
-  TRITON_CACHE_DIR=/tmp/fold_triton_cache PYTHONPATH=$PWD timeout 300 \
-    python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py --repeat 2 \
-    --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048 \
-    > "$OUT/ws_fold_ab_h200_${COMMIT:0:7}.log" 2>&1
-  echo "fold ab: rc=$?"; cat "$OUT/ws_fold_ab_h200_${COMMIT:0:7}.log"
+  ws_ab fold
 fi
 if want split; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \

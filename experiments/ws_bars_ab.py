@@ -56,7 +56,7 @@ def point(kind, T, H, topk, before, dev) -> str:
     refs = bench._References(w, 256)
     after_entry = launch._WS["gluon_ws"]
     before_entry = (before._prefill_ws_kernel, after_entry[1])
-    fns, names = [], []
+    fns = []
     for label, entry in (("after", after_entry), ("before", before_entry)):
 
         def run(o, entry=entry):
@@ -72,7 +72,6 @@ def point(kind, T, H, topk, before, dev) -> str:
             raise SystemExit(f"{label} at T={T} H={H}: wrong ({note})")
         out = torch.empty_like(q)
         fns.append(lambda run=run, out=out: run(out))
-        names.append(label)
     ms = bench.time_interleaved(fns, 300.0 if T <= 1024 else 600.0, rounds=8)
     return (f"{kind} T={T} H={H} top-k {topk}: after {ms[0] * 1e3:.2f} us, before "
             f"{ms[1] * 1e3:.2f} us, after / before {ms[0] / ms[1]:.4f}")  # fmt: skip
