@@ -504,6 +504,19 @@ def test_gpu_matches_reference(kernel, H, block_size):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", FP8_KERNELS)
+@pytest.mark.parametrize("scale", [-0.05, 0.0])
+def test_gpu_a_scale_of_zero_or_below(kernel, scale):
+    # gluon_ws_fp8's consumers fold a positive scale into the exponent; other scales take
+    # the path that scales the tile first (max(s) x c is not max(s x c) for c <= 0).
+    kw = _gpu_config(kernel)
+    for H in (16, 64, 128):
+        case = make_fp8_case(40, H, num_blocks=20, block_size=64, max_slots=300, seed=H)
+        _check(replace(_on(case, "cuda"), softmax_scale=scale),
+               out=torch.full_like(case.q, float("nan"), device="cuda"), **kw)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", FP8_KERNELS)
 def test_gpu_long_lists_and_a_cache_past_2gib(kernel):
     kw = _gpu_config(kernel)
     # T of 1-3 with long lists (decode-like calls), the cache starting past byte 2**31.

@@ -12,6 +12,8 @@ view starting past element 2**31 of its buffer, and ``out=`` views inside larger
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import make_case, poisoned_like
@@ -63,6 +65,20 @@ def test_gpu_every_kernel_every_head_count(name, H):
         out = _check(name, case)
         again = _check(name, case)
         assert torch.equal(out, again), f"{name} H={H}: repeat calls differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale", [-0.05, 0.0])
+@pytest.mark.parametrize("name", NAMES)
+def test_gpu_a_scale_of_zero_or_below(name, scale):
+    # gluon_ws folds a positive softmax scale into the exponent (the row max before scaling);
+    # a scale of 0 or below takes the path that scales the tile first. Every kernel is held to
+    # the operator's semantics there too.
+    for H in (16, 64, 100, 128):
+        case = replace(make_case(200, H, 512, N=2000, max_slots=500, device="cuda", seed=H),
+                       softmax_scale=scale)  # fmt: skip
+        _runnable(name, H, case.kv)
+        _check(name, case)
 
 
 @pytest.mark.gpu

@@ -1041,3 +1041,39 @@ def test_replays_call_the_c_launch_without_tritons_python_wrapper(standin, monke
             return super().__call__(*a)
 
     assert fastlaunch._raw_launch(Other.__new__(Other)) is None
+
+
+def _launch_kwargs(monkeypatch) -> list:
+    """(kernel, keyword dict) of every launch through fastlaunch from here on (then as ever)."""
+    seen = []
+    real = fastlaunch.Launcher.__call__
+
+    def spy(self, grid, args, kwargs):
+        seen.append((self.fn, dict(kwargs)))
+        return real(self, grid, args, kwargs)
+
+    monkeypatch.setattr(fastlaunch.Launcher, "__call__", spy)
+    return seen
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.0, -0.05])
+def test_gluon_ws_folds_only_a_positive_scale(standin, monkeypatch, scale):
+    """gluon_ws's consumers take the row max before scaling only for a softmax scale > 0
+    (max(s) x c = max(s x c) needs c > 0; -inf x 0 is NaN): the launch passes POS_SCALE then,
+    and never to the kernels that lack it (gluon_ws_small). Plans off: every call launches."""
+    from sparse_mla.gluon import hopper_ws
+
+    seen = _launch_kwargs(monkeypatch)
+    c = make_case(4, 64, 512, N=300, max_slots=100, dtype=torch.bfloat16, seed=3)
+    prev = op.set_plans_enabled(False)
+    try:
+        for name in ("gluon_ws", "gluon_ws_small"):
+            prefill.sparse_mla_prefill(c.q, c.kv, c.kv_indices, c.kv_indptr, scale,
+                                       attn_sink=c.attn_sink, out=torch.empty_like(c.q),
+                                       config=dispatch.Choice(name), validate=False)  # fmt: skip
+    finally:
+        op.set_plans_enabled(prev)
+    ws = [kw for fn, kw in seen if fn is hopper_ws._prefill_ws_kernel]
+    assert ws and all(kw.get("POS_SCALE", False) is (scale > 0) for kw in ws)
+    assert len(ws) < len(seen)  # gluon_ws_small launched too
+    assert all("POS_SCALE" not in kw for fn, kw in seen if fn is not hopper_ws._prefill_ws_kernel)

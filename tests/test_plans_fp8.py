@@ -14,6 +14,7 @@ import triton
 from test_fp8_prefill import make_fp8_case
 from test_plans import (
     _full_path_launches,
+    _launch_kwargs,
     assert_replay_passes_addresses,
     assert_root_and_clear_take_the_full_path,
     standin_setup,
@@ -430,3 +431,21 @@ def test_gpu_fp8_replays_equal_the_full_path(H, T):
             for _ in range(2):  # the switch cleared the plans: make this layout's again
                 _call(*first, torch.empty_like(first[0]), block_size=64, scale=c.softmax_scale,
                       config=cfg)  # fmt: skip
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.0, -0.05])
+def test_gluon_ws_fp8_folds_only_a_positive_scale(standin, monkeypatch, scale):
+    """gluon_ws_fp8 shares gluon_ws's consumers: POS_SCALE in its launch exactly when the
+    softmax scale is > 0."""
+    from sparse_mla.gluon import hopper_ws_fp8
+
+    seen = _launch_kwargs(monkeypatch)
+    c = make_fp8_case(4, 64, num_blocks=3, block_size=64, seed=1)
+    inputs = (c.q, c.cache.data, c.kv_indices, c.kv_indptr, c.attn_sink, torch.empty_like(c.q))
+    prev = op.set_plans_enabled(False)
+    try:
+        _call(*inputs, block_size=64, scale=scale, config=dispatch.Choice("gluon_ws_fp8"))
+    finally:
+        op.set_plans_enabled(prev)
+    ws = [kw for fn, kw in seen if fn is hopper_ws_fp8._prefill_ws_fp8_kernel]
+    assert ws and all(kw.get("POS_SCALE", False) is (scale > 0) for kw in ws)

@@ -116,6 +116,10 @@ M_INIT = gl.constexpr(
 )  # running max before any valid slot: finite, so 2^(m_old - m_new) is never NaN
 LOG2E = gl.constexpr(_consts.LOG2E)
 
+# The consumers take a POS_SCALE constexpr (:func:`_masked_max`): the launcher sets it for a
+# softmax scale > 0 (launch._launch_persistent's pos_scale).
+FOLDS_SCALE = True
+
 # The mbarriers by number (:func:`_bar`), kept in one allocation per role (:func:`_shared_state`).
 READY = gl.constexpr(0)  # + 2 * buffer + half: a half tile has landed (producer's 128 lanes arrive)
 FREE = gl.constexpr(4)  # + 2 * buffer + half: its last reader is done (one arrival)
@@ -326,7 +330,7 @@ def _producer(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
-    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr,
+    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
 ):  # fmt: skip
     if SMALL:
         _prefetch_ids(idx_ptr, nnz)
@@ -393,16 +397,19 @@ def _qk_half(q_tile, kv_tile, bars, half: gl.constexpr, ready0: gl.constexpr, ph
 @gluon.jit
 def _qk(
     q_tile, kv_tile, bars, first_half: gl.constexpr, ready0: gl.constexpr, ph,
-    N: gl.constexpr = BLOCK_K, MMA: gl.constexpr = MMA_S,
+    N: gl.constexpr = BLOCK_K, MMA: gl.constexpr = MMA_S, WAIT: gl.constexpr = True,
 ):  # fmt: skip
     """S = Q K^T of one tile: the half ``first_half`` of D as soon as it lands, then the other.
-    ``N`` < BLOCK_K: the tile's first N slots only (a short last tile: [64, TAIL], MMA_T)."""
+    ``N`` < BLOCK_K: the tile's first N slots only (a short last tile: [64, TAIL], MMA_T).
+    ``WAIT=False``: S still in flight (the caller's ``warpgroup_mma_wait(0, deps=[s])``)."""
     if N < BLOCK_K:
         kv_tile = kv_tile.slice(0, N, dim=0)
     s = gl.zeros([BLOCK_H, N], gl.float32, layout=MMA)
     s = _qk_half(q_tile, kv_tile, bars, first_half, ready0, ph, s, False)
     s = _qk_half(q_tile, kv_tile, bars, 1 - first_half, ready0, ph, s, True)
-    return warpgroup_mma_wait(0, deps=[s])
+    if WAIT:
+        s = warpgroup_mma_wait(0, deps=[s])
+    return s
 
 
 @gluon.jit
@@ -521,6 +528,34 @@ def _load_sink(sink_ptr, pid_h, num_heads):
 
 
 @gluon.jit
+def _masked_max(s, valid, qk_scale, POS_SCALE: gl.constexpr):
+    """(the tile for :func:`_exp_tile`, its row maxima of the scaled logits, log2 units), the
+    slots not in ``valid`` at -inf. With ``POS_SCALE`` (qk_scale > 0, the host's knowledge)
+    the max is taken over the raw S and scaled once a row (max(s) x c = max(s x c) for c > 0),
+    and the tile stays unscaled: its scale goes into the exponent's one FFMA a logit, 32
+    FMULs a thread a tile fewer between the S and the row-max meeting. Otherwise (a scale of
+    0 or below: -inf x c is not -inf) the tile is scaled first, as before."""
+    if POS_SCALE:
+        s = gl.where(valid[None, :], s, float("-inf"))
+        r = gl.max(s, 1) * qk_scale
+    else:
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        r = gl.max(s, 1)
+    return s, r
+
+
+@gluon.jit
+def _exp_tile(s, m, qk_scale, POS_SCALE: gl.constexpr):
+    """2^(s x c - m) of :func:`_masked_max`'s tile (already s x c without ``POS_SCALE``), m the
+    rows' new running maxima in the tile's row layout."""
+    if POS_SCALE:  # noqa: SIM108 (a constexpr branch: one side is compiled)
+        p = gl.exp2(s * qk_scale - m[:, None])
+    else:
+        p = gl.exp2(s - m[:, None])
+    return p
+
+
+@gluon.jit
 def _consumer_item(item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS: gl.constexpr):
     """A consumer's start of a work item: its range, pairs of tiles and fresh softmax state."""
     pid_r, pid_h, lo, hi, num_tiles = _item_range(
@@ -537,7 +572,7 @@ def _consumer0(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
-    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr,
+    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
 ):  # fmt: skip
     """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair."""
     dtype: gl.constexpr = q_desc.dtype
@@ -561,13 +596,12 @@ def _consumer0(
             z = _opaque_zero(j)
             buf0 = kv_smem.index(z)
             buf1 = kv_smem.index(z + 1)
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-            r0 = gl.max(s, 1)
+            s, r0 = _masked_max(s, valid, qk_scale, POS_SCALE)
             m0_smem.store(r0)
             _bar_sync(NB_MAX)  # both row maxima published
             m_new = gl.maximum(m_i, gl.maximum(r0, m1_smem.load(ROW_S)))
             alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s - m_new[:, None])
+            p = _exp_tile(s, m_new, qk_scale, POS_SCALE)
             l_i = l_i * alpha + gl.sum(p, 1)
             m_i = m_new
             acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
@@ -611,7 +645,7 @@ def _consumer1(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
-    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr,
+    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
 ):  # fmt: skip
     """Odd tiles' S, O[:, 256:512]."""
     dtype: gl.constexpr = q_desc.dtype
@@ -633,21 +667,24 @@ def _consumer1(
             q_tile = q_smem.index(z)
             pos = lo + (2 * j + 1) * BLOCK_K
             if short and j + 1 == num_pairs:  # a short last tile: S and P over TAIL slots
+                # S issued first: the mask's loads and compares run while it is in flight
+                s_t = _qk(q_tile, buf1, bars, 1, READY_1L, ph, TAIL, MMA_T, False)
                 valid_t = _valid_cols(idx_ptr, pos, hi, num_kv, TAIL, MMA_T)
-                s_t = _qk(q_tile, buf1, bars, 1, READY_1L, ph, TAIL, MMA_T)
+                s_t = warpgroup_mma_wait(0, deps=[s_t])
                 _arrive(_bar(bars, Q_FREE))  # done with this item's Q
                 acc, m_i, l_i = _consumer1_pv(
                     s_t, valid_t, m_i, l_i, acc, qk_scale, buf0, buf1, p0_smem.index(z),
-                    p1_smem.index(z), m0_smem, m1_smem, bars, dtype, ROW_T, True,
+                    p1_smem.index(z), m0_smem, m1_smem, bars, dtype, ROW_T, True, POS_SCALE,
                 )  # fmt: skip
             else:
+                s = _qk(q_tile, buf1, bars, 1, READY_1L, ph, WAIT=False)
                 valid = _valid_cols(idx_ptr, pos, hi, num_kv)
-                s = _qk(q_tile, buf1, bars, 1, READY_1L, ph)
+                s = warpgroup_mma_wait(0, deps=[s])
                 if j + 1 == num_pairs:
                     _arrive(_bar(bars, Q_FREE))  # done with this item's Q
                 acc, m_i, l_i = _consumer1_pv(
                     s, valid, m_i, l_i, acc, qk_scale, buf0, buf1, p0_smem.index(z),
-                    p1_smem.index(z), m0_smem, m1_smem, bars, dtype, ROW_S, False,
+                    p1_smem.index(z), m0_smem, m1_smem, bars, dtype, ROW_S, False, POS_SCALE,
                 )  # fmt: skip
         g0 += num_pairs
         _epilogue(
@@ -660,20 +697,20 @@ def _consumer1(
 @gluon.jit
 def _consumer1_pv(
     s, valid, m_i, l_i, acc, qk_scale, buf0, buf1, p0, p1, m0_smem, m1_smem, bars, dtype,
-    ROW: gl.constexpr, SHORT: gl.constexpr,
+    ROW: gl.constexpr, SHORT: gl.constexpr, POS_SCALE: gl.constexpr = False,
 ):  # fmt: skip
     """Consumer 1's softmax of its S tile ``s`` (rows in layout ``ROW``; ``SHORT``: the first
     TAIL slots of a short last tile) and both its PVs: its own P from registers into the
     O half, P published in ``p1`` ([64, 64]; a short tile's P in its first TAIL columns and
     zeros in the rest, since consumer 0's PV takes the whole buffer as ever), then consumer
     0's P0 from shared memory. Returns the new (acc, m_i, l_i); m_i and l_i stay in ROW_S."""
-    s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-    r1 = gl.convert_layout(gl.max(s, 1), ROW_S)
+    s, r1 = _masked_max(s, valid, qk_scale, POS_SCALE)
+    r1 = gl.convert_layout(r1, ROW_S)
     m1_smem.store(r1)
     _bar_sync(NB_MAX)  # both row maxima published
     m_new = gl.maximum(m_i, gl.maximum(r1, m0_smem.load(ROW_S)))
     alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - gl.convert_layout(m_new, ROW)[:, None])
+    p = _exp_tile(s, gl.convert_layout(m_new, ROW), qk_scale, POS_SCALE)
     l_i = l_i * alpha + gl.convert_layout(gl.sum(p, 1), ROW_S)
     acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
     p16 = p.to(dtype)
@@ -762,6 +799,7 @@ def _prefill_ws_kernel(
     CONSUMER_REGS: gl.constexpr = None,  # consumer 1's registers (None: CONSUMER_REGS)
     PRODUCER_REGS: gl.constexpr = None,  # the producer's registers (None: PRODUCER_REGS)
     DENSE_IDS: gl.constexpr = False,  # kv_indices is dense [R, ids_per_row]; no kv_indptr
+    POS_SCALE: gl.constexpr = False,  # qk_scale > 0: the scale folds into the exponent
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions."""
@@ -773,7 +811,7 @@ def _prefill_ws_kernel(
         q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
         stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
         num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem,
-        bars, SMALL, DENSE_IDS,
+        bars, SMALL, DENSE_IDS, POS_SCALE,
     )  # fmt: skip
     gl.warp_specialize(
         [(_consumer0, args), (_consumer1, args), (_producer, args)],

@@ -282,6 +282,7 @@ def _prefill_ws_fp8_kernel(
     DENSE_IDS: gl.constexpr = False,
     POW2: gl.constexpr = True,  # block_size is a power of two
     AHEAD: gl.constexpr = None,  # pieces the producer loads ahead (None: AHEAD)
+    POS_SCALE: gl.constexpr = False,  # qk_scale > 0: the consumers fold it into the exponent
 ):
     """Persistent: grid (min(items, SMs),); 4 warps here (consumer 0) + 8 in the workers."""
     ahead: gl.constexpr = _ahead(AHEAD)
@@ -297,11 +298,13 @@ def _prefill_ws_fp8_kernel(
             q_desc, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
             stride_block, num_heads, num_slots, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, SMALL, DENSE_IDS,
+            POS_SCALE,
         )),
         (_consumer1, (
             q_desc, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
             stride_block, num_heads, num_slots, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, SMALL, DENSE_IDS,
+            POS_SCALE,
         )),
         (_producer, (
             q_desc, cache_ptr, idx_ptr, indptr_ptr, stride_block, num_heads, num_slots, nnz,

@@ -616,6 +616,10 @@ def compile_args(
             # The small-call order (hopper_ws.small_call): shape key ``small`` (default: the
             # large-call kernel, the one every long prefill runs).
             constexprs["SMALL"] = bool(shape.get("small", False))
+        if getattr(module, "FOLDS_SCALE", False) and shape.get("pos_scale", True):
+            # A positive softmax scale (every model's) folds into the exponent: shape key
+            # ``pos_scale`` (default on; off: the launch for a scale of 0 or below).
+            constexprs["POS_SCALE"] = True
         signature.update({k: "constexpr" for k in constexprs})
         return ws_kernel, signature, constexprs, {"num_warps": 4, "num_stages": 1}
     if name == "gluon_wgmma":
@@ -906,7 +910,8 @@ def run_validated(
                            out_tma=getattr(module, "OUT_BY_TMA", False),
                            q_tma=getattr(module, "Q_BY_TMA", False),
                            constexprs=_ws_constexprs(cfg),
-                           small_call=getattr(module, "small_call", None))  # fmt: skip
+                           small_call=getattr(module, "small_call", None),
+                           pos_scale=getattr(module, "FOLDS_SCALE", False))  # fmt: skip
         return out
     units = _num_compute_units(dev)
     splits = num_kv_splits or choose_num_splits(R, H, kv_indices.numel(), cfg, units)
@@ -1023,7 +1028,7 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
     *, out_tma=False, q_tma=False, constexprs=None, small_call=None, num_kv=None,
-    stride_kvn=None, extra_args=(),
+    stride_kvn=None, extra_args=(), pos_scale=False,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -1039,7 +1044,8 @@ def _launch_persistent(
     ``ids_per_row`` = K, kv_indices standing in for the unused kv_indptr pointer.
     ``num_kv`` / ``stride_kvn``: the pool's rows and row stride when ``kv2`` is not a [N, D]
     pool (an FP8 cache's bytes: its slots and block stride, :mod:`launch_fp8`);
-    ``extra_args``: the kernel's arguments after ``ids_per_row``."""
+    ``extra_args``: the kernel's arguments after ``ids_per_row``. ``pos_scale``: the kernel has
+    a ``POS_SCALE`` constexpr (``hopper_ws``'s consumers), set when ``sm_scale`` > 0."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     qs0, qs1, _ = q.stride()
@@ -1055,6 +1061,8 @@ def _launch_persistent(
     if kv_indptr is None:  # dense ids (DENSE_IDS is passed only when set: CSR is unchanged)
         extra["DENSE_IDS"] = True
         kv_indptr, per_row = kv_indices, kv_indices.shape[1]
+    if pos_scale and sm_scale > 0:  # passed only when set, like DENSE_IDS
+        extra["POS_SCALE"] = True
     # One dict per (constexprs, SMALL): the direct launch keys on its identity.
     kwargs = fastlaunch.frozen(**(constexprs or {}), **extra, num_warps=4, num_stages=1)
     # TMA descriptors as TmaArg: built (TensorDescriptor) only when kernel[grid] runs; the

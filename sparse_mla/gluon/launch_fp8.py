@@ -256,17 +256,17 @@ def run_ws(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, 
         kv_indices, kv_indptr, attn_sink, out, softmax_scale, q.device.index or 0,
         out_tma=True, q_tma=True, constexprs=_ws_constexprs(cfg, bs),
         small_call=hopper_ws.small_call, num_kv=cache.num_slots, stride_kvn=cache.block_stride,
-        extra_args=(bs, int(math.log2(bs)) if bs & (bs - 1) == 0 else 0),
+        extra_args=(bs, int(math.log2(bs)) if bs & (bs - 1) == 0 else 0), pos_scale=True,
     )  # fmt: skip
     return out
 
 
 def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtype=torch.int32,
                     block_size: int = 64, small: bool = False, dense: bool = False,
-                    **_ignored):  # fmt: skip
+                    pos_scale: bool = True, **_ignored):  # fmt: skip
     """(kernel, signature, constexprs, options) to cross-compile ``gluon_ws_fp8`` for
     ``target`` as a launch at ``num_heads`` would (``small``: the small-call order;
-    ``dense``: dense [R, K] ids)."""
+    ``dense``: dense [R, K] ids; ``pos_scale``: a softmax scale > 0, every model's)."""
     cfg, ix = _compile_setup(WS_NAME, resolve_ws, target, num_heads, config, index_dtype)
     m = hopper_ws
     q_box = [1, m.BLOCK_H.value, m.Q_BLOCK.value]
@@ -283,5 +283,7 @@ def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtyp
     consts["SMALL"] = bool(small)
     if dense:
         consts["DENSE_IDS"] = True
+    if pos_scale:
+        consts["POS_SCALE"] = True
     sig.update({k: "constexpr" for k in consts})
     return hopper_ws_fp8._prefill_ws_fp8_kernel, sig, consts, {"num_warps": 4, "num_stages": 1}
