@@ -11,12 +11,13 @@
 # split and dense ran on a89f486, 109d804, 3b44e9d: data/bench/*a89f486*, *109d804*, *3b44e9d*;
 # dense again, with the CSR-only kernels and the FP8 entry, in the fifteenth on e3cd9d5:
 # data/bench/*dense*e3cd9d5*; bars and suite in the sixteenth on ce5f459 and 2550cc7:
-# data/bench/*ws_bars*, gpu_suite_*.) Open: mask and fold (the sixteenth session's patches,
-# below; fold applies both), then grid with what measures; suite once a session. (Formerly
+# data/bench/*ws_bars*, gpu_suite_*; the sixteenth session's mask and fold patches in the
+# seventeenth on 798007e and f53f744, in the package since f53f744: data/bench/*_mask_*,
+# *_fold_*.) Open: ids (step 14), then grid with what measures; suite once a session. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|mask|fold|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -61,17 +62,12 @@
 #             session): the GPU tests of every gluon_ws path and gluon_ws_fp8, then
 #             experiments/ws_bars_ab.py against ce5f459's kernel (in turns at T = 64 and
 #             16384, H128; under 7 minutes)
-#   mask      experiments/patches/ws_c1_mask_under_s.diff (consumer 1 issues its S before its
-#             tile's mask: the 16 id loads and ~150 compares under the MMA, not before it)
-#             applied to the device's copy, the GPU tests of every gluon_ws path and
-#             gluon_ws_fp8, then ws_bars_ab.py against the unpatched kernel at T = 64 H128,
-#             T = 16384 H64 / H128 and GLM H64, twice each (under 9 minutes)
-#   fold      experiments/patches/ws_fold_pos_scale.diff on top of ws_c1_mask_under_s.diff
-#             (gluon_ws's consumers take the row max before scaling when the softmax scale is
-#             > 0, the scale then one FFMA with the exponent's subtraction; a POS_SCALE
-#             constexpr the launch sets): the GPU tests of every gluon_ws path and
-#             gluon_ws_fp8 (with the patch's tests of scales 0 and -0.05 for every kernel), then
-#             ws_bars_ab.py against step 12's kernel (under 9 minutes)
+#   ids       step 14 (seventeenth session): gluon_ws's producer publishes each tile's slot ids
+#             in shared memory with its first half and the consumers mask from them (no id
+#             reloads from kv_indices): the GPU tests of every gluon_ws path and gluon_ws_fp8,
+#             then ws_bars_ab.py against f53f744's kernel (.ab_base/hopper_ws_f53f744.py, carried;
+#             `git show f53f744:sparse_mla/gluon/hopper_ws.py` writes it) at the heavy and
+#             latency points, twice each (under 5 minutes)
 #   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
 #             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
@@ -101,11 +97,6 @@ ws_gpu_tests() {
     -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill" \
     > "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log" 2>&1
   echo "$1 tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log"
-}
-# Apply experiments/patches/$1.diff to this copy (git apply, else patch), or stop the script.
-apply_patch() {
-  { git apply "experiments/patches/$1.diff" 2>/dev/null \
-    || patch -p1 -s < "experiments/patches/$1.diff"; } || { echo "no patch $1"; exit 1; }
 }
 # experiments/ws_bars_ab.py against /tmp/hopper_ws_before.py at the heavy and the latency
 # points, twice each, in a Triton cache of its own (see bars); log ws_$1_ab_h200_<commit>.log
@@ -228,23 +219,10 @@ if want bars; then  # in the package since the sixteenth session: the A/B agains
     > "$OUT/ws_bars_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "bars ab: rc=$?"; cat "$OUT/ws_bars_ab_h200_${COMMIT:0:7}.log"
 fi
-if want mask; then  # the sixteenth session's step 12: consumer 1's mask under its S (a patch)
-  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-  apply_patch ws_c1_mask_under_s
-  ws_gpu_tests mask
-  ws_ab mask
-fi
-if want fold; then  # step 13, on top of step 12: a positive softmax scale folded into the exponent
-  apply_patch ws_c1_mask_under_s
-  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py  # step 12's kernel
-  apply_patch ws_fold_pos_scale
-  ws_gpu_tests fold
-  # The patch's tests of a scale of 0 or below, for every kernel (FP8 too)
-  PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
-    tests/test_kernels_gpu.py tests/test_fp8_prefill.py -k scale_of_zero \
-    > "$OUT/gpu_tests_scale_sign_${COMMIT:0:7}.log" 2>&1
-  echo "scale tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_scale_sign_${COMMIT:0:7}.log"
-  ws_ab fold
+if want ids; then  # step 14: the tiles' slot ids published by the producer
+  cp .ab_base/hopper_ws_f53f744.py /tmp/hopper_ws_before.py || exit 1
+  ws_gpu_tests ids
+  ws_ab ids
 fi
 if want split; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \

@@ -1,7 +1,9 @@
 """``gluon_ws`` against another version of its kernel file (``--before``), in turns.
 
-Written for step 11 (below: mbarriers by role) and used again for step 12 (consumer 1's mask
-under its S, experiments/patches/ws_c1_mask_under_s.diff: ``pending_gpu_checks.sh STEP=mask``).
+Written for step 11 (below: mbarriers by role) and used again for steps 12-13 (consumer 1's
+mask under its S; the softmax scale folded into the exponent: seventeenth session,
+data/bench/ws_mask_fold_ab_h200.log) and 14 (the tiles' slot ids published by the producer:
+``pending_gpu_checks.sh STEP=ids``).
 
 Triton 3.6's shared-memory hazard analysis (membar) takes an mbarrier arrive for a write and a
 wait for a read of the whole allocation, so with the ten mbarriers in one [10, 1] array a wait

@@ -8,7 +8,9 @@ program runs 12 warps in three partitions:
   released in two halves of 256 columns (``L`` = D[0:256], ``R`` = D[256:512]); each half has
   a ``ready`` mbarrier (the producer's 128 lanes arrive when their copies land) and a ``free``
   one (the consumer that reads it last arrives). Absent slots (< 0, >= N, past the list's end) copy
-  nothing and are zero-filled, so their V rows are 0 and the pool is never read for them.
+  nothing and are zero-filled, so their V rows are 0 and the pool is never read for them. With a
+  tile's first half the producer also publishes the tile's checked slot ids (-1: absent) in
+  shared memory, from which its consumer masks S (no reload of kv_indices).
 - **consumer 0** (the default partition) computes S = Q K^T of the even tiles (buffer 0) and
   owns O[:, 0:256]; **consumer 1** computes S of the odd tiles (buffer 1) and owns O[:, 256:512].
   Both S tiles are [64, 64] wgmma (M = 64 heads, N = 64 slots, K = 512) with Q and K in shared
@@ -330,7 +332,8 @@ def _producer(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
-    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
+    tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
+    PUBLISHED: gl.constexpr = True,
 ):  # fmt: skip
     if SMALL:
         _prefetch_ids(idx_ptr, nnz)
@@ -351,12 +354,18 @@ def _producer(
             slot1 = _slots(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
             # In the order the consumers release them: 0L (consumer 0's own PV), 1R (consumer
             # 1's own PV), 0R (consumer 1's PV with P0), 1L (consumer 0's PV with P1).
+            # A tile's first half also publishes its slot ids (-1: absent) for its consumer's
+            # mask (:func:`_tile_valid`), released by one more arrival on that ready barrier.
             mbarrier.wait(_bar(bars, FREE_0L), ph)
+            tile_ids[0].store(slot0)
             _gather_half(kv_smem.index(0).slice(0, HALF, dim=1), kv_ptr, slot0, stride_kvn, 0)
             cp.mbarrier_arrive(_bar(bars, READY_0L), increment_count=False)
+            _arrive(_bar(bars, READY_0L))
             mbarrier.wait(_bar(bars, FREE_1R), ph)
+            tile_ids[1].store(slot1)
             _gather_half(kv_smem.index(1).slice(HALF, HALF, dim=1), kv_ptr, slot1, stride_kvn, HALF)
             cp.mbarrier_arrive(_bar(bars, READY_1R), increment_count=False)
+            _arrive(_bar(bars, READY_1R))
             mbarrier.wait(_bar(bars, FREE_0R), ph)
             _gather_half(kv_smem.index(0).slice(HALF, HALF, dim=1), kv_ptr, slot0, stride_kvn, HALF)
             cp.mbarrier_arrive(_bar(bars, READY_0R), increment_count=False)
@@ -371,13 +380,28 @@ def _producer(
 
 
 @gluon.jit
-def _valid_cols(idx_ptr, pos0, hi, num_kv, N: gl.constexpr = BLOCK_K, MMA: gl.constexpr = MMA_S):
-    """[N] per-slot validity of the tile at CSR position pos0, in the column layout of an S
-    tile ``MMA`` (the full tile's, or a short last tile's)."""
-    offs = pos0 + gl.arange(0, N, layout=gl.SliceLayout(0, MMA))
-    in_list = offs < hi
-    slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
-    return in_list & (slot >= 0) & (slot < num_kv)
+def _tile_valid(
+    ids_smem, idx_ptr, pos0, hi, num_kv, PUBLISHED: gl.constexpr, N: gl.constexpr = BLOCK_K,
+    MMA: gl.constexpr = MMA_S,
+):  # fmt: skip
+    """[N] per-slot validity of the tile at CSR position ``pos0`` (in a buffer whose ids are
+    ``ids_smem``), in the column layout of an S tile ``MMA`` (the full tile's, or a short last
+    tile's first N slots). ``PUBLISHED``: from the slot ids its producer published with the
+    tile (-1: absent), read after the tile's first ready wait and before its first free
+    arrival (the producer writes the next tile's after that free wait): 8 shared loads and 16
+    compares a thread. Otherwise from kv_indices (:mod:`hopper_ws_fp8`, whose producer has no
+    registers to spare for the stores): 16 global loads and ~150 instructions of 64-bit
+    address arithmetic and compares."""
+    if PUBLISHED:
+        if N < BLOCK_K:
+            ids_smem = ids_smem.slice(0, N)
+        valid = ids_smem.load(gl.SliceLayout(0, MMA)) >= 0
+    else:
+        offs = pos0 + gl.arange(0, N, layout=gl.SliceLayout(0, MMA))
+        in_list = offs < hi
+        slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
+        valid = in_list & (slot >= 0) & (slot < num_kv)
+    return valid
 
 
 @gluon.jit
@@ -572,7 +596,8 @@ def _consumer0(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
-    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
+    tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
+    PUBLISHED: gl.constexpr = True,
 ):  # fmt: skip
     """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair."""
     dtype: gl.constexpr = q_desc.dtype
@@ -582,13 +607,14 @@ def _consumer0(
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
             item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS
         )
-        valid = _valid_cols(idx_ptr, lo, hi, num_kv)
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
         # S of the first pair's tile; each iteration issues the next one's behind its last PV.
         s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
+        valid = gl.zeros([BLOCK_K], gl.int32, layout=gl.SliceLayout(0, MMA_S)) == 0
         if num_pairs > 0:
             zi = _opaque_zero(item)
             s = _qk(q_smem.index(zi), kv_smem.index(zi), bars, 0, READY_0L, g0 & 1)
+            valid = _tile_valid(tile_ids[0], idx_ptr, lo, hi, num_kv, PUBLISHED)
         if num_pairs <= 1:
             _arrive(_bar(bars, Q_FREE))  # done with this item's Q
         for j in range(num_pairs):
@@ -619,10 +645,12 @@ def _consumer0(
             if j + 1 < num_pairs:
                 # The next pair's S: its left half is back (consumer 0 freed it first) while
                 # this PV runs; the right half follows once consumer 1 is done with it.
-                valid = _valid_cols(idx_ptr, lo + (2 * j + 2) * BLOCK_K, hi, num_kv)
                 q_tile = q_smem.index(z)
                 s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
                 s = _qk_half(q_tile, buf0, bars, 0, READY_0L, ph ^ 1, s, False)
+                valid = _tile_valid(  # its ids landed with that half (PUBLISHED)
+                    tile_ids[0], idx_ptr, lo + (2 * j + 2) * BLOCK_K, hi, num_kv, PUBLISHED
+                )
                 acc = warpgroup_mma_wait(1, deps=[pv])  # the PV (issued first) is done
                 _arrive(_bar(bars, FREE_1L))
                 s = _qk_half(q_tile, buf0, bars, 1, READY_0L, ph ^ 1, s, True)
@@ -645,7 +673,8 @@ def _consumer1(
     q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
-    SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
+    tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
+    PUBLISHED: gl.constexpr = True,
 ):  # fmt: skip
     """Odd tiles' S, O[:, 256:512]."""
     dtype: gl.constexpr = q_desc.dtype
@@ -669,7 +698,7 @@ def _consumer1(
             if short and j + 1 == num_pairs:  # a short last tile: S and P over TAIL slots
                 # S issued first: the mask's loads and compares run while it is in flight
                 s_t = _qk(q_tile, buf1, bars, 1, READY_1L, ph, TAIL, MMA_T, False)
-                valid_t = _valid_cols(idx_ptr, pos, hi, num_kv, TAIL, MMA_T)
+                valid_t = _tile_valid(tile_ids[1], idx_ptr, pos, hi, num_kv, PUBLISHED, TAIL, MMA_T)
                 s_t = warpgroup_mma_wait(0, deps=[s_t])
                 _arrive(_bar(bars, Q_FREE))  # done with this item's Q
                 acc, m_i, l_i = _consumer1_pv(
@@ -678,7 +707,7 @@ def _consumer1(
                 )  # fmt: skip
             else:
                 s = _qk(q_tile, buf1, bars, 1, READY_1L, ph, WAIT=False)
-                valid = _valid_cols(idx_ptr, pos, hi, num_kv)
+                valid = _tile_valid(tile_ids[1], idx_ptr, pos, hi, num_kv, PUBLISHED)
                 s = warpgroup_mma_wait(0, deps=[s])
                 if j + 1 == num_pairs:
                     _arrive(_bar(bars, Q_FREE))  # done with this item's Q
@@ -737,18 +766,29 @@ def _consumer1_pv(
     return acc, m_new, l_i
 
 
+@constexpr_function
+def _ready_count(i, ready_count, ids_arrival):
+    """Arrivals that complete ready barrier READY + ``i``: ``ids_arrival`` more on a tile's
+    first half (0L, 1R), the one that also brings the tile's slot ids."""
+    first = i in (READY_0L.value - READY.value, READY_1R.value - READY.value)
+    return ready_count + (ids_arrival if first else 0)
+
+
 @gluon.jit
-def _shared_state(dtype: gl.constexpr, READY_COUNT: gl.constexpr):
+def _shared_state(dtype: gl.constexpr, READY_COUNT: gl.constexpr, IDS_ARRIVAL: gl.constexpr):
     """The kernel's shared memory and its mbarriers, initialised: (q_smem, kv_smem, p0_smem,
-    p1_smem, m0_smem, m1_smem, l_smem, bars). ``READY_COUNT``: arrivals that complete a half's
-    ``ready`` barrier (128: the producer's lanes through cp.async; 1: one arrival of a producer
-    that stores the half itself, :mod:`hopper_ws_fp8`).
+    p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids). ``READY_COUNT``: arrivals that
+    complete a half's ``ready`` barrier (128: the producer's lanes through cp.async; 1: one
+    arrival of a producer that stores the half itself, :mod:`hopper_ws_fp8`);
+    ``IDS_ARRIVAL``: one more on the first half of each tile (0L, 1R), the producer's release
+    of the tile's slot ids (``tile_ids``, one [64] int32 vector a buffer) when its copies
+    cannot (cp.async's arrival does not order the lanes' own stores).
 
     Shared memory (2-byte dtype): Q 64 x 512 x 2 = 65,536 B; the two KV tiles 2 x 64 x 512 x 2
     = 131,072; P0 and P1 2 x 64 x 64 x 2 = 16,384; the row maxima and partial sums 6 x 64 x 4
-    = 1,536; 10 mbarriers x 8 = 80 (``bars``: four allocations, READY, FREE, Q_READY, Q_FREE):
-    214,608 B of the 232,448 a block may have (227 KiB; the compiler adds its scratch and the
-    small allocations' alignment: 215,920 in all for sm90)."""
+    = 1,536; the tiles' slot ids 2 x 64 x 4 = 512; 10 mbarriers x 8 = 80 (``bars``: four
+    allocations, READY, FREE, Q_READY, Q_FREE): 215,120 B of the 232,448 a block may have
+    (227 KiB; the compiler adds its scratch and the small allocations' alignment)."""
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, HEAD_DIM], SMEM)
     kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_K, HEAD_DIM], SMEM)
     # One allocation per buffer that one consumer writes and the other reads: the compiler's
@@ -761,6 +801,11 @@ def _shared_state(dtype: gl.constexpr, READY_COUNT: gl.constexpr):
     m0_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
     m1_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
     l_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], VEC)
+    # Each buffer's slot ids (the producer writes, that buffer's consumer reads): one each.
+    tile_ids = (
+        gl.allocate_shared_memory(gl.int32, [BLOCK_K], VEC),
+        gl.allocate_shared_memory(gl.int32, [BLOCK_K], VEC),
+    )
     # The mbarriers by role, one allocation each: the compiler's shared-memory hazard analysis
     # takes an mbarrier arrive for a write and a wait for a read of the whole allocation, so in
     # one array every wait behind an arrive of another slot cost the warpgroup a barrier.
@@ -771,11 +816,11 @@ def _shared_state(dtype: gl.constexpr, READY_COUNT: gl.constexpr):
         gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()),  # Q_FREE
     )
     for i in gl.static_range(4):
-        mbarrier.init(_bar(bars, READY + i), count=READY_COUNT)
+        mbarrier.init(_bar(bars, READY + i), count=_ready_count(i, READY_COUNT, IDS_ARRIVAL))
         mbarrier.init(_bar(bars, FREE + i), count=1)
     mbarrier.init(_bar(bars, Q_READY), count=1)  # the producer's expect; the bytes by TMA
     mbarrier.init(_bar(bars, Q_FREE), count=2)  # one arrival per consumer
-    return q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars
+    return q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids
 
 
 @gluon.jit(do_not_specialize=["nnz"])
@@ -803,15 +848,16 @@ def _prefill_ws_kernel(
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions."""
-    q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars = _shared_state(
+    q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids = _shared_state(
         q_desc.dtype,
         128,  # READY: the producer's 128 lanes arrive, via cp.async
+        1,  # and a tile's first half once more: its slot ids (_producer)
     )
     args = (
         q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
         stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
         num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem,
-        bars, SMALL, DENSE_IDS, POS_SCALE,
+        bars, tile_ids, SMALL, DENSE_IDS, POS_SCALE,
     )  # fmt: skip
     gl.warp_specialize(
         [(_consumer0, args), (_consumer1, args), (_producer, args)],

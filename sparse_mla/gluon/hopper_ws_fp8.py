@@ -286,25 +286,27 @@ def _prefill_ws_fp8_kernel(
 ):
     """Persistent: grid (min(items, SMs),); 4 warps here (consumer 0) + 8 in the workers."""
     ahead: gl.constexpr = _ahead(AHEAD)
-    q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars = _shared_state(
+    q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids = _shared_state(
         q_desc.dtype,
         1,  # READY: one arrival of the producer warpgroup, after its stores
+        0,  # no slot ids published (tile_ids unused): this producer has no registers for them
     )
     # The consumers' arguments as hopper_ws's (the cache's bytes stand for the pool and
-    # num_slots for its rows: the consumers read neither but the slot ids' bounds).
+    # num_slots for its rows: the consumers read neither but the slot ids' bounds, which they
+    # check themselves, PUBLISHED=False).
     gl.warp_specialize(
         [
         (_consumer0, (
             q_desc, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
             stride_block, num_heads, num_slots, nnz, qk_scale, num_items, ids_per_row, q_smem,
-            kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, SMALL, DENSE_IDS,
-            POS_SCALE,
+            kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
+            DENSE_IDS, POS_SCALE, False,
         )),
         (_consumer1, (
             q_desc, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
             stride_block, num_heads, num_slots, nnz, qk_scale, num_items, ids_per_row, q_smem,
-            kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, SMALL, DENSE_IDS,
-            POS_SCALE,
+            kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
+            DENSE_IDS, POS_SCALE, False,
         )),
         (_producer, (
             q_desc, cache_ptr, idx_ptr, indptr_ptr, stride_block, num_heads, num_slots, nnz,
