@@ -355,15 +355,16 @@ def _producer(
             # In the order the consumers release them: 0L (consumer 0's own PV), 1R (consumer
             # 1's own PV), 0R (consumer 1's PV with P0), 1L (consumer 0's PV with P1).
             # A tile's first half also publishes its slot ids (-1: absent) for its consumer's
-            # mask (:func:`_tile_valid`), released by one more arrival on that ready barrier.
+            # mask (:func:`_tile_valid`), behind the half's copies (issued first), released by
+            # one more arrival on that ready barrier.
             mbarrier.wait(_bar(bars, FREE_0L), ph)
-            tile_ids[0].store(slot0)
             _gather_half(kv_smem.index(0).slice(0, HALF, dim=1), kv_ptr, slot0, stride_kvn, 0)
+            tile_ids[0].store(slot0)
             cp.mbarrier_arrive(_bar(bars, READY_0L), increment_count=False)
             _arrive(_bar(bars, READY_0L))
             mbarrier.wait(_bar(bars, FREE_1R), ph)
-            tile_ids[1].store(slot1)
             _gather_half(kv_smem.index(1).slice(HALF, HALF, dim=1), kv_ptr, slot1, stride_kvn, HALF)
+            tile_ids[1].store(slot1)
             cp.mbarrier_arrive(_bar(bars, READY_1R), increment_count=False)
             _arrive(_bar(bars, READY_1R))
             mbarrier.wait(_bar(bars, FREE_0R), ph)
@@ -613,8 +614,9 @@ def _consumer0(
         valid = gl.zeros([BLOCK_K], gl.int32, layout=gl.SliceLayout(0, MMA_S)) == 0
         if num_pairs > 0:
             zi = _opaque_zero(item)
-            s = _qk(q_smem.index(zi), kv_smem.index(zi), bars, 0, READY_0L, g0 & 1)
-            valid = _tile_valid(tile_ids[0], idx_ptr, lo, hi, num_kv, PUBLISHED)
+            s = _qk(q_smem.index(zi), kv_smem.index(zi), bars, 0, READY_0L, g0 & 1, WAIT=False)
+            valid = _tile_valid(tile_ids[0], idx_ptr, lo, hi, num_kv, PUBLISHED)  # under the S
+            s = warpgroup_mma_wait(0, deps=[s])
         if num_pairs <= 1:
             _arrive(_bar(bars, Q_FREE))  # done with this item's Q
         for j in range(num_pairs):
