@@ -1210,14 +1210,9 @@ def compile(
                 failure = e
         printed = out.text
     if failure is not None:
-        hint = (
-            f"a Gluon kernel's layouts must use the target's warp size, {t.warp_size} threads "
-            "per warp"
-            if _is_gluon(jit)
-            else ""
-        )
         setting = _label(jit.__name__, t, consts, opts)
-        raise _compile_failed(failure, printed, setting, key, hint) from failure
+        warp_size = t.warp_size if _is_gluon(jit) else None
+        raise _compile_failed(failure, printed, setting, key, warp_size) from failure
     name = ck.metadata.name
     if t.is_amd:
         binary = ck.asm.get("hsaco", b"")
@@ -1559,10 +1554,36 @@ def _classify_failure(
         message = err.group(3).strip()
     else:
         llvm = re.search(r"^LLVM ERROR: (.*)$", output, re.MULTILINE)
+        crash = re.search(r"^(.+)\n.*UNREACHABLE executed", output, re.MULTILINE)
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         kind = getattr(e, "type_name", type(e).__name__)
-        message = llvm.group(1) if llvm else f"{kind}: {lines[-1] if lines else ''}"
+        last = lines[-1] if lines else ""
+        if llvm:
+            message = llvm.group(1)
+        elif crash:  # LLVM's assertion text comes just before its "UNREACHABLE" line
+            message = f"{kind}: {last} ({crash.group(1).strip()})"
+        elif set(last) <= {"^", " "}:  # a CompilationError's caret with no message
+            message = _innermost_error(e) or f"{kind}: {last}"
+        else:
+            message = f"{kind}: {last}"
     return pass_name, stage, message, location
+
+
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$", re.MULTILINE)
+
+
+def _innermost_error(e: BaseException) -> str | None:
+    """``Type: message`` of the first exception in ``e``'s chain (the innermost cause, printed
+    first) that says something: Triton wraps an error raised inside a called ``@jit`` helper in
+    a CompilationError per call level, and the outer ones end at their caret line."""
+    text = getattr(e, "traceback_text", None) or "".join(
+        traceback.format_exception(type(e), e, e.__traceback__)
+    )
+    for m in _EXCEPTION_LINE.finditer(text):
+        said = m.group(2).strip()
+        if not re.fullmatch(r"at \d+:\d+:?", said):
+            return f"{m.group(1).rsplit('.', 1)[-1]}: {said}"
+    return None
 
 
 def failure_dir() -> Path:
@@ -1573,9 +1594,17 @@ def failure_dir() -> Path:
 
 
 def _compile_failed(
-    e: BaseException, output: str, setting: str, key: tuple, hint: str = ""
+    e: BaseException, output: str, setting: str, key: tuple, gluon_warp_size: int | None = None
 ) -> CompileFailed:
+    """The CompileFailed of ``e``, its compiler output kept in a log file. ``gluon_warp_size``
+    (a Gluon kernel's compile): a layout error's summary says the target's warp size, the
+    usual cause when a kernel written for one vendor is compiled for the other (Triton 3.6
+    says "error encountered during parsing" for a layout of the wrong warp size)."""
     pass_name, stage, message, location = _classify_failure(e, output)
+    hint = ""
+    if gluon_warp_size and re.search(r"warp|lane|layout|parsing", message, re.IGNORECASE):
+        hint = f"a Gluon kernel's layouts must use the target's warp size, {gluon_warp_size} "
+        hint += "threads per warp"
     log_path: Path | None = None
     try:
         folder = failure_dir()

@@ -648,3 +648,55 @@ def test_line_info_of_a_cached_binary_from_a_deleted_checkout_maps_here():
     assert si._here(gone) == str(Path(ws.__file__).resolve())
     assert si._here("/no/such/place/other.py") == "/no/such/place/other.py"
     assert si._here(ws.__file__) == ws.__file__
+
+
+def _gluon_kernel_with_a_bad_call():
+    """A Gluon kernel whose helper passes a tensor where a builtin takes an int: Triton
+    raises a TypeError inside that helper, wrapped in a CompilationError per call level
+    (the outer one's text ends at its caret line, with no message)."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+    @gluon.jit
+    def helper(n):
+        bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar.index(0), count=n + 1)  # count must be a Python int
+
+    @gluon.jit
+    def kernel(x_ptr, n):
+        helper(n)
+
+    return kernel
+
+
+def test_a_failed_gluon_compile_says_the_builtins_error(tmp_path, monkeypatch):
+    # The one-line summary names the innermost error (the builtin's TypeError), not the
+    # outer CompilationError's caret line, and the Gluon warp-size hint (for layout errors)
+    # is not added to an error that is not about layouts.
+    monkeypatch.setenv("SPARSE_MLA_FAILURE_DIR", str(tmp_path))
+    kernel = _gluon_kernel_with_a_bad_call()
+    with pytest.raises(si.CompileFailed) as info:
+        si.compile(kernel, "sm90", signature={"x_ptr": "*i32", "n": "i32"},
+                   options={"num_warps": 4})  # fmt: skip
+    e = info.value
+    assert "create_mbarrier_init" in e.message and e.message.startswith("TypeError:"), e.message
+    assert "^" not in e.summary and "warp size" not in e.summary, e.summary
+    assert "\n" not in e.summary
+
+
+def test_a_compiler_crash_says_the_line_before_llvms_unreachable():
+    # A crash in LLVM (here: an inline-asm constraint count) kills the compiler process; its
+    # last words before "UNREACHABLE executed" go into the one-line message.
+    e = si._WorkerFailure({"type": "CompilerCrashed", "stage": None, "traceback": "",
+                           "message": "the compiler process died (EOFError())"})  # fmt: skip
+    output = (
+        "Failure value returned from cantFail wrapped call\n"
+        "number of input constraints does not match number of parameters\n"
+        "UNREACHABLE executed at /source/llvm/include/llvm/Support/Error.h:779!\n"
+    )
+    _, _, message, _ = si._classify_failure(e, output)
+    assert message == (
+        "CompilerCrashed: the compiler process died (EOFError()) "
+        "(number of input constraints does not match number of parameters)"
+    )
