@@ -62,6 +62,7 @@ __all__ = [
     "instruction_mix",
     "nvidia_warps_per_sm",
     "opcode_counts",
+    "partition_counts",
     "registers_to_next_step",
 ]
 
@@ -370,6 +371,22 @@ def warp_partitions(ttgir: str, ptx: str) -> list[tuple[str, int, int]] | None:
     for i, r in enumerate(regs):
         rows.append((f"worker {i}", warps[i] if i < len(warps) else 0, r))
     return rows
+
+
+def partition_counts(isa: str, pattern: str) -> dict[int, int]:
+    """Lines of an sm90 warp-specialised kernel's SASS that match ``pattern`` (a regular
+    expression), by partition, each partition named by the register count of the
+    ``setmaxnreg`` that opens it (0: code before any), e.g. ``partition_counts(isa, r"\bLDG")``
+    for each partition's global loads, ``"STL"`` for its spill stores."""
+    counts: dict[int, int] = {}
+    regs = 0
+    for line in isa.splitlines():
+        m = re.search(r"USETMAXREG\.\w+\.CTAPOOL\s+(?:UP0, )?(0x[0-9a-f]+)", line)
+        if m:
+            regs = int(m.group(1), 16)
+        if re.search(pattern, line):
+            counts[regs] = counts.get(regs, 0) + 1
+    return counts
 
 
 def _nvidia_resources(usage: str, arch: int, num_warps: int, triton_shared: int) -> Resources:

@@ -333,20 +333,6 @@ def test_gluon_fp8_config_checks():
 # gluon_ws_fp8: gluon_ws's consumers fed by an FP8 producer (hopper_ws_fp8.py)
 
 
-def _partition_spills(isa: str) -> dict[int, int]:
-    """Local-memory stores (STL) by partition of a warp-specialised kernel's SASS, each partition
-    named by the register count of the setmaxnreg that opens it."""
-    spills: dict[int, int] = {}
-    regs = 0
-    for line in isa.splitlines():
-        m = re.search(r"USETMAXREG\.\w+\.CTAPOOL\s+(?:UP0, )?(0x[0-9a-f]+)", line)
-        if m:
-            regs = int(m.group(1), 16)
-        if "STL" in line:
-            spills[regs] = spills.get(regs, 0) + 1
-    return spills
-
-
 @pytest.mark.parametrize(("H", "ix", "ahead"), [(64, "int32", None), (128, "int64", 3)])
 def test_gluon_ws_fp8_cross_compiles_without_spills(H, ix, ahead):
     """The default launch with int32 CSR ids (4 pieces ahead) and 3 ahead with int64 ids: the
@@ -364,7 +350,7 @@ def test_gluon_ws_fp8_cross_compiles_without_spills(H, ix, ahead):
                                         ("worker 1", 4, 88)]  # fmt: skip
     rows = dict(res.resources.as_rows())
     assert rows["local bytes"] == 0 and rows["stack bytes"] == 0, rows
-    assert _partition_spills(res.isa) == {}
+    assert si.partition_counts(res.isa, "STL") == {}  # no spill stores in any partition
     assert res.resources.shared_bytes <= 227 * 1024
     ptx = res.asm["ptx"]
     assert "HGMMA.64x64x16.F32.BF16" in res.isa and "HGMMA.64x256x16.F32.BF16" in res.isa

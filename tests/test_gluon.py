@@ -158,20 +158,6 @@ def test_sm90_ws_prefill_compile_partitions_and_budget():
     )
 
 
-def _global_loads_by_partition(isa: str) -> dict[int, int]:
-    """LDG instructions of a warp-specialised kernel's SASS by partition, each named by the
-    register count of the setmaxnreg that opens it."""
-    loads: dict[int, int] = {}
-    regs = 0
-    for line in isa.splitlines():
-        m = re.search(r"USETMAXREG\.\w+\.CTAPOOL\s+(?:UP0, )?(0x[0-9a-f]+)", line)
-        if m:
-            regs = int(m.group(1), 16)
-        if re.search(r"\bLDG\b", line):
-            loads[regs] = loads.get(regs, 0) + 1
-    return loads
-
-
 @pytest.mark.parametrize("ix", ["int32", "int64"])
 def test_sm90_ws_consumers_mask_from_the_published_ids(ix):
     """gluon_ws's consumers mask S from the slot ids the producer publishes with each tile
@@ -181,7 +167,7 @@ def test_sm90_ws_consumers_mask_from_the_published_ids(ix):
     the producer's one extra arrival that releases them (129 = 128 cp.async lanes + 1)."""
     name, res = inspect.compile_kernel("gluon_ws", "sm90", num_heads=64, index_dtype=ix)
     assert name == "gluon_ws"
-    loads = _global_loads_by_partition(res.isa)
+    loads = inspect.partition_counts(res.isa, r"\bLDG\b")
     consumer0, consumer1, producer = (r for _, _, r in res.resources.partitions)
     assert loads.get(consumer0, 0) <= 4 and loads.get(consumer1, 0) <= 4, loads
     assert loads.get(producer, 0) >= 8, loads  # the ids of both tiles and each item's range
@@ -190,7 +176,7 @@ def test_sm90_ws_consumers_mask_from_the_published_ids(ix):
     # The FP8 twin's producer keeps no registers for the stores: its consumers reload.
     _, fp8 = inspect.compile_kernel("gluon_ws_fp8", "sm90", num_heads=64, index_dtype=ix)
     c0, c1, _ = (r for _, _, r in fp8.resources.partitions)
-    fp8_loads = _global_loads_by_partition(fp8.isa)
+    fp8_loads = inspect.partition_counts(fp8.isa, r"\bLDG\b")
     assert fp8_loads.get(c0, 0) > 8 and fp8_loads.get(c1, 0) > 8, fp8_loads
 
 

@@ -700,3 +700,16 @@ def test_a_compiler_crash_says_the_line_before_llvms_unreachable():
         "CompilerCrashed: the compiler process died (EOFError()) "
         "(number of input constraints does not match number of parameters)"
     )
+
+
+def test_partition_counts_splits_sass_at_each_setmaxnreg():
+    isa = "\n".join([
+        "LDG.E R1, desc[UR4][R2.64] ;",  # before any setmaxnreg: partition 0
+        "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8 ;",
+        "LDG.E R1, desc[UR4][R2.64] ;", "STL [R1], R2 ;", "LDGSTS [R1], desc[UR4][R2.64] ;",
+        "USETMAXREG.DEALLOC.CTAPOOL 0x30 ;",
+        "LDG.E.64 R4, desc[UR4][R6.64] ;", "LDG.E R1, desc[UR4][R2.64] ;",
+    ])  # fmt: skip
+    assert si.partition_counts(isa, r"\bLDG\b") == {0: 1, 0xE8: 1, 0x30: 2}
+    assert si.partition_counts(isa, "STL") == {0xE8: 1}
+    assert si.partition_counts(isa, "HGMMA") == {}
