@@ -96,13 +96,14 @@ wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl > /dev/null 2>&1
 }
-# The GPU tests of every gluon_ws path and of gluon_ws_fp8 (its consumers), for a kernel change;
+# The GPU tests of every gluon_ws path and of gluon_ws_fp8 (its consumers), with every kernel's
+# tests of softmax scales 0 and below (scale_of_zero), for a kernel change;
 # log gpu_tests_ws_$1_<commit>.log
 ws_gpu_tests() {
   xdist
   PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
     tests/test_kernels_gpu.py tests/test_fp8_prefill.py tests/test_dense_ids.py tests/test_gluon.py \
-    -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill or late_max" \
+    -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill or late_max or scale_of_zero" \
     > "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log" 2>&1
   echo "$1 tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log"
 }
