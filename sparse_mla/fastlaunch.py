@@ -173,6 +173,12 @@ class TmaArg:
         )
 
 
+def jit_args(args) -> list:
+    """A launch's arguments as ``kernel[grid]`` (or its ``warmup``) takes them: each
+    :class:`TmaArg` built into its ``TensorDescriptor``."""
+    return [a.descriptor() if type(a) is TmaArg else a for a in args]
+
+
 # (meta, data_ptr, shape, strides, padding) -> the launcher's arguments for one descriptor:
 # (CUtensorMap, *shape, *strides). A PyCUtensorMap is 128 bytes of encoded descriptor that
 # holds no reference to the tensor (triton/backends/nvidia/driver.c): the cache keeps nothing
@@ -393,7 +399,7 @@ class Launcher:
         rec = _RECORDING[0]
         if rec is not None and rec[0] == threading.get_ident():
             rec[1].append(None)  # not a direct launch: a recording with it is not replayable
-        targs = [a.descriptor() if type(a) is TmaArg else a for a in args]
+        targs = jit_args(args)
         with runtime.compiling():  # it may compile: not while another thread interprets
             kernel = self.fn[grid](*targs, **kwargs)
         if key is None or kernel is None or not _ENABLED[0]:

@@ -480,9 +480,8 @@ def _compile_only(fn):
         return None
 
     def warm_direct(self, grid, args, kwargs):
-        targs = [a.descriptor() if type(a) is fastlaunch.TmaArg else a for a in args]
         with runtime.compiling():
-            compiled.append(self.fn.warmup(*targs, grid=grid, **kwargs))
+            compiled.append(self.fn.warmup(*fastlaunch.jit_args(args), grid=grid, **kwargs))
 
     runtime.launch = warm
     fastlaunch.Launcher.__call__ = warm_direct
