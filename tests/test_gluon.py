@@ -180,6 +180,30 @@ def test_sm90_ws_consumers_mask_from_the_published_ids(ix):
     assert fp8_loads.get(c0, 0) > 8 and fp8_loads.get(c1, 0) > 8, fp8_loads
 
 
+def test_sm90_ws_skips_the_o_rescale_by_warp():
+    """Step 15: each consumer's O rescale (128 multiplies a thread) sits behind a warp vote on
+    alpha != 1 and a branch around it, in both consumers and the short-tail path (3 sites),
+    in place (no register moves for the skipped side: the SASS has 128 FMULs between each
+    branch and its target), with no spills; gluon_ws_fp8 shares the consumers."""
+    for kernel in ("gluon_ws", "gluon_ws_fp8"):
+        _, res = inspect.compile_kernel(kernel, "sm90", num_heads=64, index_dtype="int32")
+        assert res.asm["ptx"].count("vote.sync.any.pred") == 3, kernel
+        assert inspect.partition_counts(res.isa, "STL") == {}, kernel
+        lines = res.isa.splitlines()
+        votes = [i for i, ln in enumerate(lines) if "VOTE.ANY" in ln]
+        assert len(votes) == 3, (kernel, len(votes))
+        for v in votes:
+            i = next(j for j in range(v, v + 12) if " BRA " in lines[j])
+            m = re.search(r"@!P\d BRA (0x[0-9a-f]+)", lines[i])
+            assert m, (kernel, lines[i])  # the vote's branch skips when no row moved
+            end = next(
+                j for j in range(i, len(lines)) if f"/*{int(m.group(1), 16):04x}*/" in lines[j]
+            )
+            skipped = lines[i + 1 : end]
+            assert sum("FMUL" in ln for ln in skipped) == 128, (kernel, v)
+            assert not any(re.search(r"\bMOV\b", ln) for ln in skipped), (kernel, v)
+
+
 SMALL = SmallWSConfig(HEAD_GROUPS=1)
 
 
@@ -578,6 +602,39 @@ def test_gpu_ws_short_last_tile(H, small):
     c = _gpu_case(len(lengths), H, 5000, has_pe=False, index_dtype=torch.int32, seed=H + small,
                   lengths=lengths)  # fmt: skip
     sink = torch.randn(H, device="cuda")
+    out = _check_prefill(c, sink, kernel=WS)
+    assert torch.equal(out, _check_prefill(c, sink, kernel=WS)), "repeat calls differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_gpu_ws_late_max_jumps(H, with_sink):
+    """gluon_ws keeps a row's stale running max until a pair's logits pass it by more than
+    hopper_ws.RESCALE_SLACK (log2 units), and a warp none of whose 16 rows moved skips its O
+    rescale: lists of 16 tiles in which one slot past the eighth tile lifts one head's logit
+    (that head alone: the slot's K row is orthogonal to the token's other heads) far past its
+    running max (a rescale in that head's warp only) or by less than the slack (the stale max,
+    P up to 2^8), against the fp32 reference; bitwise repeats."""
+    R, N = 40, 5000
+    c = _gpu_case(R, H, N, has_pe=False, index_dtype=torch.int32, seed=H + 3 + with_sink,
+                  lengths=[1024] * R)  # fmt: skip
+    scale = 512**-0.5
+    idx, ptr = c["kv_indices"].cpu(), c["kv_indptr"].cpu()
+    for r in range(3, R):
+        h = (7 * r) % H
+        pos = int(ptr[r]) + 512 + (37 * r) % 448  # in pairs 4-7 of 8
+        j = 4000 + r
+        idx[pos] = j
+        # base-2 logit of head h with slot j: 40 (far past any max of randn logits) or 9
+        # (about 4-6 past a row's max of a few hundred randn logits, under the slack)
+        target = (40.0 if r % 2 else 9.0) / math.log2(math.e) / scale
+        q = c["q_nope"][r].double().cpu()  # [H, 512]
+        k = q.T @ torch.linalg.solve(q @ q.T, torch.eye(H, dtype=torch.float64)[:, h] * target)
+        c["kv_c"][j] = k.to(torch.bfloat16).cuda()
+    c["kv_indices"] = idx.cuda()
+    sink = torch.randn(H, device="cuda") if with_sink else None
     out = _check_prefill(c, sink, kernel=WS)
     assert torch.equal(out, _check_prefill(c, sink, kernel=WS)), "repeat calls differ"
 

@@ -580,6 +580,72 @@ def _exp_tile(s, m, qk_scale, POS_SCALE: gl.constexpr):
     return p
 
 
+# A row's running max moves only when a pair's logits pass it by more than RESCALE_SLACK (log2
+# units): below that the stale max stays, P = 2^(s c - m) <= 2^RESCALE_SLACK (well inside
+# bf16's range and the fp32 sums'), and the row's O and l need no rescale (alpha = 2^0 = 1
+# exactly). Both consumers decide from the same m_i and row maxima, so their O halves stay in
+# one base.
+RESCALE_SLACK = gl.constexpr(8.0)
+
+
+@gluon.jit
+def _new_max(m_i, r_own, r_other):
+    """(the rows' running max after a pair, 2^(m_i - it)) from the pair's two row maxima."""
+    m_cand = gl.maximum(m_i, gl.maximum(r_own, r_other))
+    m_new = gl.where(m_cand > m_i + RESCALE_SLACK, m_cand, m_i)
+    return m_new, gl.exp2(m_i - m_new)
+
+
+# _rescale_o's two pieces of PTX. A warp holds 16 rows of O (two a thread), so whether any
+# of them moved is a warp vote, and a warp whose rows all kept their max skips its 128
+# multiplies a thread (a branch uniform over the warp; the wgmma after it reconverges).
+_VOTE_ASM = gl.constexpr(
+    "{ .reg .pred p, q; setp.ne.f32 p, $2, 0f3F800000; setp.ne.or.f32 p, $3, 0f3F800000, p;"
+    " vote.sync.any.pred q, p, 0xffffffff; selp.b32 $0, 1, 0, q; mov.b32 $1, $0; }"
+)
+
+
+@constexpr_function
+def _rescale_asm(n):
+    """PTX for :func:`_rescale_o` over a thread's ``n`` O elements: outputs $0..$n-1, the
+    elements $n..$2n-1, the warp's flag by element $2n..$3n-1 (the same in each: $2n is
+    read), the alphas $3n..$4n-1."""
+    mul = " ".join(f"mul.f32 ${i}, ${n + i}, ${3 * n + i};" for i in range(n))
+    mov = " ".join(f"mov.b32 ${i}, ${n + i};" for i in range(n))
+    return (
+        "{ .reg .pred p; setp.ne.s32 p, $"
+        + str(2 * n)
+        + ", 0; @p bra RS${:uid}; "
+        + mov
+        + " bra DN${:uid}; RS${:uid}: "
+        + mul
+        + " DN${:uid}: }"
+    )
+
+
+O_PER_THREAD = gl.constexpr(BLOCK_H.value * HALF.value // 128)  # 128 fp32 a thread
+
+
+@constexpr_function
+def _rescale_constraints(n):
+    """Constraints of :func:`_rescale_asm`'s operands."""
+    return ",".join(["=f"] * n + ["f"] * n + ["r"] * n + ["f"] * n)
+
+
+@gluon.jit
+def _rescale_o(acc, alpha):
+    """acc x alpha by rows (``alpha`` in ROW_S), skipped by every warp none of whose 16 rows
+    has alpha != 1 (:data:`RESCALE_SLACK`)."""
+    a = gl.convert_layout(alpha, ROW_O)
+    flag = gl.inline_asm_elementwise(
+        _VOTE_ASM, "=r,=r,f,f", [a], dtype=gl.int32, is_pure=True, pack=2
+    )
+    return gl.inline_asm_elementwise(
+        _rescale_asm(O_PER_THREAD), _rescale_constraints(O_PER_THREAD),
+        [acc, flag[:, None], a[:, None]], dtype=gl.float32, is_pure=True, pack=O_PER_THREAD,
+    )  # fmt: skip
+
+
 @gluon.jit
 def _consumer_item(item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS: gl.constexpr):
     """A consumer's start of a work item: its range, pairs of tiles and fresh softmax state."""
@@ -627,12 +693,11 @@ def _consumer0(
             s, r0 = _masked_max(s, valid, qk_scale, POS_SCALE)
             m0_smem.store(r0)
             _bar_sync(NB_MAX)  # both row maxima published
-            m_new = gl.maximum(m_i, gl.maximum(r0, m1_smem.load(ROW_S)))
-            alpha = gl.exp2(m_i - m_new)
+            m_new, alpha = _new_max(m_i, r0, m1_smem.load(ROW_S))
             p = _exp_tile(s, m_new, qk_scale, POS_SCALE)
             l_i = l_i * alpha + gl.sum(p, 1)
             m_i = m_new
-            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            acc = _rescale_o(acc, alpha)
             p16 = p.to(dtype)
             p_op = gl.convert_layout(p16, DOT_P)
             acc = warpgroup_mma(p_op, buf0.slice(0, HALF, dim=1), acc, is_async=True)
@@ -739,11 +804,10 @@ def _consumer1_pv(
     r1 = gl.convert_layout(r1, ROW_S)
     m1_smem.store(r1)
     _bar_sync(NB_MAX)  # both row maxima published
-    m_new = gl.maximum(m_i, gl.maximum(r1, m0_smem.load(ROW_S)))
-    alpha = gl.exp2(m_i - m_new)
+    m_new, alpha = _new_max(m_i, r1, m0_smem.load(ROW_S))
     p = _exp_tile(s, gl.convert_layout(m_new, ROW), qk_scale, POS_SCALE)
     l_i = l_i * alpha + gl.convert_layout(gl.sum(p, 1), ROW_S)
-    acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+    acc = _rescale_o(acc, alpha)
     p16 = p.to(dtype)
     p_op = gl.convert_layout(p16, DOT_P)
     v1 = buf1.slice(HALF, HALF, dim=1)
