@@ -13,13 +13,13 @@
 # data/bench/*dense*e3cd9d5*; bars and suite in the sixteenth on ce5f459 and 2550cc7:
 # data/bench/*ws_bars*, gpu_suite_*; the sixteenth session's mask and fold patches in the
 # seventeenth on 798007e and f53f744, in the package since f53f744: data/bench/*_mask_*,
-# *_fold_*; ids (step 14) on 639cdc6 and 05f2f12: data/bench/*_ids_*, *_lat_*.) Open: lazy
-# (step 15, a patch), then grid with what measures; suite once a session (not run in the
-# seventeenth: its GPU time went to steps 12-14 and three grids). (Formerly
+# *_fold_*; ids (step 14) on 639cdc6 and 05f2f12: data/bench/*_ids_*, *_lat_*; suite and lazy
+# (step 15, a patch then) in the eighteenth on 0e6a75d: data/bench/gpu_suite_0e6a75d.log,
+# *_lazy_*.) Open: suite once a session; abstail (the suite's one failure). (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -70,12 +70,15 @@
 #             then ws_bars_ab.py against f53f744's kernel (.ab_base/hopper_ws_f53f744.py, carried;
 #             `git show f53f744:sparse_mla/gluon/hopper_ws.py` writes it) at the heavy and
 #             latency points, twice each (under 5 minutes)
-#   lazy      experiments/patches/ws_lazy_rescale.diff (step 15: a row keeps its stale max until
-#             a pair passes it by more than 8 in log2 units, and a warp none of whose rows moved
-#             skips its O rescale) applied to the device's copy: the GPU tests of every gluon_ws
-#             path and gluon_ws_fp8 (with the patch's late-max-jump test), then ws_bars_ab.py
-#             against 05f2f12's kernel (.ab_base/hopper_ws_05f2f12.py, carried; `git show
+#   lazy      step 15 (a row keeps its stale max until a pair passes it by more than 8 in log2
+#             units, and a warp none of whose rows moved skips its O rescale; a patch until the
+#             eighteenth session): the GPU tests of every gluon_ws path and gluon_ws_fp8 (with
+#             the late-max-jump test), then ws_bars_ab.py against 05f2f12's kernel
+#             (.ab_base/hopper_ws_05f2f12.py, carried; `git show
 #             05f2f12:sparse_mla/gluon/hopper_ws.py` writes it); under 5 minutes
+#   abstail   experiments/max_abs_tail.py: how often each kernel's max abs error passes 2x
+#             PyTorch's over seeded random sinks, at the few-heads case the eighteenth
+#             session's suite failed once (under 2 minutes)
 #   split     experiments/ws_small_split.py: gluon_ws_small with a token's list split over 2 or
 #             3 programs at T = 64 / 256 against the package kernel and FlashMLA (under 4 min)
 #   tail      the twelfth session's test_gpu_ws_short_last_tile (written after its GPU time ran
@@ -106,11 +109,6 @@ ws_gpu_tests() {
     -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill or late_max or scale_of_zero" \
     > "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log" 2>&1
   echo "$1 tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_$1_${COMMIT:0:7}.log"
-}
-# Apply experiments/patches/$1.diff to this copy (git apply, else patch), or stop the script.
-apply_patch() {
-  { git apply "experiments/patches/$1.diff" 2>/dev/null \
-    || patch -p1 -s < "experiments/patches/$1.diff"; } || { echo "no patch $1"; exit 1; }
 }
 # experiments/ws_bars_ab.py against /tmp/hopper_ws_before.py at the heavy and the latency
 # points, twice each, in a Triton cache of its own (see bars); log ws_$1_ab_h200_<commit>.log
@@ -238,11 +236,15 @@ if want ids; then  # step 14: the tiles' slot ids published by the producer
   ws_gpu_tests ids
   ws_ab ids
 fi
-if want lazy; then  # step 15: the O rescale skipped by warps whose rows kept their max
+if want lazy; then  # step 15 (in the package since the eighteenth session): the A/B against 05f2f12
   cp .ab_base/hopper_ws_05f2f12.py /tmp/hopper_ws_before.py || exit 1
-  apply_patch ws_lazy_rescale
   ws_gpu_tests lazy
   ws_ab lazy
+fi
+if want abstail; then
+  PYTHONPATH=$PWD timeout 150 python3 experiments/max_abs_tail.py \
+    > "$OUT/max_abs_tail_h200_${COMMIT:0:7}.log" 2>&1
+  echo "abstail: rc=$?"; cat "$OUT/max_abs_tail_h200_${COMMIT:0:7}.log"
 fi
 if want split; then
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
