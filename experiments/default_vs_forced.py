@@ -10,9 +10,13 @@ default alone is slower, a replay launches differently; if both defaults are, th
 launch differs. Each call is checked against the fp32 reference first (NaN-poisoned output).
 
     python experiments/default_vs_forced.py      # an H200; ~30 s
+    python experiments/default_vs_forced.py --points glm_full_topk:16384:32:2048 \
+        dsv4_csa:64:128:1024
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 
@@ -50,9 +54,16 @@ def point(kind: str, T: int, H: int, topk: int, dev: torch.device) -> str:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--points", nargs="+", metavar="KIND:T:H:TOPK",
+                   help="grid points (default: the three heavy ones above)")  # fmt: skip
+    a = p.parse_args()
+    points = POINTS
+    if a.points:
+        points = [(k, int(t), int(h), int(n)) for k, t, h, n in (x.split(":") for x in a.points)]
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-    for kind, T, H, topk in POINTS:
+    for kind, T, H, topk in points:
         print(point(kind, T, H, topk, dev), flush=True)
         torch.cuda.empty_cache()
     op.set_plans_enabled(True)

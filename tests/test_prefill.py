@@ -433,7 +433,7 @@ def test_gpu_pool_past_2gib_int64_offsets():
     idx = torch.randint(N - 2**20, N, (int(ptr[-1]),), generator=g, dtype=torch.int64)
     idx[::7] = N  # invalid: one past the pool
     ptr, idx = ptr.cuda(), idx.cuda()
-    sink = torch.randn(H, device="cuda")
+    sink = torch.randn(H, generator=g).cuda()
     out = sparse_mla_prefill(q, pool, idx, ptr, D**-0.5, attn_sink=sink, out=poisoned_like(q))
     rows = torch.unique(idx[idx < N])
     small = pool[rows]

@@ -188,7 +188,8 @@ def test_launch_binds_every_parameter():
 def _check(H, groups, with_sink, index_dtype, *, seed, max_len=700, R=300, dtype=torch.bfloat16):
     q, kv, idx, ptr = _case(R, H, 5000, index_dtype=index_dtype, seed=seed, max_len=max_len,
                             dtype=dtype)  # fmt: skip
-    sink = torch.randn(H, device="cuda") if with_sink else None
+    gen = torch.Generator().manual_seed(10_000 + seed)  # the sink as reproducible as the case
+    sink = torch.randn(H, generator=gen).cuda() if with_sink else None
     scale = 512**-0.5
     outs = []
     for _ in range(2):
