@@ -154,8 +154,8 @@ def _default_root() -> Path:
     return roots()[0]
 
 
-# (SPARSE_MLA_CONFIG_DIR, XDG_CONFIG_HOME, HOME) -> roots()[0] outside a use_root block.
-_ROOTS_BY_ENV: dict[tuple, Path] = {}
+# (SPARSE_MLA_CONFIG_DIR, XDG_CONFIG_HOME, HOME) -> roots() outside a use_root block.
+_ROOTS_BY_ENV: dict[tuple, tuple[Path, ...]] = {}
 # os.environ's own dict of bytes on POSIX (as sparse_mla/_env.py reads it; configs imports
 # nothing of the package): every os.environ[...] = / del updates it.
 _ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
@@ -163,14 +163,14 @@ if not isinstance(_ENV_BYTES, dict) or CONFIG_DIR_ENV != "SPARSE_MLA_CONFIG_DIR"
     _ENV_BYTES = None
 
 
-def default_root_cached() -> Path:
-    """:func:`_default_root` for every call of the entry: the same root, from the environment
-    variables it is made of (Path building and ``Path.home()`` once per their values). A
-    ``$SPARSE_MLA_CONFIG_DIR`` that is no longer a folder still raises, as in
-    :func:`user_root`."""
+def roots_cached() -> tuple[Path, ...]:
+    """:func:`roots` for every call of the entry: the roots a lookup without ``root=`` reads
+    (the user root over the shipped files), from the environment variables they are made of
+    (Path building and ``Path.home()`` once per their values). A ``$SPARSE_MLA_CONFIG_DIR``
+    that is no longer a folder still raises, as in :func:`user_root`."""
     active = _ACTIVE_ROOT.get()
     if active is not None:
-        return active
+        return (active,)
     data = _ENV_BYTES
     if data is not None:  # undecoded values: a key, not the values user_root reads
         env = data.get(b"SPARSE_MLA_CONFIG_DIR")
@@ -178,13 +178,13 @@ def default_root_cached() -> Path:
     else:
         env = os.environ.get(CONFIG_DIR_ENV)
         key = (env, os.environ.get("XDG_CONFIG_HOME"), os.environ.get("HOME"))
-    root = _ROOTS_BY_ENV.get(key)
-    if root is None or (env and not os.path.isdir(root)):
-        root = roots()[0]  # raises ConfigFileError for a bad $SPARSE_MLA_CONFIG_DIR
+    got = _ROOTS_BY_ENV.get(key)
+    if got is None or (env and not os.path.isdir(got[0])):
+        got = roots()  # raises ConfigFileError for a bad $SPARSE_MLA_CONFIG_DIR
         if len(_ROOTS_BY_ENV) >= 64:
             _ROOTS_BY_ENV.clear()
-        _ROOTS_BY_ENV[key] = root
-    return root
+        _ROOTS_BY_ENV[key] = got
+    return got
 
 
 _OP_DIR = Path("triton/attention/sparse_attention_dsv4")

@@ -400,13 +400,19 @@ def _file_stamp(arch: str, root) -> tuple[int, ...] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
+def _stamps(arch: str, roots: tuple) -> tuple:
+    """The stat stamps of ``arch``'s configs file under each of ``roots``."""
+    return tuple(_file_stamp(arch, r) for r in roots)
+
+
 def choice_stamp(arch: str) -> tuple:
     """What a cached choice for ``arch`` depends on besides the call's shape, dtype, pool and
     config (the rest of :func:`choose_cached`'s key): the registry's generation, the configs
-    root and its file's stat stamp (a forced kernel without a launch reads its tuned launch
-    there too). Equal stamps: the same choice (:mod:`sparse_mla.op` keeps whole calls on it)."""
-    root = configs.default_root_cached()
-    return (_generation, root, _file_stamp(arch, root))
+    roots (the user root over the shipped files) and their files' stat stamps (a forced kernel
+    without a launch reads its tuned launch there too). Equal stamps: the same choice
+    (:mod:`sparse_mla.op` keeps whole calls on it)."""
+    roots = configs.roots_cached()
+    return (_generation, roots, _stamps(arch, roots))
 
 
 def choose_cached(
@@ -416,21 +422,22 @@ def choose_cached(
     """:func:`choose` for the entry's call (``Call(arch, H, D, dtype, kv, T, nnz)``), cached on
     what the choice depends on: the registry, (arch, H, D, dtype), the pool's device type,
     emptiness and 16-byte alignment, the config (``config_key``: hashable, equal for equal
-    configs), the configs root and its file's stat stamp (an export is seen at once), and T's
-    bucket between :func:`token_bounds`. A call that raises is not cached. CPU tensors (arch
-    None, the interpreter, whose launch takes far longer than a choice) are not cached."""
-    root = configs.default_root_cached()
+    configs), the configs roots (:func:`sparse_mla.configs.roots`: the user root over the
+    shipped files) and their files' stat stamps (an export is seen at once), and T's bucket
+    between :func:`token_bounds`. A call that raises is not cached. CPU tensors (arch None, the
+    interpreter, whose launch takes far longer than a choice) are not cached."""
     if arch is None:
         call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
-        return choose(call, config=config, root=root)
-    stamp = _file_stamp(arch, root)
+        return choose(call, config=config)
+    roots = configs.roots_cached()
+    stamp = _stamps(arch, roots)
     n = kv.shape[0]
     misaligned = n > 0 and bool(kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16)
     key = (_generation, arch, num_heads, head_dim, dtype, kv.device.type, n > 0, misaligned,
-           config_key, root, stamp)  # fmt: skip
+           config_key, roots, stamp)  # fmt: skip
     plan = _CACHE.get(key)
     if plan is None:
-        bounds = token_bounds(arch, num_heads, head_dim, root) if config is None else ()
+        bounds = token_bounds(arch, num_heads, head_dim) if config is None else ()
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
         plan = _CACHE[key] = (bounds, {})
@@ -439,7 +446,7 @@ def choose_cached(
     c = by_bucket.get(bucket)
     if c is None:
         call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
-        c = by_bucket[bucket] = choose(call, config=config, root=root)
+        c = by_bucket[bucket] = choose(call, config=config)
     return c
 
 

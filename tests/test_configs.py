@@ -341,13 +341,15 @@ def test_isa_names_the_file_the_entry_came_from(tmp_path, monkeypatch):
     assert str(configs.config_path("gfx942", user)) in miss and str(shipped) in miss
 
 
-def test_default_root_cached_follows_the_environment(tmp_path, monkeypatch):
-    """The entry's per-call root (configs.default_root_cached) is _default_root's, whatever the
-    environment and use_root say, and a config dir that is gone still raises."""
+def test_roots_cached_follows_the_environment(tmp_path, monkeypatch):
+    """The entry's per-call roots (configs.roots_cached) are roots()'s, the user root over the
+    shipped files, whatever the environment and use_root say, and a config dir that is gone
+    still raises."""
     from sparse_mla import configs
 
     def same():
-        assert configs.default_root_cached() == configs._default_root()
+        assert configs.roots_cached() == configs.roots()
+        assert configs.roots_cached()[-1] == (configs._ACTIVE_ROOT.get() or configs.CONFIG_ROOT)
 
     same()
     for var in ("SPARSE_MLA_CONFIG_DIR", "XDG_CONFIG_HOME"):
@@ -355,16 +357,16 @@ def test_default_root_cached_follows_the_environment(tmp_path, monkeypatch):
     same()
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     same()
-    assert configs.default_root_cached() == tmp_path / "sparse-mla"
+    assert configs.roots_cached() == (tmp_path / "sparse-mla", configs.CONFIG_ROOT)
     d = tmp_path / "cfg"
     d.mkdir()
     monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(d))
     same()
     with configs.use_root(tmp_path):
-        assert configs.default_root_cached() == tmp_path
+        assert configs.roots_cached() == (tmp_path,)
     d.rmdir()
     with pytest.raises(configs.ConfigFileError, match="not an existing folder"):
-        configs.default_root_cached()
+        configs.roots_cached()
 
 
 def test_env_reads_match_os_environ(monkeypatch):

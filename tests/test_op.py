@@ -265,6 +265,58 @@ def test_known_layout_still_checks_addresses_scale_and_values():
                            attn_sink=case.attn_sink, out=out)  # fmt: skip
 
 
+def test_cached_choice_reads_the_shipped_files_under_the_user_root(tmp_path, monkeypatch):
+    """Outside use_root, the entry's cached choice reads the user root over the shipped files,
+    as choose() and the bench's labels do: with no user file every grid point (the shipped
+    sm90 file's recorded buckets among them) gets choose()'s answer; a user file then wins for
+    its shape and the shipped file still answers the others. (From 493daea the cached choice
+    read the user root alone, so on a machine without a user file the shipped recorded choices
+    were never run: sm90 GLM H32 ran gluon_ws_small, 1.04x the recorded gluon_ws.)"""
+    import json
+    from dataclasses import replace
+
+    from sparse_mla import bench, configs
+
+    for name, k in list(dispatch.KERNELS.items()):  # as on an sm90 GPU
+        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    user = tmp_path / "user"
+    user.mkdir()
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(user))
+    assert configs.roots() == (user, configs.CONFIG_ROOT)
+    kv = torch.zeros(64, 512, dtype=torch.bfloat16)
+
+    def both(H, T):
+        got = dispatch.choose_cached("sm90", H, 512, torch.bfloat16, kv, T)
+        want = dispatch.choose(dispatch.Call("sm90", H, 512, torch.bfloat16, kv, T))
+        assert (got.kernel, got.launch, got.reason) == (want.kernel, want.launch,
+                                                         want.reason), (H, T)  # fmt: skip
+        return got
+
+    recorded = 0
+    for H in bench.GRID_HEADS:
+        for T in bench.GRID_TOKENS:
+            recorded += both(H, T).reason.startswith("recorded")
+    assert recorded > 0, "no grid point read the shipped sm90 file"
+    prov = {"device": "test", "date": "2026-12-02", "source": "test", "times_ms": {"triton": 1}}
+    tprov = {"device": "test", "triton": "3.6.0", "date": "2026-12-02", "workload": "w",
+             "time_ms": 1.0, "sweep_size": 1}  # fmt: skip
+    launch = {"BLOCK_H": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2}
+    before = dispatch.choice_stamp("sm90")
+    path = configs.config_path("sm90", user)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"kernel": {"name": "triton", "provenance": prov}, "launch": launch,
+             "provenance": tprov}  # fmt: skip
+    path.write_text(json.dumps({"H64_D512": entry}))
+    assert dispatch.choice_stamp("sm90") != before
+    assert both(64, 16384).kernel == "triton"
+    assert (
+        both(32, 16384).reason
+        == dispatch.choose(
+            dispatch.Call("sm90", 32, 512, torch.bfloat16, kv, 16384), root=configs.CONFIG_ROOT
+        ).reason
+    )
+
+
 def test_cached_choice_is_choose_at_every_token_count(tmp_path):
     """choose_cached answers as choose() does on both sides of every token bound (recorded
     buckets and RULE's), and sees a rewritten configs file at once."""
