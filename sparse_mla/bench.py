@@ -15,8 +15,9 @@ clocks one particular other left. Providers:
   time), forced through :func:`sparse_mla.sparse_mla_prefill` (Triton with its tuned launch for
   the arch, the others with their default launch); a kernel that cannot run a call here (Gluon
   off a GPU, a head count it does not serve) is skipped;
-- ``default``: exactly what ``sparse_mla_prefill(..., config=None)`` runs (the kernel that
-  :func:`sparse_mla.dispatch.choose` picks for the call); its config names the kernel;
+- ``default``: exactly what ``sparse_mla_prefill(..., config=None)`` runs (the kernel the
+  entry's :func:`sparse_mla.dispatch.choose_cached` picks for the call); its config names the
+  kernel;
 - ``default_dense``: ``config=None`` on the dense form of the same lists (``kv_indices`` [T, K],
   ``kv_indptr=None``), the -1-padded index matrix the FlashMLA provider receives (K the longest
   list rounded up to 128; built outside the timing); its config names the kernel and K;
@@ -732,6 +733,16 @@ def _dispatch_call(w, device: torch.device):
     return dispatch.Call(_arch(device), q.shape[1], q.shape[2], q.dtype, kv2, **extra)
 
 
+def _entry_choice(call):
+    """The choice ``sparse_mla_prefill(config=None)`` makes for ``call``: the entry's own cached
+    lookup (:func:`sparse_mla.dispatch.choose_cached`), so a row's kernel label is the kernel
+    that ran (it once read ``dispatch.choose``, which saw tuned files the entry did not)."""
+    from . import dispatch
+
+    return dispatch.choose_cached(call.arch, call.num_heads, call.head_dim, call.dtype, call.kv,
+                                  call.num_tokens, call.nnz)  # fmt: skip
+
+
 def _package_kernel(name: str, w, device: torch.device) -> Prepared:
     """A registered kernel of the package, forced through the public entry."""
     from . import dispatch
@@ -767,11 +778,10 @@ def _package_kernel(name: str, w, device: torch.device) -> Prepared:
 
 def _default(w, device: torch.device) -> Prepared:
     """Exactly what ``sparse_mla_prefill(..., config=None)`` runs."""
-    from . import dispatch
     from .prefill import sparse_mla_prefill
 
     q, kv, idx, indptr, scale = w.args()
-    choice = dispatch.choose(_dispatch_call(w, device))
+    choice = _entry_choice(_dispatch_call(w, device))
     cfg = {"kernel": choice.kernel, **choice.launch_dict()}
 
     def call(out):
@@ -793,7 +803,7 @@ def _default_dense(w, device: torch.device) -> Prepared:
     kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
     dense, _ = _dense_topk(idx, indptr, kv2.shape[0], 128)
     call_info = dataclasses.replace(_dispatch_call(w, device), nnz=dense.numel())
-    choice = dispatch.choose(call_info)
+    choice = _entry_choice(call_info)
     reads = "as they are" if dispatch.kernel(choice.kernel).dense_ids else "as CSR"
     cfg = {"kernel": choice.kernel, "ids": f"dense [T, {dense.shape[1]}] {reads}",
            **choice.launch_dict()}  # fmt: skip

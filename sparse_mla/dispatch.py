@@ -41,6 +41,7 @@ import os
 from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import configs
@@ -217,7 +218,20 @@ def _recorded(entry: configs.ConfigEntry, c: configs.KernelChoice) -> str:
     if c.tokens is not None:
         lo, hi = c.tokens
         key += f" T in [{lo}, {'inf' if hi is None else hi})"
-    return f"{key}: {shown} ({where})" if shown else f"{key} ({where})"
+    line = f"{key}: {shown} ({where})" if shown else f"{key} ({where})"
+    return line + _not_shipped(entry.source)
+
+
+def _not_shipped(source: str | None) -> str:
+    """`` [file]`` when an entry's file is not one of the shipped files (a user root's or a
+    use_root block's: it overrides the shipped entry of its shape), else ``""``."""
+    if not source or source.startswith("<"):
+        return ""
+    try:
+        shipped = Path(source).resolve().is_relative_to(configs.CONFIG_ROOT.resolve())
+    except OSError:
+        shipped = False
+    return "" if shipped else f" [{source}]"
 
 
 # The documented default for shapes no bench recorded: per arch, rows of (max heads, max

@@ -295,7 +295,9 @@ def test_cached_choice_reads_the_shipped_files_under_the_user_root(tmp_path, mon
     recorded = 0
     for H in bench.GRID_HEADS:
         for T in bench.GRID_TOKENS:
-            recorded += both(H, T).reason.startswith("recorded")
+            reason = both(H, T).reason
+            recorded += reason.startswith("recorded")
+            assert "DEFAULT.json" not in reason, reason  # a shipped entry's file is not named
     assert recorded > 0, "no grid point read the shipped sm90 file"
     prov = {"device": "test", "date": "2026-12-02", "source": "test", "times_ms": {"triton": 1}}
     tprov = {"device": "test", "triton": "3.6.0", "date": "2026-12-02", "workload": "w",
@@ -308,7 +310,8 @@ def test_cached_choice_reads_the_shipped_files_under_the_user_root(tmp_path, mon
              "provenance": tprov}  # fmt: skip
     path.write_text(json.dumps({"H64_D512": entry}))
     assert dispatch.choice_stamp("sm90") != before
-    assert both(64, 16384).kernel == "triton"
+    got = both(64, 16384)
+    assert got.kernel == "triton" and got.reason.endswith(f" [{path}]"), got.reason
     assert (
         both(32, 16384).reason
         == dispatch.choose(
