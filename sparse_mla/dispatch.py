@@ -359,15 +359,18 @@ def describe(
 _CACHE: dict[tuple, tuple[tuple[int, ...], dict[int, Choice]]] = {}
 _CACHE_MAX = 4096
 _PATHS: dict[tuple, tuple] = {}  # (arch, id(root)) -> (root, its configs file's path)
+_SHIPPED: dict[str, tuple | None] = {}  # arch -> its shipped configs file's stamp (_stamps)
 _generation = 0
 
 
 def clear_cache() -> None:
-    """Forget the cached choices (:func:`choose_cached`). Registering a kernel does this; call
-    it after changing :data:`RULE` at run time."""
+    """Forget the cached choices (:func:`choose_cached`) and the shipped configs files' stamps.
+    Registering a kernel and an export (:func:`sparse_mla.tune.export`) do this; call it after
+    changing :data:`RULE` at run time, or after another process wrote a shipped file."""
     global _generation
     _generation += 1
     _CACHE.clear()
+    _SHIPPED.clear()
 
 
 def token_bounds(
@@ -415,8 +418,21 @@ def _file_stamp(arch: str, root) -> tuple[int, ...] | None:
 
 
 def _stamps(arch: str, roots: tuple) -> tuple:
-    """The stat stamps of ``arch``'s configs file under each of ``roots``."""
-    return tuple(_file_stamp(arch, r) for r in roots)
+    """The stat stamps of ``arch``'s configs file under each of ``roots``: asked on every call,
+    but the shipped root's once a process (:data:`_SHIPPED`; package data, which this process
+    changes only through an export, and an export clears it: :func:`clear_cache`)."""
+    if len(roots) == 1 and roots[0] is not configs.CONFIG_ROOT:
+        return (_file_stamp(arch, roots[0]),)
+    out = []
+    for r in roots:
+        if r is configs.CONFIG_ROOT:
+            got = _SHIPPED.get(arch, _SHIPPED)
+            if got is _SHIPPED:
+                got = _SHIPPED[arch] = _file_stamp(arch, r)
+            out.append(got)
+        else:
+            out.append(_file_stamp(arch, r))
+    return tuple(out)
 
 
 def choice_stamp(arch: str) -> tuple:

@@ -1060,6 +1060,9 @@ def _merge_into(path: Path, arch: str, merge, dry_run: bool) -> str:
                 atomic_write(path, new_text.encode(), mode=mode)
             except OSError as e:
                 raise configs.ConfigFileError(f"{label}: cannot write ({e})") from None
+            from . import dispatch  # the entry reads the shipped files' stamps once a process
+
+            dispatch.clear_cache()
     try:
         rel = path.resolve().relative_to(Path.cwd().resolve())
         a, b = f"a/{rel}", f"b/{rel}"

@@ -6,6 +6,8 @@ CPU cases run Triton's kernel in the interpreter, so they stay tiny; the GPU cas
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import make_case, poisoned_like
@@ -318,6 +320,40 @@ def test_cached_choice_reads_the_shipped_files_under_the_user_root(tmp_path, mon
             dispatch.Call("sm90", 32, 512, torch.bfloat16, kv, 16384), root=configs.CONFIG_ROOT
         ).reason
     )
+
+
+def test_cached_choice_sees_an_export_into_the_shipped_root(tmp_path, monkeypatch):
+    """The entry stats the shipped file once a process (dispatch._SHIPPED); an export into the
+    shipped root (tune.export_kernel_choice) clears that, so the next call reads the new choice."""
+    from dataclasses import replace
+
+    from sparse_mla import configs, tune
+
+    for name, k in list(dispatch.KERNELS.items()):  # as on an sm90 GPU
+        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    shipped.mkdir()
+    user.mkdir()
+    monkeypatch.setattr(configs, "CONFIG_ROOT", shipped)
+    monkeypatch.setattr(configs, "_ROOTS_BY_ENV", {})
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(user))
+    kv = torch.zeros(64, 512, dtype=torch.bfloat16)
+    dispatch.clear_cache()
+    try:
+        first = dispatch.choose_cached("sm90", 64, 512, torch.bfloat16, kv, 16384)
+        assert first.reason.startswith("rule for sm90 H=64"), first.reason
+        row = {"timestamp": "2026-12-02T10:00:00+00:00", "device": "NVIDIA H200",
+               "torch": "2.11", "triton": "3.6.0", "commit": "c0ffee", "workload": "csa_h64",
+               "T": "16384", "H": "64", "D": "512", "ok": "True"}  # fmt: skip
+        triton_cfg = {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
+        rows = [{**row, "provider": "triton", "config": json.dumps(triton_cfg), "ms": "1.0"},
+                {**row, "provider": "gluon_ws", "config": "{}", "ms": "2.0"}]  # fmt: skip
+        tune.export_kernel_choice(rows, "sm90", root=shipped, source="unit test")
+        again = dispatch.choose_cached("sm90", 64, 512, torch.bfloat16, kv, 16384)
+        assert again.kernel == "triton" and again.reason.startswith("recorded H64_D512")
+        assert str(shipped) not in again.reason  # the shipped file is not named
+    finally:
+        dispatch.clear_cache()
 
 
 def test_cached_choice_is_choose_at_every_token_count(tmp_path):
