@@ -15,7 +15,9 @@
 # seventeenth on 798007e and f53f744, in the package since f53f744: data/bench/*_mask_*,
 # *_fold_*; ids (step 14) on 639cdc6 and 05f2f12: data/bench/*_ids_*, *_lat_*; suite and lazy
 # (step 15, a patch then) in the eighteenth on 0e6a75d: data/bench/gpu_suite_0e6a75d.log,
-# *_lazy_*.) Open: suite once a session; abstail (the suite's one failure). (Formerly
+# *_lazy_*; abstail on 5e64540: data/bench/max_abs_tail_h200.log.) Open: suite, first thing
+# (the entry runs the shipped recorded choices since 391741a: only the few-heads and op GPU
+# tests ran on that, data/bench/gpu_tests_default_roots_391741a.log). (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
