@@ -421,8 +421,6 @@ def _stamps(arch: str, roots: tuple) -> tuple:
     """The stat stamps of ``arch``'s configs file under each of ``roots``: asked on every call,
     but the shipped root's once a process (:data:`_SHIPPED`; package data, which this process
     changes only through an export, and an export clears it: :func:`clear_cache`)."""
-    if len(roots) == 1 and roots[0] is not configs.CONFIG_ROOT:
-        return (_file_stamp(arch, roots[0]),)
     out = []
     for r in roots:
         if r is configs.CONFIG_ROOT:

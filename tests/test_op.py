@@ -267,6 +267,14 @@ def test_known_layout_still_checks_addresses_scale_and_values():
                            attn_sink=case.attn_sink, out=out)  # fmt: skip
 
 
+def _every_kernel_runnable(monkeypatch):
+    """Every registered kernel can run any call, as on an sm90 GPU (the choice alone is tested)."""
+    from dataclasses import replace
+
+    for name, k in list(dispatch.KERNELS.items()):
+        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+
+
 def test_cached_choice_reads_the_shipped_files_under_the_user_root(tmp_path, monkeypatch):
     """Outside use_root, the entry's cached choice reads the user root over the shipped files,
     as choose() and the bench's labels do: with no user file every grid point (the shipped
@@ -274,13 +282,9 @@ def test_cached_choice_reads_the_shipped_files_under_the_user_root(tmp_path, mon
     its shape and the shipped file still answers the others. (From 493daea the cached choice
     read the user root alone, so on a machine without a user file the shipped recorded choices
     were never run: sm90 GLM H32 ran gluon_ws_small, 1.04x the recorded gluon_ws.)"""
-    import json
-    from dataclasses import replace
-
     from sparse_mla import bench, configs
 
-    for name, k in list(dispatch.KERNELS.items()):  # as on an sm90 GPU
-        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    _every_kernel_runnable(monkeypatch)
     user = tmp_path / "user"
     user.mkdir()
     monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(user))
@@ -325,12 +329,9 @@ def test_cached_choice_reads_the_shipped_files_under_the_user_root(tmp_path, mon
 def test_cached_choice_sees_an_export_into_the_shipped_root(tmp_path, monkeypatch):
     """The entry stats the shipped file once a process (dispatch._SHIPPED); an export into the
     shipped root (tune.export_kernel_choice) clears that, so the next call reads the new choice."""
-    from dataclasses import replace
-
     from sparse_mla import configs, tune
 
-    for name, k in list(dispatch.KERNELS.items()):  # as on an sm90 GPU
-        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    _every_kernel_runnable(monkeypatch)
     shipped, user = tmp_path / "shipped", tmp_path / "user"
     shipped.mkdir()
     user.mkdir()
@@ -359,8 +360,6 @@ def test_cached_choice_sees_an_export_into_the_shipped_root(tmp_path, monkeypatc
 def test_cached_choice_is_choose_at_every_token_count(tmp_path):
     """choose_cached answers as choose() does on both sides of every token bound (recorded
     buckets and RULE's), and sees a rewritten configs file at once."""
-    import json
-
     from sparse_mla import configs
 
     times = {"gluon_ws_small": 1.0, "gluon_ws": 1.0, "triton": 1.0}
