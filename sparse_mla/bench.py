@@ -1495,23 +1495,37 @@ def run_bench(
 @dataclass(frozen=True)
 class GridPoint:
     """One point of the grid: ``kind`` ("dsv4_csa" or "glm_full_topk") at T tokens, H heads and
-    top-k ``topk``; :meth:`build` makes its workload (seeded, so every run builds the same)."""
+    top-k ``topk``; :meth:`build` makes its workload (seeded, so every run builds the same).
+
+    ``context`` (CSA only): tokens already in the request's cache before the call's T, as in a
+    chunked-prefill step or an MTP / speculative step of a long request. At 0 (the grid's own
+    points) the call is a whole prompt and a token's list grows with its position (about 40
+    slots a token at T = 64); from ``4 x topk`` on every list is whole (top-k + window slots).
+    """
 
     kind: str
     T: int
     H: int
     topk: int
+    context: int = 0
 
     def __post_init__(self):
         if self.kind not in ("dsv4_csa", "glm_full_topk"):
             raise ValueError(f"kind must be 'dsv4_csa' or 'glm_full_topk', got {self.kind!r}")
+        c = self.context
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise ValueError(f"context must be an int >= 0, got {c!r}")
+        if c and self.kind != "dsv4_csa":
+            raise ValueError(f"context is a CSA point's ({self.kind} has none), got {c}")
 
     @property
     def workload(self) -> str:
         """The rows' ``workload``: ``csa_h{H}_topk{k}`` or ``glm_h{H}_topk{k}`` (no T: that is
-        the ``T`` column, as in a named-workload run)."""
+        the ``T`` column, as in a named-workload run), ``_ctx{context}`` appended when the
+        point has a context."""
         family = {"dsv4_csa": "csa", "glm_full_topk": "glm"}[self.kind]
-        return f"{family}_h{self.H}_topk{self.topk}"
+        ctx = f"_ctx{self.context}" if self.context else ""
+        return f"{family}_h{self.H}_topk{self.topk}{ctx}"
 
     def build(
         self,
@@ -1528,6 +1542,8 @@ class GridPoint:
 
         generators = {"dsv4_csa": _workloads.dsv4_csa, "glm_full_topk": _workloads.glm_full_topk}
         fn = generators[self.kind]
+        if self.context:
+            kw = {"context": self.context, **kw}
         return fn(self.T, self.H, topk=self.topk, device=device, seed=seed, sink=sink,
                   big_buffer=big_buffer, name=f"{self.workload}_t{self.T}", **kw)  # fmt: skip
 
@@ -1550,15 +1566,23 @@ def _sizes(name: str, values: Iterable[int]) -> list[int]:
 
 
 def grid_points(
-    heads: Iterable[int] = GRID_HEADS, tokens: Iterable[int] = GRID_TOKENS, *, glm: bool = True
+    heads: Iterable[int] = GRID_HEADS,
+    tokens: Iterable[int] = GRID_TOKENS,
+    *,
+    glm: bool = True,
+    context: int = 0,
 ) -> list[GridPoint]:
     """The grid's points, T-major in the given orders (short calls first): the CSA workload
     (top-k 512, 1024 from :data:`GRID_TOPK1024_FROM_H` heads) at every (T, H); then, with
     ``glm``, GLM full top-k 2048 at the (T, H) of :data:`GRID_GLM_TOKENS` x
     :data:`GRID_GLM_HEADS` that ``tokens`` and ``heads`` include. The full grid: 80 + 3 points.
+    ``context``: the CSA points' cached tokens before the call (:class:`GridPoint`); GLM points
+    have none, so ``glm`` must be False with a context.
     """
     heads, tokens = _sizes("heads", heads), _sizes("tokens", tokens)
-    points = [GridPoint("dsv4_csa", T, H, _grid_topk(H)) for T in tokens for H in heads]
+    if context and glm:
+        raise ValueError("GLM points have no context: pass glm=False with a context")
+    points = [GridPoint("dsv4_csa", T, H, _grid_topk(H), context) for T in tokens for H in heads]
     if glm:
         points += [GridPoint("glm_full_topk", T, H, GRID_GLM_TOPK) for T in tokens
                    if T in GRID_GLM_TOKENS for H in heads if H in GRID_GLM_HEADS]  # fmt: skip
@@ -1580,6 +1604,7 @@ def run_grid(
     heads: Iterable[int] = GRID_HEADS,
     tokens: Iterable[int] = GRID_TOKENS,
     glm: bool = True,
+    context: int = 0,
     providers: Sequence[str] | None = None,
     device: str | torch.device = "cuda",
     ceilings: bool = True,
@@ -1599,7 +1624,8 @@ def run_grid(
     """Check then time every provider at every grid point, in one run; returns the CSV rows.
 
     Args:
-        points: the points (default :func:`grid_points` of ``heads``, ``tokens``, ``glm``).
+        points: the points (default :func:`grid_points` of ``heads``, ``tokens``, ``glm``,
+            ``context``).
         providers: default :func:`grid_providers`; names as for :func:`run_bench`.
         budget_ms: per provider and point, the time budget of :func:`time_budget` (None:
             do_bench's fixed windows, about 125 ms each).
@@ -1617,7 +1643,9 @@ def run_grid(
     """
     say = log or (lambda _msg: None)
     device = torch.device(device)
-    points = list(points) if points is not None else grid_points(heads, tokens, glm=glm)
+    if points is None:
+        points = grid_points(heads, tokens, glm=glm, context=context)
+    points = list(points)
     chosen = _chosen_providers(providers, grid_providers())
     _check_budget(budget_ms)
     if time_limit_s is not None and not time_limit_s > 0:

@@ -683,7 +683,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.grid:
         return _bench_grid(args, bench, runtime, device, providers, heads, tokens)
     for flag, given in (("--heads", heads), ("--glm/--no-glm", args.glm is not None),
-                        ("--time-limit", args.time_limit is not None)):  # fmt: skip
+                        ("--time-limit", args.time_limit is not None),
+                        ("--context", args.context is not None)):  # fmt: skip
         if given:
             raise UsageError(f"{flag} goes with --grid (a named workload has its own heads)")
     if len(tokens) > 1:
@@ -742,14 +743,21 @@ def _bench_grid(args, bench, runtime, device, providers, heads, tokens) -> int:
         heads = list(_CPU_GRID_HEADS if args.cpu else bench.GRID_HEADS)
     if not tokens:
         tokens = list(_CPU_GRID_TOKENS if args.cpu else bench.GRID_TOKENS)
+    context = args.context or 0
+    if context < 0:
+        raise UsageError(f"--context must be >= 0, got {context}")
+    if context and args.glm:
+        raise UsageError("--glm does not go with --context (the GLM points have no context)")
     out = args.out
     if out is None and not args.cpu:
-        out = Path("data/bench") / f"{bench.device_slug(runtime.device_name())}_grid.csv"
+        suffix = f"_ctx{context}" if context else ""
+        out = Path("data/bench") / f"{bench.device_slug(runtime.device_name())}_grid{suffix}.csv"
     try:
         rows = bench.run_grid(
             heads=heads,
             tokens=tokens,
-            glm=args.glm is not False,
+            glm=args.glm is not False and not context,
+            context=context,
             providers=providers,
             device=device,
             ceilings=not args.no_ceilings and not args.cpu,
@@ -777,7 +785,8 @@ def _bench_fp8(args, bench, runtime, device, providers, heads, tokens) -> int:
 
     for flag, given in (("--grid", args.grid), ("--workloads", args.workloads),
                         ("--glm/--no-glm", args.glm is not None), ("--host", args.host),
-                        ("--aiter-module", args.aiter_module)):  # fmt: skip
+                        ("--aiter-module", args.aiter_module),
+                        ("--context", args.context is not None)):  # fmt: skip
         if given:
             raise UsageError(f"{flag} does not go with --fp8 (it has its own points and peers)")
     if args.time_limit is not None and not args.time_limit > 0:
@@ -1066,6 +1075,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="--grid only: include the GLM full top-k points (default on; only where --heads "
         "and --tokens include them)",
+    )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="--grid only: tokens already cached per request before the call (a chunked-prefill "
+        "or MTP step of a long request; from 4 x top-k on every token's list is whole); the CSA "
+        "points only (no GLM points), rows' workload csa_h{H}_topk{k}_ctx{TOKENS}; default out "
+        "data/bench/<device>_grid_ctx{TOKENS}.csv",
     )
     p.add_argument(
         "--providers",

@@ -78,6 +78,31 @@ def test_grid_point_builds_the_generators_workload():
     assert bench.GridPoint("glm_full_topk", 30, 16, 2048).build(D=64).attn_sink is not None
 
 
+def test_context_points_have_whole_lists():
+    # A chunked-prefill / MTP step of a long request: every token's list is whole (top-k +
+    # window), where the grid's own points (context 0) grow with the position.
+    pts = bench.grid_points([8, 96], [4, 64], glm=False, context=8192)
+    assert [(p.workload, p.T, p.context) for p in pts] == [
+        ("csa_h8_topk512_ctx8192", 4, 8192), ("csa_h96_topk1024_ctx8192", 4, 8192),
+        ("csa_h8_topk512_ctx8192", 64, 8192), ("csa_h96_topk1024_ctx8192", 64, 8192),
+    ]  # fmt: skip
+    w = pts[2].build(D=64, seed=5)
+    ref = wl.dsv4_csa(64, 8, topk=512, context=8192, D=64, seed=5)
+    assert w.name == "csa_h8_topk512_ctx8192_t64" and w.meta["context"] == 8192
+    for a, b in zip(w.args()[:4], ref.args()[:4], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(w.kv_indptr.diff(), torch.full((64,), 512 + 128, dtype=w.kv_indptr.dtype))
+    fresh = bench.GridPoint("dsv4_csa", 64, 8, 512).build(D=64, seed=5)
+    assert fresh.kv_indices.numel() < 64 * 100  # the grid's own T = 64: short lists
+    with pytest.raises(ValueError, match="glm=False"):
+        bench.grid_points([16], [16384], context=8192)
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="context"):
+            bench.GridPoint("dsv4_csa", 64, 8, 512, bad)
+    with pytest.raises(ValueError, match="no"):
+        bench.GridPoint("glm_full_topk", 64, 16, 2048, 4096)
+
+
 def test_grid_providers_are_the_registry_default_and_flashmla(monkeypatch):
     assert bench.grid_providers() == (*dispatch.KERNELS, "default", "default_dense", "flashmla")
     # A kernel registered at run time is a provider of the next grid, under its name.
@@ -287,10 +312,24 @@ def test_cli_grid_options(fake_gpu_grid, tmp_path):
     assert Path(kw["out_path"]) == out
 
 
+def test_cli_grid_context(fake_gpu_grid, capsys):
+    assert cli.main(["bench", "--grid", "--context", "65536", "--tokens", "4,64"]) == 0
+    kw = fake_gpu_grid
+    assert kw["context"] == 65536 and kw["glm"] is False and kw["tokens"] == [4, 64]
+    assert kw["out_path"] == Path("data/bench/nvidia-h200_grid_ctx65536.csv")
+    fake_gpu_grid.clear()
+    assert cli.main(["bench", "--grid"]) == 0
+    assert fake_gpu_grid["context"] == 0 and fake_gpu_grid["glm"] is True
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--grid", "--workloads", "csa_h8_topk512"], "exclude each other"),
+        (["--context", "4096"], "--context goes with --grid"),
+        (["--fp8", "--context", "4096"], "--context does not go with --fp8"),
+        (["--grid", "--context", "-1"], "--context must be >= 0"),
+        (["--grid", "--context", "4096", "--glm"], "--glm does not go with --context"),
         (["--heads", "8"], "--heads goes with --grid"),
         (["--no-glm"], "goes with --grid"),
         (["--time-limit", "60"], "goes with --grid"),
