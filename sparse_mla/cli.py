@@ -320,28 +320,36 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from .targets import get_target
 
     arch = get_target(args.arch).name
-    try:
-        with open(args.csv, encoding="utf-8") as f:
-            f.read()
-    except UnicodeDecodeError as e:
-        raise UsageError(
-            f"{args.csv}: not a text CSV file ({e.reason} at byte {e.start})"
-        ) from None
+    for path in args.csv:
+        try:
+            with open(path, encoding="utf-8") as f:
+                f.read()
+        except UnicodeDecodeError as e:
+            msg = f"{path}: not a text CSV file ({e.reason} at byte {e.start})"
+            raise UsageError(msg) from None
     if args.kernel_choice:
         import csv
 
-        with open(args.csv, newline="") as f:
-            bench_rows = list(csv.DictReader(f))
+        bench_rows, runs = [], []
+        for path in args.csv:
+            with open(path, newline="") as f:
+                mine = list(csv.DictReader(f))
+            bench_rows += mine
+            stamps = sorted({r["timestamp"] for r in mine if r.get("timestamp")})
+            runs += stamps[-1:]  # each file's latest run, unless --run names the runs
         try:
             diff = tune.export_kernel_choice(
-                bench_rows, arch, run=args.run, source=args.source or str(args.csv),
-                root=args.root, dry_run=args.dry_run,
+                bench_rows, arch, run=args.run or runs or None,
+                source=args.source or " + ".join(args.csv), root=args.root, dry_run=args.dry_run,
             )  # fmt: skip
         except ValueError as e:
             print(f"export: {e}", file=sys.stderr)
             return 1
         print(diff or "export: no change")
         return 0
+    if len(args.csv) > 1 or args.run:
+        raise UsageError("several CSV files and --run go with --kernel-choice (a sweep is one)")
+    args.csv = args.csv[0]
     rows = [r for r in tune.load_rows(args.csv) if get_target(r["target"]).name == arch]
     winners = tune.best_per_shape(rows)
     if not winners:
@@ -834,9 +842,13 @@ def _cmd_which(args: argparse.Namespace) -> int:
     from . import dispatch
 
     arch = None if args.arch == "cpu" else args.arch
+    if args.slots and not args.tokens:
+        raise UsageError("--slots goes with --tokens (slots per token of a call of T tokens)")
     for H in args.heads:
         for T in args.tokens or [None]:
-            print(dispatch.describe(arch, H, args.head_dim, num_tokens=T, verbose=args.verbose))
+            for S in args.slots or [None]:
+                print(dispatch.describe(arch, H, args.head_dim, num_tokens=T, verbose=args.verbose,
+                                        slots_per_token=S))  # fmt: skip
     return 0
 
 
@@ -917,7 +929,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_kernels)
 
     p = sub.add_parser("export", help="merge a sweep's winners into a tuned-config JSON")
-    p.add_argument("csv", help="rows saved by `sparse-mla sweep` (--kernel-choice: by bench)")
+    p.add_argument(
+        "csv", nargs="+",
+        help="rows saved by `sparse-mla sweep` (--kernel-choice: by bench; several files' runs "
+        "are taken together, e.g. the grid and a grid with --context)",
+    )  # fmt: skip
     p.add_argument("--arch", required=True, help="config file's arch id: sm90, gfx942, ...")
     p.add_argument(
         "--root",
@@ -935,7 +951,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="CSV is `sparse-mla bench` rows: record each shape's fastest package kernel "
         "of one run (the entry's 'kernel', read by sparse_mla_prefill's dispatch)",
     )
-    p.add_argument("--run", default=None, help="--kernel-choice: the run's timestamp (latest)")
+    p.add_argument(
+        "--run", action="append", default=None,
+        help="--kernel-choice: a run's timestamp, once per run taken (default: each file's "
+        "latest run)",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("capture", help="record calls made on a named workload into captures")
@@ -1140,6 +1160,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", required=True, help="arch id: sm90, gfx942, gfx950, ... or cpu")
     p.add_argument("--heads", type=int, nargs="+", required=True, help="head counts H")
     p.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts T")
+    p.add_argument(
+        "--slots", type=int, nargs="+", default=None,
+        help="slots per token (a call's lists' total length // T: ~640 for a DSv4 CSA step of "
+        "a long request, tens for a short prompt; default: unknown, the longest recorded)",
+    )  # fmt: skip
     p.add_argument("--head-dim", type=int, default=512)
     p.add_argument(
         "-v", "--verbose", action="store_true",

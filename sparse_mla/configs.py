@@ -19,7 +19,10 @@ keyed by shape::
 ``waves_per_eu`` on AMD archs only); ``provenance`` says where its numbers come from. The
 optional ``kernel`` records which of the package's kernels is the fastest for the shape (its
 ``name``, optionally its own ``launch``, and the ``provenance`` of the same-run timing that chose
-it, ``times_ms`` per kernel); :mod:`sparse_mla.dispatch` reads it. Every file is validated as
+it, ``times_ms`` per kernel), or a list of such choices, each serving a bucket of token
+counts (``"tokens": [lo, hi]``) and, where the fastest kernel depends on how long the lists are
+(a chunked-prefill or MTP step of a long request against a short prompt), a bucket of slots per
+token (``"slots": [lo, hi]``); :mod:`sparse_mla.dispatch` reads it. Every file is validated as
 a whole when first read (strict JSON: no duplicate keys, no integer of more than 18 digits;
 types, known keys, a launch the kernel accepts for that shape, a recorded kernel's own
 ``launch`` checked against that kernel's config in the registry); a broken, unreadable or
@@ -86,6 +89,7 @@ __all__ = [
     "read_json",
     "roots",
     "shape_key",
+    "slots_per_token",
     "use_root",
     "user_root",
     "validate_all",
@@ -331,31 +335,51 @@ class ConfigFileError(ValueError):
     """A tuned-config file that cannot be used; the message names the file."""
 
 
+def slots_per_token(nnz: int | None, num_tokens: int | None) -> int | None:
+    """A call's slots per token, the list length recorded choices are bucketed by: its lists'
+    total length (``kv_indices.numel()``, [T, K] ids: T x K) // T; None when either is unknown
+    or T is 0."""
+    if nnz is None or not num_tokens:
+        return None
+    return nnz // num_tokens
+
+
+def _holds(bucket: tuple[int, int | None] | None, value: int | None) -> bool:
+    """Whether ``value`` is in the bucket [lo, hi) (bucket None: every value; value None: only
+    an open-ended bucket holds it)."""
+    if bucket is None:
+        return True
+    lo, hi = bucket
+    if value is None:
+        return hi is None
+    return lo <= value and (hi is None or value < hi)
+
+
 @dataclass(frozen=True)
 class KernelChoice:
     """An entry's recorded kernel: its name, its launch (None: the kernel's default; Triton's
-    is the entry's ``launch``), the provenance of the run that chose it, and the token counts
-    it serves: ``tokens = (lo, hi)`` for lo <= T < hi (hi None: no upper end; None: every T)."""
+    is the entry's ``launch``), the provenance of the run that chose it, the token counts it
+    serves: ``tokens = (lo, hi)`` for lo <= T < hi (hi None: no upper end; None: every T),
+    and the list lengths: ``slots = (lo, hi)`` for lo <= a call's slots per token (its lists'
+    total length // T, :func:`slots_per_token`) < hi (None: every length)."""
 
     name: str
     launch: dict[str, Any] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
     tokens: tuple[int, int | None] | None = None
+    slots: tuple[int, int | None] | None = None
 
-    def serves(self, num_tokens: int | None) -> bool:
-        """Whether this choice is the one for a call of ``num_tokens`` tokens (None: the
-        largest, i.e. a bucket without an upper end)."""
-        if self.tokens is None:
-            return True
-        lo, hi = self.tokens
-        if num_tokens is None:
-            return hi is None
-        return lo <= num_tokens and (hi is None or num_tokens < hi)
+    def serves(self, num_tokens: int | None, slots: int | None = None) -> bool:
+        """Whether this choice is the one for a call of ``num_tokens`` tokens and ``slots``
+        slots per token (None: the largest, i.e. a bucket without an upper end)."""
+        return _holds(self.tokens, num_tokens) and _holds(self.slots, slots)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
         if self.tokens is not None:
             out["tokens"] = list(self.tokens)
+        if self.slots is not None:
+            out["slots"] = list(self.slots)
         if self.launch is not None:
             out["launch"] = dict(self.launch)
         out["provenance"] = dict(self.provenance)
@@ -384,16 +408,21 @@ class ConfigEntry:
         """The choice for the largest token counts (None: no kernel recorded)."""
         return self.kernel_for(None)
 
-    def kernel_for(self, num_tokens: int | None) -> KernelChoice | None:
-        """The recorded choice whose token bucket holds ``num_tokens`` (None: the largest)."""
+    def kernel_for(self, num_tokens: int | None, slots: int | None = None) -> KernelChoice | None:
+        """The recorded choice whose token bucket holds ``num_tokens`` and whose list-length
+        bucket holds ``slots`` (slots per token, :func:`slots_per_token`); None: the largest."""
         for c in self.kernels:
-            if c.serves(num_tokens):
+            if c.serves(num_tokens, slots):
                 return c
         return None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if len(self.kernels) == 1 and self.kernels[0].tokens is None:
+        if (
+            len(self.kernels) == 1
+            and self.kernels[0].tokens is None
+            and (self.kernels[0].slots is None)
+        ):
             out["kernel"] = self.kernels[0].to_json()
         elif self.kernels:
             out["kernel"] = [c.to_json() for c in self.kernels]
@@ -507,22 +536,12 @@ def _check_kernel(obj: Any) -> KernelChoice:
     """
     if not isinstance(obj, dict):
         raise ValueError(f"'kernel' must be an object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - {"name", "launch", "provenance", "tokens"})
+    unknown = sorted(set(obj) - {"name", "launch", "provenance", "tokens", "slots"})
     if unknown or "name" not in obj or "provenance" not in obj:
         raise ValueError(
-            f"kernel: keys must be name, provenance (and launch, tokens), got {list(obj)}"
+            f"kernel: keys must be name, provenance (and launch, tokens, slots), got {list(obj)}"
         )
-    tokens = obj.get("tokens")
-    if tokens is not None:
-        ok = (
-            isinstance(tokens, list) and len(tokens) == 2 and _is_int(tokens[0])
-            and tokens[0] >= 0 and (tokens[1] is None or (_is_int(tokens[1])
-                                                          and tokens[1] > tokens[0]))
-        )  # fmt: skip
-        if not ok:
-            raise ValueError(f"kernel: tokens must be [lo, hi] with 0 <= lo < hi (or hi null), "
-                             f"got {tokens!r}")  # fmt: skip
-        tokens = (tokens[0], tokens[1])
+    tokens, slots = _bucket(obj, "tokens"), _bucket(obj, "slots")
     name = obj["name"]
     if not isinstance(name, str) or not _KERNEL_NAME_RE.match(name):
         raise ValueError(f"kernel: name must be an id like 'gluon', got {name!r}")
@@ -559,25 +578,61 @@ def _check_kernel(obj: Any) -> KernelChoice:
         _dt.date.fromisoformat(prov["date"][:10])
     except ValueError:
         raise ValueError(f"kernel.provenance: date must be ISO, got {prov['date']!r}") from None
-    return KernelChoice(name, dict(launch) if launch is not None else None, dict(prov), tokens)
+    return KernelChoice(
+        name, dict(launch) if launch is not None else None, dict(prov), tokens, slots
+    )
+
+
+def _bucket(obj: dict, key: str) -> tuple[int, int | None] | None:
+    """A choice's ``tokens`` or ``slots`` bucket: [lo, hi] with 0 <= lo < hi (hi null: open)."""
+    b = obj.get(key)
+    if b is None:
+        return None
+    ok = (
+        isinstance(b, list) and len(b) == 2 and _is_int(b[0]) and b[0] >= 0
+        and (b[1] is None or (_is_int(b[1]) and b[1] > b[0]))
+    )  # fmt: skip
+    if not ok:
+        raise ValueError(f"kernel: {key} must be [lo, hi] with 0 <= lo < hi (or hi null), "
+                         f"got {b!r}")  # fmt: skip
+    return (b[0], b[1])
+
+
+def _check_tiling(edges: list, what: str) -> None:
+    """Buckets that start at 0, end open (null) and follow each other: every value has one."""
+    if edges[0][0] != 0 or edges[-1][1] is not None:
+        raise ValueError(f"kernel: {what} buckets must start at 0 and end open (null), got {edges}")
+    for (_, hi), (lo, _) in itertools.pairwise(edges):
+        if hi != lo:
+            raise ValueError(f"kernel: {what} buckets must follow each other, got {edges}")
 
 
 def _check_kernels(obj: Any) -> tuple[KernelChoice, ...]:
-    """An entry's ``kernel``: one choice for every T, or a list of choices whose ``tokens``
-    buckets are sorted, do not overlap, start at 0 and end open (every T has one choice)."""
+    """An entry's ``kernel``: one choice for every T and list length, or a list of choices whose
+    ``tokens`` buckets are sorted, do not overlap, start at 0 and end open (every T has one
+    choice); several choices in a row with the same ``tokens`` split that bucket by ``slots``
+    (slots per token), buckets that do the same (every list length has one choice)."""
     if not isinstance(obj, list):
-        return (_check_kernel(obj),)
+        c = _check_kernel(obj)
+        if c.slots is not None:
+            raise ValueError("kernel: a single choice serves every list length (no 'slots')")
+        return (c,)
     if not obj:
         raise ValueError("kernel: a list of choices must not be empty")
     choices = tuple(_check_kernel(o) for o in obj)
     if any(c.tokens is None for c in choices):
         raise ValueError("kernel: each choice of a list needs its 'tokens' bucket")
-    edges = [c.tokens for c in choices]
-    if edges[0][0] != 0 or edges[-1][1] is not None:
-        raise ValueError(f"kernel: token buckets must start at 0 and end open (null), got {edges}")
-    for (_, hi), (lo, _) in itertools.pairwise(edges):
-        if hi != lo:
-            raise ValueError(f"kernel: token buckets must follow each other, got {edges}")
+    groups = [list(g) for _, g in itertools.groupby(choices, key=lambda c: c.tokens)]
+    _check_tiling([g[0].tokens for g in groups], "token")
+    for g in groups:
+        if len(g) == 1:
+            if g[0].slots is not None:
+                raise ValueError(f"kernel: T in {list(g[0].tokens)} has one choice, so no "
+                                 f"'slots' (it serves every list length)")  # fmt: skip
+            continue
+        if any(c.slots is None for c in g):
+            raise ValueError(f"kernel: the choices of T in {list(g[0].tokens)} each need 'slots'")
+        _check_tiling([c.slots for c in g], f"T in {list(g[0].tokens)}: slots")
     return choices
 
 

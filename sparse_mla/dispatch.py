@@ -11,9 +11,12 @@ picks the kernel for a call; nothing inside a launcher decides which kernel runs
 1. ``config=`` given: the kernel it names (:class:`Choice`) or whose config type it is
    (a PrefillConfig or dict: ``triton``; a GluonConfig: ``gluon_mma``; a SmallWSConfig:
    ``gluon_ws_small``), with that launch; ValueError when that kernel cannot run the call.
-2. A kernel recorded in the tuned configs (:mod:`sparse_mla.configs`) for the call's (H, D) and the
-   token bucket holding its T (``sparse-mla export BENCH.csv --kernel-choice`` writes them
-   from a bench run, the grid's included), when it can run the call.
+2. A kernel recorded in the tuned configs (:mod:`sparse_mla.configs`) for the call's (H, D), the
+   token bucket holding its T and, where recorded, the bucket holding its slots per token
+   (the lists' total length // T: a chunked-prefill or MTP step of a long request has long
+   lists at small T, a short prompt short ones); ``sparse-mla export BENCH.csv ...
+   --kernel-choice`` writes them from bench runs, the grid's included), when it can run the
+   call.
 3. Else the documented rule, :func:`rule`: the kernels measured fastest for the shape's
    (arch, H) region, first that can run it (see :data:`RULE`).
 4. Else the kernel that serves the call's pool format everywhere (:data:`FALLBACKS`):
@@ -49,7 +52,7 @@ from . import configs
 __all__ = [
     "FALLBACKS", "FORMATS", "KERNELS", "RULE", "Call", "Choice", "Kernel", "choose",
     "choose_cached", "clear_cache", "describe", "fallback", "kernel", "register", "rule",
-    "token_bounds",
+    "slot_bounds", "token_bounds",
 ]  # fmt: skip
 
 
@@ -218,6 +221,9 @@ def _recorded(entry: configs.ConfigEntry, c: configs.KernelChoice) -> str:
     if c.tokens is not None:
         lo, hi = c.tokens
         key += f" T in [{lo}, {'inf' if hi is None else hi})"
+    if c.slots is not None:
+        lo, hi = c.slots
+        key += f" slots/token in [{lo}, {'inf' if hi is None else hi})"
     line = f"{key}: {shown} ({where})" if shown else f"{key} ({where})"
     return line + _not_shipped(entry.source)
 
@@ -295,7 +301,8 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
         return _forced(config, call)
     passed: list[str] = []
     entry = configs.lookup_entry(call.arch, call.num_heads, call.head_dim, root)
-    c = entry.kernel_for(call.num_tokens) if entry is not None else None
+    slots = configs.slots_per_token(call.nnz, call.num_tokens)
+    c = entry.kernel_for(call.num_tokens, slots) if entry is not None else None
     if c is not None:
         if c.name not in KERNELS:
             raise _unregistered(c.name, entry)
@@ -328,16 +335,23 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
 
 def describe(
     arch: str | None, num_heads: int, head_dim: int, root=None, *, num_tokens: int | None = None,
-    verbose: bool = False, kv_format: str = "dense",
+    verbose: bool = False, kv_format: str = "dense", slots_per_token: int | None = None,
 ) -> str:  # fmt: skip
-    """The kernel ``config=None`` runs for (arch, H, D[, T]) and why (no tensors needed; a pool
-    the kernel cannot address may still send a call elsewhere). ``verbose``: one more line per
-    registered kernel, saying whether it can run the call and why not. ``kv_format``: the
-    pool's format (:data:`FORMATS`; "fp8_model1" for an FP8Cache)."""
-    call = Call(arch, num_heads, head_dim, num_tokens=num_tokens, kv_format=kv_format)
+    """The kernel ``config=None`` runs for (arch, H, D[, T][, slots per token]) and why (no
+    tensors needed; a pool the kernel cannot address may still send a call elsewhere).
+    ``slots_per_token``: the call's lists' total length // T (None: unknown, the longest
+    recorded lists' choice). ``verbose``: one more line per registered kernel, saying whether
+    it can run the call and why not. ``kv_format``: the pool's format (:data:`FORMATS`;
+    "fp8_model1" for an FP8Cache)."""
+    if slots_per_token is not None and num_tokens is None:
+        raise ValueError("describe: slots_per_token needs num_tokens")
+    nnz = None if slots_per_token is None else slots_per_token * num_tokens
+    call = Call(arch, num_heads, head_dim, num_tokens=num_tokens, nnz=nnz, kv_format=kv_format)
     c = choose(call, root=root)
     where = arch or "CPU (interpreter)"
     t = "" if num_tokens is None else f" T={num_tokens}"
+    if slots_per_token is not None:
+        t += f" slots/token={slots_per_token}"
     line = f"{where} H={num_heads} D={head_dim}{t}: {c.kernel} ({c.reason})"
     if not verbose:
         return line
@@ -390,6 +404,23 @@ def token_bounds(
     for _, max_tokens, _ in RULE.get(arch or "", ()):
         if max_tokens is not None:
             bounds.add(max_tokens + 1)
+    return tuple(sorted(bounds))
+
+
+def slot_bounds(
+    arch: str | None, num_heads: int, head_dim: int, root=None
+) -> tuple[int, ...]:  # fmt: skip
+    """The slots per token at which :func:`choose`'s answer for (arch, H, D) may change: the
+    recorded choices' list-length bucket ends (sorted; empty when no choice has one). Within
+    one bucket of :func:`token_bounds` and one of these, the choice is the same."""
+    bounds: set[int] = set()
+    entry = configs.lookup_entry(arch, num_heads, head_dim, root)
+    for c in entry.kernels if entry is not None else ():
+        if c.slots is not None:
+            lo, hi = c.slots
+            bounds.add(lo)
+            if hi is not None:
+                bounds.add(hi)
     return tuple(sorted(bounds))
 
 
@@ -452,8 +483,9 @@ def choose_cached(
     emptiness and 16-byte alignment, the config (``config_key``: hashable, equal for equal
     configs), the configs roots (:func:`sparse_mla.configs.roots`: the user root over the
     shipped files) and their files' stat stamps (an export is seen at once), and T's bucket
-    between :func:`token_bounds`. A call that raises is not cached. CPU tensors (arch None, the
-    interpreter, whose launch takes far longer than a choice) are not cached."""
+    between :func:`token_bounds` (and its slots per token's between :func:`slot_bounds`, where
+    a choice is recorded by list length). A call that raises is not cached. CPU tensors (arch
+    None, the interpreter, whose launch takes far longer than a choice) are not cached."""
     if arch is None:
         call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
         return choose(call, config=config)
@@ -465,12 +497,18 @@ def choose_cached(
            config_key, roots, stamp)  # fmt: skip
     plan = _CACHE.get(key)
     if plan is None:
-        bounds = token_bounds(arch, num_heads, head_dim) if config is None else ()
+        bounds = sbounds = ()
+        if config is None:
+            bounds = token_bounds(arch, num_heads, head_dim)
+            sbounds = slot_bounds(arch, num_heads, head_dim)
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
-        plan = _CACHE[key] = (bounds, {})
-    bounds, by_bucket = plan
+        plan = _CACHE[key] = (bounds, sbounds, {})
+    bounds, sbounds, by_bucket = plan
     bucket = bisect_right(bounds, num_tokens) if bounds else 0
+    if sbounds:  # (unknown lengths: a bucket of their own, served as the longest)
+        slots = configs.slots_per_token(nnz, num_tokens)
+        bucket = (bucket, -1 if slots is None else bisect_right(sbounds, slots))
     c = by_bucket.get(bucket)
     if c is None:
         call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)

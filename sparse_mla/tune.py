@@ -34,7 +34,7 @@ import random
 import stat
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1097,31 +1097,43 @@ def _bench_value(r: Mapping[str, Any], col: str):
 
 
 def token_buckets(tokens: Iterable[int]) -> list[tuple[int, int | None]]:
-    """Token buckets around measured T values: each T serves from the geometric midpoint
-    with the T below it (0 for the smallest) up to the midpoint with the T above it (open for
-    the largest). One T: one bucket serving every T."""
+    """Buckets around measured values (token counts, or slots per token): each value serves
+    from the geometric midpoint with the value below it (0 for the smallest) up to the
+    midpoint with the value above it (open for the largest), a midpoint above the value below
+    it (1 and 2: 2). One value: one bucket serving every value."""
     ts = sorted(set(int(t) for t in tokens))
-    edges = [0] + [math.isqrt(a * b) for a, b in itertools.pairwise(ts)] + [None]
+    edges = [0] + [max(math.isqrt(a * b), a + 1) for a, b in itertools.pairwise(ts)] + [None]
     return list(itertools.pairwise(edges))
 
 
 def kernel_choices(
-    rows: Iterable[Mapping[str, Any]], *, run: str | None = None, source: str = "bench rows"
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    run: str | Sequence[str] | None = None,
+    source: str = "bench rows",
 ) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    """The fastest registered kernel per (H, D) and token count in one benchmark run.
+    """The fastest registered kernel per (H, D), token count and list length in benchmark runs.
 
     Args:
         rows: :func:`sparse_mla.bench.run_bench` rows, or rows read back from its CSV.
-        run: the run's ``timestamp`` (default: the latest run in ``rows``).
+        run: the run's ``timestamp``, or several runs' (their points taken together, e.g. the
+            grid and a grid of long requests' steps, ``bench --grid --context``); default: the
+            latest run in ``rows``. The runs must be on one device and must not measure the
+            same (workload, T, H) twice.
         source: where the rows come from (recorded in the provenance).
 
     Returns:
-        {(H, D): [{"name", "launch", "provenance", "triton_row", "tokens"}, ...]}: per T the
-        run measured at that (H, D), the kernel with the lowest total time over the
-        workloads at that (H, D, T), among the providers that are registered kernels
-        (``default`` and peers are not candidates) and that passed the check on every one of
-        those workloads. ``tokens`` is the bucket of token counts the choice serves
-        (:func:`token_buckets`; None when the run measured one T: it serves every T).
+        {(H, D): [{"name", "launch", "provenance", "triton_row", "tokens", "slots"}, ...]}:
+        per T the runs measured at that (H, D), and per slots per token measured at that T
+        (a workload's valid slots // T: the list length), the kernel with the lowest total
+        time over the workloads at that (H, D, T, slots per token), among the providers that
+        are registered kernels (``default`` and peers are not candidates) and that passed the
+        check on every one of those workloads. ``tokens`` is the bucket of token counts the
+        choice serves (:func:`token_buckets`; None when one T and one length were measured: it
+        serves every T), ``slots`` its bucket of slots per token among the lengths measured at
+        its T (None when one kernel won at every length measured there: it serves every
+        length); neighbouring lengths that chose the same kernel and launch are one bucket,
+        their times summed.
     """
     from . import dispatch, prefill  # noqa: F401  (prefill registers the package's kernels)
 
@@ -1129,38 +1141,83 @@ def kernel_choices(
     runs = sorted({r["timestamp"] for r in rows if r.get("timestamp")})
     if not runs:
         raise ValueError("kernel choice: no benchmark rows")
-    run = run or runs[-1]
-    if run not in runs:
-        raise ValueError(f"kernel choice: no run {run!r}; runs: {runs}")
-    mine = [r for r in rows if r.get("timestamp") == run and r.get("provider") in dispatch.KERNELS]
+    wanted = [runs[-1]] if run is None else [run] if isinstance(run, str) else list(run)
+    for w in wanted:
+        if w not in runs:
+            raise ValueError(f"kernel choice: no run {w!r}; runs: {runs}")
+    label = wanted[0] if len(wanted) == 1 else " + ".join(wanted)
+    mine = [r for r in rows
+            if r.get("timestamp") in wanted and r.get("provider") in dispatch.KERNELS]  # fmt: skip
     devices = sorted({r["device"] for r in mine})
     if len(devices) != 1:
-        raise ValueError(f"kernel choice: run {run} must be on one device, got {devices}")
-    shapes: dict[tuple[int, int], dict[int, dict[str, dict[str, dict]]]] = {}
+        raise ValueError(f"kernel choice: run {label} must be on one device, got {devices}")
+    shapes: dict[tuple[int, int], dict[int, dict[int, dict[str, dict[str, dict]]]]] = {}
+    measured_by: dict[tuple, str] = {}
     for r in mine:
         key = (_bench_value(r, "H"), _bench_value(r, "D"))
         T = int(r.get("T") or 0)
-        shapes.setdefault(key, {}).setdefault(T, {}).setdefault(r["workload"], {})[
-            r["provider"]
-        ] = r
+        point = (*key, T, r["workload"])
+        if measured_by.setdefault(point, r["timestamp"]) != r["timestamp"]:
+            raise ValueError(
+                f"kernel choice: {r['workload']} T={T} is in two runs "
+                f"({measured_by[point]}, {r['timestamp']}); give one of them"
+            )
+        slots = int(r.get("nnz") or 0) // max(T, 1)
+        shapes.setdefault(key, {}).setdefault(T, {}).setdefault(slots, {}).setdefault(
+            r["workload"], {}
+        )[r["provider"]] = r
     out: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for (H, D), by_tokens in sorted(shapes.items()):
         picked = []
-        for T, by_workload in sorted(by_tokens.items()):
-            c = _fastest(by_workload, dispatch, devices[0], run, source)
-            if c is not None:
-                picked.append((T, c))
+        for T, by_slots in sorted(by_tokens.items()):
+            here = []
+            for slots, by_workload in sorted(by_slots.items()):
+                c = _fastest(by_workload, dispatch, devices[0], source, slots)
+                if c is not None:
+                    here.append((slots, c))
+            merged: list[dict[str, Any]] = []
+            for (_, c), bucket in zip(here, token_buckets(s for s, _ in here), strict=True):
+                c["slots"] = bucket
+                last = merged[-1] if merged else None
+                if last is not None and (last["name"], last["launch"]) == (c["name"], c["launch"]):
+                    merged[-1] = _merged(last, c)  # neighbouring lengths, the same kernel
+                else:
+                    merged.append(c)
+            if len(merged) == 1:
+                merged[0]["slots"] = None  # one kernel for every length measured at this T
+            if merged:
+                picked.append((T, merged))
         if not picked:
             continue
         buckets = token_buckets(T for T, _ in picked)
-        for (_, c), bucket in zip(picked, buckets, strict=True):
-            c["tokens"] = bucket if len(picked) > 1 else None
-        out[(H, D)] = [c for _, c in picked]
+        listed = len(picked) > 1 or len(picked[0][1]) > 1  # a list of choices: each has tokens
+        for (_, cs), bucket in zip(picked, buckets, strict=True):
+            for c in cs:
+                c["tokens"] = bucket if listed else None
+        out[(H, D)] = [c for _, cs in picked for c in cs]
     return out
 
 
-def _fastest(by_workload, dispatch, device: str, run: str, source: str) -> dict | None:
-    """The fastest registered kernel over one (H, D, T)'s workloads (times summed)."""
+def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two neighbouring list-length choices of one T that chose the same kernel and launch, as
+    one: the union of their slots buckets, their times summed (the kernel was the fastest in
+    each, so it is in the sum), their workloads listed."""
+    pa, pb = a["provenance"], b["provenance"]
+    times = {n: round(pa["times_ms"][n] + pb["times_ms"][n], 4)
+             for n in pa["times_ms"] if n in pb["times_ms"]}  # fmt: skip
+    prov = dict(pa)
+    prov["times_ms"] = dict(sorted(times.items(), key=lambda kv: kv[1]))
+    work = f"{pa['workload'].removesuffix(' (times summed)')} + "
+    prov["workload"] = work + pb["workload"].removesuffix(" (times summed)") + " (times summed)"
+    for key in ("run", "commit"):
+        if pb.get(key) and pb.get(key) not in str(pa.get(key) or "").split(" + "):
+            prov[key] = f"{pa[key]} + {pb[key]}" if pa.get(key) else pb[key]
+    return {**a, "provenance": prov, "slots": (a["slots"][0], b["slots"][1])}
+
+
+def _fastest(by_workload, dispatch, device: str, source: str, slots: int) -> dict | None:
+    """The fastest registered kernel over one (H, D, T, slots per token)'s workloads (times
+    summed)."""
     workloads = sorted(by_workload)
     totals: dict[str, float] = {}
     for name in dispatch.KERNELS:
@@ -1178,13 +1235,14 @@ def _fastest(by_workload, dispatch, device: str, run: str, source: str) -> dict 
                   if c not in k.per_call_keys}  # fmt: skip
     prov = {
         "device": device,
-        "date": run[:10],
+        "date": str(first.get("timestamp") or "")[:10],
         "source": source,
         "times_ms": {n: round(t, 4) for n, t in sorted(totals.items(), key=lambda kv: kv[1])},
         "workload": " + ".join(f"{w} T={by_workload[w][best].get('T')}" for w in workloads)
+        + (f" ({slots} slots/token)" if first.get("nnz") not in (None, "") else "")
         + (" (times summed)" if len(workloads) > 1 else ""),
         "commit": first.get("commit") or "unknown",
-        "run": run,
+        "run": first.get("timestamp") or "",
         "triton": first.get("triton") or "",
         "torch": first.get("torch") or "",
     }
@@ -1197,13 +1255,15 @@ def export_kernel_choice(
     rows: Iterable[Mapping[str, Any]],
     arch: str,
     *,
-    run: str | None = None,
+    run: str | Sequence[str] | None = None,
     source: str = "bench rows",
     root: Path | str | None = None,
     dry_run: bool = False,
 ) -> str:
-    """Record each shape's fastest kernel of one benchmark run (:func:`kernel_choices`) as the
-    ``kernel`` object of ``arch``'s entries; returns the unified diff.
+    """Record each shape's fastest kernel of one benchmark run, or of several taken together
+    (:func:`kernel_choices`), as the ``kernel`` object of ``arch``'s entries (an entry's
+    choices are replaced by the runs' for every (H, D) they measured); returns the unified
+    diff.
 
     An entry's Triton ``launch`` and ``provenance`` are kept; a shape without an entry gets
     the launch the run's Triton row used, with that row as its provenance (``mode`` "bench").
@@ -1223,6 +1283,8 @@ def export_kernel_choice(
                 kernel: dict[str, Any] = {"name": c["name"]}
                 if c["tokens"] is not None:
                     kernel["tokens"] = list(c["tokens"])
+                if c["slots"] is not None:
+                    kernel["slots"] = list(c["slots"])
                 if c["launch"] is not None:
                     kernel["launch"] = c["launch"]
                 kernel["provenance"] = c["provenance"]

@@ -189,6 +189,19 @@ def test_unregistered_recorded_kernel_names_the_file(tmp_path, monkeypatch):
         ([{"name": FAKE, "tokens": [0, 100], "provenance": CHOICE_PROV}], "end open"),
         ([{"name": FAKE, "provenance": CHOICE_PROV}], "needs its 'tokens'"),
         ([], "must not be empty"),
+        ({"name": FAKE, "slots": [0, None], "provenance": CHOICE_PROV}, "no 'slots'"),
+        ({"name": FAKE, "tokens": [0, None], "slots": [5, 1], "provenance": CHOICE_PROV},
+         "slots must be"),
+        ([{"name": FAKE, "tokens": [0, None], "slots": [0, 100], "provenance": CHOICE_PROV}],
+         "one choice, so no 'slots'"),
+        ([{"name": FAKE, "tokens": [0, None], "slots": [0, 100], "provenance": CHOICE_PROV},
+          {"name": FAKE, "tokens": [0, None], "provenance": CHOICE_PROV}], "each need 'slots'"),
+        ([{"name": FAKE, "tokens": [0, None], "slots": [0, 100], "provenance": CHOICE_PROV},
+          {"name": FAKE, "tokens": [0, None], "slots": [120, None], "provenance": CHOICE_PROV}],
+         "slots buckets must follow each other"),
+        ([{"name": FAKE, "tokens": [0, None], "slots": [1, 100], "provenance": CHOICE_PROV},
+          {"name": FAKE, "tokens": [0, None], "slots": [100, None], "provenance": CHOICE_PROV}],
+         "slots buckets must start at 0"),
     ],
 )  # fmt: skip
 def test_kernel_object_is_validated(tmp_path, kernel, match):
@@ -198,7 +211,7 @@ def test_kernel_object_is_validated(tmp_path, kernel, match):
 
 
 def _bench_row(provider, H, ms, *, ts="2026-11-30T10:00:00+00:00", workload=None, ok=True,
-               config=None, T=16384):  # fmt: skip
+               config=None, T=16384, nnz=None):  # fmt: skip
     triton_cfg = {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
     gluon_cfg = {"BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2,
                  "num_kv_splits": 1}  # fmt: skip
@@ -206,7 +219,8 @@ def _bench_row(provider, H, ms, *, ts="2026-11-30T10:00:00+00:00", workload=None
     return {"timestamp": ts, "device": "NVIDIA H200", "torch": "2.11", "triton": "3.6.0",
             "commit": "c0ffee", "workload": workload or f"csa_h{H}", "T": str(T), "H": str(H),
             "D": "512", "provider": provider, "config": json.dumps(cfg), "ok": str(ok),
-            "ms": "" if ms is None else str(ms)}  # fmt: skip
+            "ms": "" if ms is None else str(ms),
+            "nnz": "" if nnz is None else str(nnz)}  # fmt: skip
 
 
 def test_export_kernel_choice_then_dispatch(tmp_path, monkeypatch):
@@ -247,6 +261,9 @@ def test_token_buckets():
     assert tune.token_buckets([16384]) == [(0, None)]
     assert tune.token_buckets([4096, 64, 1024, 256, 16384, 64]) == [
         (0, 128), (128, 512), (512, 2048), (2048, 8192), (8192, None)]  # fmt: skip
+    # Neighbours whose geometric midpoint floors onto the lower one: each keeps its own value.
+    assert tune.token_buckets([1, 2, 3]) == [(0, 2), (2, 3), (3, None)]
+    assert tune.token_buckets([0, 640]) == [(0, 1), (1, None)]
 
 
 def test_grid_export_records_a_choice_per_token_bucket(tmp_path):
@@ -272,6 +289,110 @@ def test_grid_export_records_a_choice_per_token_bucket(tmp_path):
                     (10**6, FAKE), (None, FAKE)):  # fmt: skip
         c = configs.entries("sm90", tmp_path)["H16_D512"].kernel_for(T)
         assert c.name == name, (T, c)
+
+
+def test_export_by_list_length_then_dispatch(tmp_path, monkeypatch):
+    """Two runs taken together, the grid's short lists and a long request's steps (every list
+    whole) at the same T, record a choice per list length where both were measured; the
+    entry's choice then follows the call's slots per token (cached per bucket), and a call
+    whose length is unknown takes the longest lists' choice."""
+    for name, k in list(dispatch.KERNELS.items()):  # every kernel runnable, as on sm90
+        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    mma = {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4, "num_kv_splits": 8}
+    rows = []
+    for ts, workload, slots, times in (
+        ("2026-12-02T10:00:00+00:00", "csa_h16", (3, 40), ((0.008, 0.009), (0.010, 0.030))),
+        ("2026-12-02T11:00:00+00:00", "csa_h16_ctx", (640, 640), ((0.020, 0.013), (0.021, 0.035))),
+    ):  # fmt: skip
+        for T, s, (ws, mma_ms) in zip((4, 64), slots, times, strict=True):
+            rows += [_bench_row("triton", 16, 0.1, T=T, ts=ts, workload=workload, nnz=T * s),
+                     _bench_row(FAKE, 16, ws, T=T, ts=ts, workload=workload, nnz=T * s,
+                                config={"HEAD_GROUPS": 1}),
+                     _bench_row("gluon_mma", 16, mma_ms, T=T, ts=ts, workload=workload,
+                                nnz=T * s, config=mma)]  # fmt: skip
+    runs = ["2026-12-02T10:00:00+00:00", "2026-12-02T11:00:00+00:00"]
+    tune.export_kernel_choice(rows, "sm90", run=runs, root=tmp_path, source="grid + ctx")
+    e = configs.entries("sm90", tmp_path)["H16_D512"]
+    # At T = 64 both lengths chose the same kernel: one choice, its times summed.
+    assert [(c.name, c.tokens, c.slots) for c in e.kernels] == [
+        (FAKE, (0, 16), (0, 43)), ("gluon_mma", (0, 16), (43, None)),
+        (FAKE, (16, None), None)]  # fmt: skip
+    assert e.kernels[2].provenance["times_ms"][FAKE] == pytest.approx(0.031)
+    assert e.kernels[2].provenance["workload"] == (
+        "csa_h16 T=64 (40 slots/token) + csa_h16_ctx T=64 (640 slots/token) (times summed)"
+    )
+    assert e.kernels[2].provenance["run"] == " + ".join(runs)
+    assert e.kernels[1].provenance["workload"] == "csa_h16_ctx T=4 (640 slots/token)"
+    assert e.kernels[1].provenance["run"] == runs[1] and e.kernels[0].provenance["run"] == runs[0]
+    assert '"slots": [' in configs.config_path("sm90", tmp_path).read_text()
+    assert dispatch.slot_bounds("sm90", 16, 512, tmp_path) == (0, 43)
+    for T, slots, name in ((4, 640, "gluon_mma"), (1, 43, "gluon_mma"), (4, 42, FAKE),
+                           (4, 3, FAKE), (4, None, "gluon_mma"), (64, 640, FAKE),
+                           (64, 1, FAKE)):  # fmt: skip
+        nnz = None if slots is None else T * slots
+        c = dispatch.choose(dispatch.Call("sm90", 16, 512, num_tokens=T, nnz=nnz), root=tmp_path)
+        assert c.kernel == name, (T, slots, c)
+    c = dispatch.choose(dispatch.Call("sm90", 16, 512, num_tokens=4, nnz=4 * 640), root=tmp_path)
+    assert "T in [0, 16) slots/token in [43, inf)" in c.reason and "gluon_mma 0.013 ms" in c.reason
+    line = dispatch.describe("sm90", 16, 512, tmp_path, num_tokens=4, slots_per_token=3)
+    assert line.startswith(f"sm90 H=16 D=512 T=4 slots/token=3: {FAKE} (recorded")
+    with pytest.raises(ValueError, match="needs num_tokens"):
+        dispatch.describe("sm90", 16, 512, tmp_path, slots_per_token=3)
+    # The entry's cached choice: one per (token bucket, slots bucket), in either order.
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    kv = torch.zeros(64, 512, dtype=torch.bfloat16)
+    for T, nnz, name in ((4, 4 * 640, "gluon_mma"), (4, 12, FAKE), (5, 5 * 700, "gluon_mma"),
+                         (4, 8, FAKE), (4, None, "gluon_mma"), (64, 64 * 640, FAKE)):  # fmt: skip
+        got = dispatch.choose_cached("sm90", 16, 512, torch.bfloat16, kv, T, nnz)
+        assert got.kernel == name, (T, nnz, got)
+    # The same workload and T in both runs is a mistake, not a silent pick.
+    twice = rows + [replace_ts(r, runs[1]) for r in rows if r["workload"] == "csa_h16"]
+    with pytest.raises(ValueError, match="in two runs"):
+        tune.kernel_choices(twice, run=runs)
+
+
+def replace_ts(row, ts):
+    return {**row, "timestamp": ts}
+
+
+def test_cli_exports_several_runs_and_says_which_kernel_by_list_length(
+    tmp_path, monkeypatch, capsys
+):  # fmt: skip
+    from sparse_mla import cli
+
+    for name, k in list(dispatch.KERNELS.items()):
+        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    files = []
+    for ts, slots, ws, mma_ms in (("2026-12-02T10:00:00+00:00", 3, 0.008, 0.009),
+                                  ("2026-12-02T11:00:00+00:00", 640, 0.020, 0.013)):  # fmt: skip
+        rows = [_bench_row(p, 16, ms, T=4, ts=ts, workload=f"csa_h16_s{slots}", nnz=4 * slots,
+                           config=cfg)
+                for p, ms, cfg in (("triton", 0.1, None), (FAKE, ws, {"HEAD_GROUPS": 1}),
+                                   ("gluon_mma", mma_ms, None))]  # fmt: skip
+        path = tmp_path / f"run_{slots}.csv"
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        files.append(str(path))
+    root = tmp_path / "root"
+    argv = ["export", *files, "--arch", "sm90", "--root", str(root), "--kernel-choice"]
+    assert cli.main(argv) == 0, capsys.readouterr()
+    e = configs.entries("sm90", root)["H16_D512"]
+    assert [(c.name, c.tokens, c.slots) for c in e.kernels] == [
+        (FAKE, (0, None), (0, 43)), ("gluon_mma", (0, None), (43, None))]  # fmt: skip
+    assert e.kernels[0].provenance["source"] == " + ".join(files)
+    capsys.readouterr()
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(root))
+    argv = ["which", "--arch", "sm90", "--heads", "16", "--tokens", "4", "--slots", "3", "640"]
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(": ")[1].split()[0] for ln in lines] == [FAKE, "gluon_mma"], lines
+    assert lines[1].startswith("sm90 H=16 D=512 T=4 slots/token=640: gluon_mma (recorded")
+    assert cli.main(["which", "--arch", "sm90", "--heads", "16", "--slots", "3"]) == 2
+    assert "--slots goes with --tokens" in capsys.readouterr().err
+    assert cli.main(["export", *files, "--arch", "sm90", "--root", str(root)]) == 2
+    assert "go with --kernel-choice" in capsys.readouterr().err
 
 
 def test_rule_covers_every_grid_point_with_a_kernel_that_can_run_it():
@@ -317,24 +438,35 @@ def test_old_gluon_name_in_a_config_file_says_what_to_do(tmp_path):
 
 
 def test_committed_sm90_choice_matches_the_grid_csv():
-    """The sm90 kernel choices are the committed grid run's, recomputed here from its rows;
-    the rule and the recorded buckets send no grid point to Triton."""
-    with (ROOT / "data/bench/nvidia-h200_grid.csv").open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    """The sm90 kernel choices are the committed runs' (the grid's and the grids of long
+    requests' steps, ``bench --grid --context``), recomputed here from the rows of the files
+    and runs their provenance names; the rule and the recorded buckets send no grid point, at
+    any list length, to Triton."""
     entries = configs.entries("sm90", configs.CONFIG_ROOT)
     recorded = {k: e.kernels for k, e in entries.items() if e.kernels}
-    any_choice = next(iter(recorded.values()))[0]
-    run = any_choice.provenance["run"]
-    again = tune.kernel_choices(rows, run=run, source=any_choice.provenance["source"])
+    choices = [c for kernels in recorded.values() for c in kernels]
+    sources = {c.provenance["source"] for c in choices}
+    assert len(sources) == 1, sources
+    source = sources.pop()
+    rows = []
+    for path in source.split(" + "):
+        with (ROOT / path).open(newline="") as f:
+            rows += list(csv.DictReader(f))
+    runs = sorted({r for c in choices for r in c.provenance["run"].split(" + ")})
+    again = tune.kernel_choices(rows, run=runs, source=source)
     assert {configs.shape_key(H, D) for H, D in again} == set(recorded)
     for (H, D), picked in again.items():
         got = recorded[configs.shape_key(H, D)]
-        assert [(c["name"], c["launch"], c["provenance"], c["tokens"]) for c in picked] == [
-            (k.name, k.launch, k.provenance, k.tokens) for k in got
-        ]
+        assert [(c["name"], c["launch"], c["provenance"], c["tokens"], c["slots"])
+                for c in picked] == [
+            (k.name, k.launch, k.provenance, k.tokens, k.slots) for k in got
+        ]  # fmt: skip
     for H in (1, 2, 3, 8, 16, 17, 20, 32, 33, 48, 64, 100, 128):
-        for T in (1, 64, 1024, 16384):
-            assert dispatch.choose(dispatch.Call("sm90", H, 512, num_tokens=T)).kernel != "triton"
+        for T in (1, 4, 64, 1024, 16384):
+            for slots in (None, 1, 40, 640, 1152):
+                nnz = None if slots is None else T * slots
+                call = dispatch.Call("sm90", H, 512, num_tokens=T, nnz=nnz)
+                assert dispatch.choose(call).kernel != "triton", (H, T, slots)
 
 
 def _package_imports(path: Path, *, module_level: bool = False) -> set[str]:
