@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 22, list lengths (nineteenth session): the kernel choice by slots per token, on the H200.
+# 1. The small-T points the first runs of the session left out (grid heads 2, 12, 20, 40, 80,
+#    112): long requests' steps (--context 65536, every list whole), middling ones (--context
+#    1024, 384 slots a token) and whole short prompts (the grid's own workload at T 1-16),
+#    appended to the committed CSVs.
+# 2. export --kernel-choice of every run together (the grid of 391741a and every run of the
+#    context and small-T files) into the shipped sm90 file, copied to $OUT.
+# 3. config=None with those choices against the kernels and FlashMLA padded, at long and
+#    middling lists and at whole short prompts, T 1-16 (where the choice moved).
+# From the repository root, .peers carried: OUT=dir COMMIT=sha bash experiments/list_length_gpu_check.sh
+set -u
+export PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build PYTHONUNBUFFERED=1
+C=${COMMIT:-unknown}
+D=data/bench/nvidia-h200
+MISSING=2,12,20,40,80,112
+B="python3 -m sparse_mla.cli bench --grid --no-ceilings --commit $C"
+t0=$(date +%s)
+$B --context 65536 --heads $MISSING --tokens 1,4,16,64 --time-limit 130 --out ${D}_grid_ctx65536.csv \
+  > "$OUT/grid_ctx65536_more_$C.log" 2>&1
+$B --context 1024 --heads $MISSING --tokens 1,4,16 --time-limit 60 --out ${D}_grid_ctx1024.csv \
+  > "$OUT/grid_ctx1024_more_$C.log" 2>&1
+$B --no-glm --heads $MISSING --tokens 1,4,16 --time-limit 60 --out ${D}_grid_small_t.csv \
+  > "$OUT/grid_small_t_more_$C.log" 2>&1
+echo "step 1 done at $(( $(date +%s) - t0 )) s"
+FILES="${D}_grid.csv ${D}_grid_ctx65536.csv ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv"
+RUNS=$(python3 - $FILES <<'EOF'
+import csv, sys
+main, *rest = sys.argv[1:]
+runs = ["2026-12-02T12:41:51+00:00"]  # the grid of 391741a (the README's table)
+for path in rest:
+    with open(path, newline="") as f:
+        runs += sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("timestamp")})
+print(" ".join(f"--run {r}" for r in runs))
+EOF
+)
+echo "export runs: $RUNS"
+python3 -m sparse_mla.cli export $FILES --arch sm90 --root sparse_mla/tuned --kernel-choice $RUNS \
+  > "$OUT/export_$C.diff" 2>&1
+echo "export rc $?"
+cp sparse_mla/tuned/sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json "$OUT/sm90_DEFAULT.json"
+for f in $FILES; do cp "$f" "$OUT/"; done
+echo "step 2 done at $(( $(date +%s) - t0 )) s"
+P=gluon_mma,gluon_wgmma,gluon_ws,gluon_ws_small,default,flashmla
+$B --context 65536 --heads 1,2,8,12,16,20,32,40,64,80,112,128 --tokens 1,4,16 --providers $P \
+  --time-limit 90 --out "$OUT/verify_ctx65536.csv" > "$OUT/verify_ctx65536_$C.log" 2>&1
+$B --context 1024 --heads 1,16,64,128 --tokens 1,4,16 --providers $P --time-limit 30 \
+  --out "$OUT/verify_ctx1024.csv" > "$OUT/verify_ctx1024_$C.log" 2>&1
+$B --no-glm --heads 1,16,64,128 --tokens 4,64 --providers $P --time-limit 30 \
+  --out "$OUT/verify_small_t.csv" > "$OUT/verify_small_t_$C.log" 2>&1
+echo "step 3 done at $(( $(date +%s) - t0 )) s"
