@@ -1111,6 +1111,7 @@ def kernel_choices(
     *,
     run: str | Sequence[str] | None = None,
     source: str = "bench rows",
+    arch: str | None = None,
 ) -> dict[tuple[int, int], list[dict[str, Any]]]:
     """The fastest registered kernel per (H, D), token count and list length in benchmark runs.
 
@@ -1121,6 +1122,11 @@ def kernel_choices(
             latest run in ``rows``. The runs must be on one device and must not measure the
             same (workload, T, H) twice.
         source: where the rows come from (recorded in the provenance).
+        arch: the arch the runs' GPU is (``sm90``): a chosen kernel's launch (the row's
+            ``config``) that is its own default there is recorded as None, the kernel's
+            default, which is what the bench ran (a kernel's default may act on the call, as
+            ``gluon_mma``'s trades its head blocks for 16-head ones at small T, and a given
+            launch does not); None: launches recorded as the rows have them.
 
     Returns:
         {(H, D): [{"name", "launch", "provenance", "triton_row", "tokens", "slots"}, ...]}:
@@ -1172,7 +1178,7 @@ def kernel_choices(
         for T, by_slots in sorted(by_tokens.items()):
             here = []
             for slots, by_workload in sorted(by_slots.items()):
-                c = _fastest(by_workload, dispatch, devices[0], source, slots)
+                c = _fastest(by_workload, dispatch, devices[0], source, slots, arch)
                 if c is not None:
                     here.append((slots, c))
             merged: list[dict[str, Any]] = []
@@ -1198,6 +1204,20 @@ def kernel_choices(
     return out
 
 
+def _default_launch(k, arch: str, H: int, D: int, T: int | None) -> dict[str, Any] | None:
+    """Kernel ``k``'s default launch for (arch, H, D, T) as a bench row's ``config`` holds it
+    (per-call keys left out); None when it has none to compare."""
+    from . import dispatch
+
+    if k.to_dict is None:
+        return None
+    try:
+        cfg = k.resolve(None, dispatch.Call(arch, H, D, num_tokens=T))
+    except ValueError:
+        return None
+    return {c: v for c, v in k.to_dict(cfg).items() if c not in k.per_call_keys}
+
+
 def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Two neighbouring list-length choices of one T that chose the same kernel and launch, as
     one: the union of their slots buckets, their times summed (the kernel was the fastest in
@@ -1215,7 +1235,9 @@ def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {**a, "provenance": prov, "slots": (a["slots"][0], b["slots"][1])}
 
 
-def _fastest(by_workload, dispatch, device: str, source: str, slots: int) -> dict | None:
+def _fastest(
+    by_workload, dispatch, device: str, source: str, slots: int, arch: str | None = None
+) -> dict | None:  # fmt: skip
     """The fastest registered kernel over one (H, D, T, slots per token)'s workloads (times
     summed)."""
     workloads = sorted(by_workload)
@@ -1226,13 +1248,18 @@ def _fastest(by_workload, dispatch, device: str, source: str, slots: int) -> dic
             totals[name] = sum(_bench_value(g, "ms") for g in got)
     if not totals:
         return None
-    best = min(totals, key=totals.get)
+    # An exact tie (the timer's resolution at a few-us call) is no evidence for the fallback:
+    # it goes to the other kernel.
+    best = min(totals, key=lambda n: (totals[n], n == dispatch.FALLBACK))
     first = by_workload[workloads[0]][best]
     k = dispatch.KERNELS[best]
     launch = None
     if best != dispatch.FALLBACK:
         launch = {c: v for c, v in _bench_value(first, "config").items()
                   if c not in k.per_call_keys}  # fmt: skip
+        H, D, T = _bench_value(first, "H"), _bench_value(first, "D"), int(first.get("T") or 0)
+        if arch is not None and launch == _default_launch(k, arch, H, D, T or None):
+            launch = None  # the kernel's own default, as the bench ran it
     prov = {
         "device": device,
         "date": str(first.get("timestamp") or "")[:10],
@@ -1269,7 +1296,8 @@ def export_kernel_choice(
     the launch the run's Triton row used, with that row as its provenance (``mode`` "bench").
     Atomic and under the file's lock, like :func:`export`.
     """
-    choices = kernel_choices(rows, run=run, source=source)
+    arch = _target(arch).name
+    choices = kernel_choices(rows, run=run, source=source, arch=arch)
     if not choices:
         return ""
     path = configs.config_path(arch, root)

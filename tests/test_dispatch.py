@@ -224,8 +224,9 @@ def _bench_row(provider, H, ms, *, ts="2026-11-30T10:00:00+00:00", workload=None
 
 
 def test_export_kernel_choice_then_dispatch(tmp_path, monkeypatch):
+    staged = {"BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3, "num_kv_splits": 1}
     rows = [
-        _bench_row("triton", 64, 6.5), _bench_row("gluon_wgmma", 64, 4.8),
+        _bench_row("triton", 64, 6.5), _bench_row("gluon_wgmma", 64, 4.8, config=staged),
         _bench_row("default", 64, 1.0), _bench_row("flashmla", 64, 0.5),  # not candidates
         _bench_row("triton", 16, 2.4), _bench_row("gluon_wgmma", 16, 4.0),
         _bench_row("triton", 16, 7.2, workload="glm_h16"), _bench_row("gluon_wgmma", 16, 5.0,
@@ -238,13 +239,20 @@ def test_export_kernel_choice_then_dispatch(tmp_path, monkeypatch):
     assert '"name": "gluon_wgmma"' in diff
     found = configs.entries("sm90", tmp_path)
     h64, h16 = found["H64_D512"], found["H16_D512"]
+    # A launch other than the kernel's default is recorded (per-call keys left out)...
     assert h64.kernel.name == "gluon_wgmma" and h64.kernel.launch == {
-        "BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}  # fmt: skip
+        "BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}  # fmt: skip
     assert h64.kernel.tokens is None and len(h64.kernels) == 1  # one T measured: every T
     assert h64.kernel.provenance["times_ms"] == {"gluon_wgmma": 4.8, "triton": 6.5}
     assert h64.provenance["mode"] == "bench" and h64.launch.BLOCK_K == 32  # from the triton row
     # H16: times summed over both workloads (Gluon 4.0 + 5.0 against Triton 2.4 + 7.2).
     assert h16.kernel.name == "gluon_wgmma"
+    # ... the default, as None: the entry runs the kernel's default itself, as the bench did.
+    assert _bench_row("gluon_wgmma", 16, 1.0)["config"] == json.dumps(
+        {**dispatch.KERNELS["gluon_wgmma"].to_dict(
+            dispatch.KERNELS["gluon_wgmma"].resolve(None, dispatch.Call("sm90", 16, 512))),
+         "num_kv_splits": 1})  # fmt: skip
+    assert h16.kernel.launch is None
     assert h16.kernel.provenance["times_ms"] == {"gluon_wgmma": 9.0, "triton": 9.6}
     assert "csa_h16 T=16384 + glm_h16 T=16384" in h16.kernel.provenance["workload"]
     # A later sweep export of Triton's launch keeps the recorded kernel.
@@ -254,7 +262,9 @@ def test_export_kernel_choice_then_dispatch(tmp_path, monkeypatch):
     again = configs.entries("sm90", tmp_path)["H64_D512"]
     assert again.launch.BLOCK_K == 16 and again.kernel == h64.kernel
     c = dispatch.choose(dispatch.Call("sm90", 64, 512), root=tmp_path)
-    assert c.kernel == "gluon_wgmma" and c.launch.BLOCK_K == 64 and "gluon_wgmma 4.8 ms" in c.reason
+    assert (
+        c.kernel == "gluon_wgmma" and c.launch.num_stages == 3 and "gluon_wgmma 4.8 ms" in c.reason
+    )
 
 
 def test_token_buckets():
@@ -281,7 +291,7 @@ def test_grid_export_records_a_choice_per_token_bucket(tmp_path):
     e = configs.entries("sm90", tmp_path)["H16_D512"]
     assert [(c.name, c.tokens) for c in e.kernels] == [
         ("gluon_mma", (0, 256)), (FAKE, (256, 4096)), (FAKE, (4096, None))]  # fmt: skip
-    assert e.kernels[0].launch == {k: v for k, v in mma.items() if k != "num_kv_splits"}
+    assert e.kernels[0].launch is None  # gluon_mma's default at H16: recorded as the default
     assert e.kernels[0].provenance["workload"] == "csa_h16 T=64"
     text = configs.config_path("sm90", tmp_path).read_text()
     assert '"tokens": [' in text and configs.validate_file(configs.config_path("sm90", tmp_path))
@@ -453,7 +463,7 @@ def test_committed_sm90_choice_matches_the_grid_csv():
         with (ROOT / path).open(newline="") as f:
             rows += list(csv.DictReader(f))
     runs = sorted({r for c in choices for r in c.provenance["run"].split(" + ")})
-    again = tune.kernel_choices(rows, run=runs, source=source)
+    again = tune.kernel_choices(rows, run=runs, source=source, arch="sm90")
     assert {configs.shape_key(H, D) for H, D in again} == set(recorded)
     for (H, D), picked in again.items():
         got = recorded[configs.shape_key(H, D)]
@@ -467,6 +477,33 @@ def test_committed_sm90_choice_matches_the_grid_csv():
                 nnz = None if slots is None else T * slots
                 call = dispatch.Call("sm90", H, 512, num_tokens=T, nnz=nnz)
                 assert dispatch.choose(call).kernel != "triton", (H, T, slots)
+
+
+def test_recorded_choices_run_the_launch_the_bench_timed():
+    """The entry runs each recorded sm90 choice with the launch its forced provider ran in the
+    bench (``config=Choice(name)``: the kernel's default), the very object where the kernel's
+    default is one, so a default that acts on the call acts on it too (``gluon_mma``'s trade
+    of its head blocks for 16-head ones at small T). The device's first export by list length
+    recorded the default's fields as a given launch: ``config=None`` then ran ``gluon_mma`` in
+    64-head blocks at H 40-80, T = 1, 1.17-1.24x the forced kernel
+    (``data/bench/nvidia-h200_list_length_verify_ca4e873.log``)."""
+    from sparse_mla.gluon import launch as gluon_launch
+
+    tgt = gluon_launch.get_target("sm90")
+    checked = set()
+    for key, e in configs.entries("sm90", configs.CONFIG_ROOT).items():
+        H, D = configs.parse_shape_key(key)
+        for c in e.kernels:
+            T = c.tokens[0] if c.tokens else 16384
+            slots = c.slots[0] if c.slots else 640
+            call = dispatch.Call("sm90", H, D, num_tokens=max(T, 1), nnz=max(T, 1) * slots)
+            got = dispatch.choose(call)
+            forced = dispatch.choose(call, config=dispatch.Choice(c.name))
+            assert (got.kernel, got.launch) == (c.name, forced.launch), (key, c.tokens, c.slots)
+            if c.name == "gluon_mma":
+                assert got.launch is gluon_launch.default_config(H, tgt), (key, c.tokens)
+            checked.add(c.name)
+    assert {"gluon_mma", "gluon_wgmma", "gluon_ws", "gluon_ws_small"} <= checked
 
 
 def _package_imports(path: Path, *, module_level: bool = False) -> set[str]:
