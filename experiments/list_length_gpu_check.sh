@@ -9,6 +9,11 @@
 # 3. config=None with those choices against the kernels and FlashMLA padded, at long and
 #    middling lists and at whole short prompts, T 1-16 (where the choice moved).
 # From the repository root, .peers carried: OUT=dir COMMIT=sha bash experiments/list_length_gpu_check.sh
+# Ran at ca4e873; its first run left 17 files under $OUT and the device returned 8 (the
+# context-65536 and small-T rows and the export were lost and measured again). Keep $OUT to a
+# few files: the step logs go into one. Run again, step 1 appends the same points to the
+# committed CSVs a second time, and the export refuses points measured in two runs: name the
+# runs to take with --run.
 set -u
 export PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build PYTHONUNBUFFERED=1
 C=${COMMIT:-unknown}
@@ -17,11 +22,11 @@ MISSING=2,12,20,40,80,112
 B="python3 -m sparse_mla.cli bench --grid --no-ceilings --commit $C"
 t0=$(date +%s)
 $B --context 65536 --heads $MISSING --tokens 1,4,16,64 --time-limit 130 --out ${D}_grid_ctx65536.csv \
-  > "$OUT/grid_ctx65536_more_$C.log" 2>&1
+  > "$OUT/steps_$C.log" 2>&1
 $B --context 1024 --heads $MISSING --tokens 1,4,16 --time-limit 60 --out ${D}_grid_ctx1024.csv \
-  > "$OUT/grid_ctx1024_more_$C.log" 2>&1
+  >> "$OUT/steps_$C.log" 2>&1
 $B --no-glm --heads $MISSING --tokens 1,4,16 --time-limit 60 --out ${D}_grid_small_t.csv \
-  > "$OUT/grid_small_t_more_$C.log" 2>&1
+  >> "$OUT/steps_$C.log" 2>&1
 echo "step 1 done at $(( $(date +%s) - t0 )) s"
 FILES="${D}_grid.csv ${D}_grid_ctx65536.csv ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv"
 RUNS=$(python3 - $FILES <<'EOF'
@@ -36,16 +41,16 @@ EOF
 )
 echo "export runs: $RUNS"
 python3 -m sparse_mla.cli export $FILES --arch sm90 --root sparse_mla/tuned --kernel-choice $RUNS \
-  > "$OUT/export_$C.diff" 2>&1
+  > /dev/null 2>> "$OUT/steps_$C.log"
 echo "export rc $?"
 cp sparse_mla/tuned/sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json "$OUT/sm90_DEFAULT.json"
-for f in $FILES; do cp "$f" "$OUT/"; done
+cp ${D}_grid_ctx65536.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv "$OUT/"
 echo "step 2 done at $(( $(date +%s) - t0 )) s"
 P=gluon_mma,gluon_wgmma,gluon_ws,gluon_ws_small,default,flashmla
 $B --context 65536 --heads 1,2,8,12,16,20,32,40,64,80,112,128 --tokens 1,4,16 --providers $P \
-  --time-limit 90 --out "$OUT/verify_ctx65536.csv" > "$OUT/verify_ctx65536_$C.log" 2>&1
+  --time-limit 90 --out "$OUT/verify.csv" > "$OUT/verify_$C.log" 2>&1
 $B --context 1024 --heads 1,16,64,128 --tokens 1,4,16 --providers $P --time-limit 30 \
-  --out "$OUT/verify_ctx1024.csv" > "$OUT/verify_ctx1024_$C.log" 2>&1
+  --out "$OUT/verify.csv" >> "$OUT/verify_$C.log" 2>&1
 $B --no-glm --heads 1,16,64,128 --tokens 4,64 --providers $P --time-limit 30 \
-  --out "$OUT/verify_small_t.csv" > "$OUT/verify_small_t_$C.log" 2>&1
+  --out "$OUT/verify.csv" >> "$OUT/verify_$C.log" 2>&1
 echo "step 3 done at $(( $(date +%s) - t0 )) s"

@@ -15,13 +15,15 @@
 # seventeenth on 798007e and f53f744, in the package since f53f744: data/bench/*_mask_*,
 # *_fold_*; ids (step 14) on 639cdc6 and 05f2f12: data/bench/*_ids_*, *_lat_*; suite and lazy
 # (step 15, a patch then) in the eighteenth on 0e6a75d: data/bench/gpu_suite_0e6a75d.log,
-# *_lazy_*; abstail on 5e64540: data/bench/max_abs_tail_h200.log.) Open: suite, first thing
-# (the entry runs the shipped recorded choices since 391741a: only the few-heads and op GPU
-# tests ran on that, data/bench/gpu_tests_default_roots_391741a.log). (Formerly
+# *_lazy_*; abstail on 5e64540: data/bench/max_abs_tail_h200.log; suite in the nineteenth on
+# 93f6818: data/bench/gpu_suite_93f6818.log.) Open: lists, first thing (the shipped choice by
+# list length with the kernels' default launches recorded as null: the device ran only the
+# export that gave gluon_mma its default as a launch, data/bench/nvidia-h200_list_length_*),
+# then suite on the same commit. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|lists|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -78,6 +80,11 @@
 #             the late-max-jump test), then ws_bars_ab.py against 05f2f12's kernel
 #             (.ab_base/hopper_ws_05f2f12.py, carried; `git show
 #             05f2f12:sparse_mla/gluon/hopper_ws.py` writes it); under 5 minutes
+#   lists     config=None with the shipped choice by list length, against the kernels and
+#             FlashMLA padded, at the steps of long requests (--context 65536, T 1-16, the
+#             heads of ca4e873's verify run) and at middling lists (--context 1024); predicted:
+#             default within 1.02 of the fastest package kernel at every point, at H 20-80 T = 1-4
+#             the forced gluon_mma times (0.79-0.95 of FlashMLA); under 3 minutes
 #   abstail   experiments/max_abs_tail.py: how often each kernel's max abs error passes 2x
 #             PyTorch's over seeded random sinks, at the few-heads case the eighteenth
 #             session's suite failed once (under 2 minutes)
@@ -242,6 +249,19 @@ if want lazy; then  # step 15 (in the package since the eighteenth session): the
   cp .ab_base/hopper_ws_05f2f12.py /tmp/hopper_ws_before.py || exit 1
   ws_gpu_tests lazy
   ws_ab lazy
+fi
+if want lists; then
+  P=gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla
+  for c in 65536 1024; do
+    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 120 \
+      python3 -m sparse_mla.cli bench --grid --no-ceilings --context $c --providers $P \
+      --heads 1,2,12,16,20,40,64,80,128 --tokens 1,4,16 --commit "${COMMIT:0:7}" \
+      --out "$OUT/list_length_check.csv" >> "$OUT/list_length_check_${COMMIT:0:7}.log" 2>&1
+    echo "lists ctx $c: rc=$?"
+  done
+  PYTHONPATH=$PWD python3 -c "from sparse_mla import bench; from sparse_mla.lab.grid import \
+grid_summary; r = bench.read_rows('$OUT/list_length_check.csv'); \
+[print(grid_summary(r, t)) for t in sorted({x['timestamp'] for x in r})]"
 fi
 if want abstail; then
   PYTHONPATH=$PWD timeout 150 python3 experiments/max_abs_tail.py \
