@@ -1582,9 +1582,10 @@ def export_launch(
     unified diff.
 
     The choice serves every T, unless the entry records token buckets and the row's ``T``
-    (the timed workload's tokens) falls in one: then that bucket's choice is replaced and the
-    others kept. A shape without an entry gets Triton's default launch beside it (provenance
-    ``mode`` "default": nothing measured it). Compile-only rows are refused: a kernel choice
+    (the timed workload's tokens) falls in one: then that bucket's choice is replaced (each of
+    its choices, where it is split by list length) and the others kept. A shape without an
+    entry gets Triton's default launch beside it (provenance ``mode`` "default": nothing
+    measured it). Compile-only rows are refused: a kernel choice
     records a measured time. Atomic and under the file's lock, like :func:`export`."""
     from . import dispatch
     from .prefill import default_config
@@ -1639,7 +1640,10 @@ def export_launch(
                 for o in kern:
                     lo, hi = o["tokens"]
                     serves = lo <= c["T"] and (hi is None or c["T"] < hi)
-                    lst.append({**new, "tokens": o["tokens"]} if serves else o)
+                    # (a bucket split by list length: each length's choice is replaced, its
+                    # slots kept, since the sweep's rows do not say their lists' length)
+                    kept = {k: o[k] for k in ("tokens", "slots") if k in o}
+                    lst.append({**new, **kept} if serves else o)
                 entry["kernel"] = lst
             else:
                 entry["kernel"] = new

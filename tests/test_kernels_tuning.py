@@ -119,7 +119,9 @@ def test_export_a_gluon_launch_and_the_dispatch_runs_it(tmp_path):
         assert c.reason.startswith("recorded")
     entry = configs.lookup_entry("sm90", 24, 512, root)
     assert entry.provenance["mode"] == "default"
-    # A shape whose entry records token buckets: only the bucket holding T changes.
+    # A shape whose entry records token buckets: only the bucket holding T changes (each of its
+    # choices where it is split by list length, their slots kept: the shipped H64 entry's first
+    # bucket is).
     shipped = configs.lookup_entry("sm90", 64, 512)
     assert shipped is not None and len(shipped.kernels) > 1
     (root / "sm90").mkdir(parents=True, exist_ok=True)
@@ -131,8 +133,12 @@ def test_export_a_gluon_launch_and_the_dispatch_runs_it(tmp_path):
     T = first.tokens[0] + 1
     tune.export([_timed_row("gluon_ws", {}, 64, T)], "sm90", root=root)
     got = configs.lookup_entry("sm90", 64, 512, root)
-    assert got.kernels[0].name == "gluon_ws" and got.kernels[0].tokens == first.tokens
-    assert got.kernels[1:] == shipped.kernels[1:]
+    inside = [c for c in shipped.kernels if c.tokens == first.tokens]
+    assert len(inside) > 1 and {c.slots for c in inside} != {None}
+    assert [(c.name, c.tokens, c.slots) for c in got.kernels[: len(inside)]] == [
+        ("gluon_ws", c.tokens, c.slots) for c in inside
+    ]
+    assert got.kernels[len(inside) :] == shipped.kernels[len(inside) :]
     assert dispatch.choose(dispatch.Call("sm90", 64, 512, num_tokens=T), root=root).kernel == (
         "gluon_ws"
     )
