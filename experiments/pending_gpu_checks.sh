@@ -84,7 +84,10 @@
 #             FlashMLA padded, at the steps of long requests (--context 65536, T 1-16, the
 #             heads of ca4e873's verify run) and at middling lists (--context 1024); predicted:
 #             default within 1.02 of the fastest package kernel at every point, at H 20-80 T = 1-4
-#             the forced gluon_mma times (0.79-0.95 of FlashMLA); under 3 minutes
+#             the forced gluon_mma times (0.79-0.95 of FlashMLA); under 3 minutes. Also open:
+#             the short and middling lists at H 4, 24, 48, 96, T 1-16 (bench --grid --no-glm
+#             and --context 1024 at those heads), then the export with their unpaired long-list
+#             points (data/bench/nvidia-h200_grid_ctx65536_unpaired.csv) put back
 #   abstail   experiments/max_abs_tail.py: how often each kernel's max abs error passes 2x
 #             PyTorch's over seeded random sinks, at the few-heads case the eighteenth
 #             session's suite failed once (under 2 minutes)
