@@ -245,10 +245,19 @@ def test_bad_file_text_is_a_config_file_error_naming_the_file(tmp_path, case):
 
 
 def test_shipped_kernel_launches_pass_the_file_check():
-    # Every recorded choice's own launch is one its kernel takes (checked at file read).
+    # Every recorded choice's own launch is one its kernel takes (checked at file read); the
+    # sm90 choices record null where the bench ran the kernel's default (all of them since the
+    # export by list length), which resolves to that default for the shape.
+    from sparse_mla import dispatch
+
     found = configs.validate_all(configs.CONFIG_ROOT)
-    launches = [c.launch for e in found["sm90"].values() for c in e.kernels if c.launch]
-    assert launches and all(isinstance(v, int) for lau in launches for v in lau.values())
+    choices = [(e, c) for e in found["sm90"].values() for c in e.kernels]
+    assert choices
+    for e, c in choices:
+        assert c.launch is None or all(isinstance(v, int) for v in c.launch.values()), c
+        call = dispatch.Call("sm90", e.num_heads, e.head_dim, num_tokens=(c.tokens or (1,))[0])
+        if c.name != dispatch.FALLBACK:  # (raises when the kernel cannot take it)
+            assert dispatch.kernel(c.name).resolve(c.launch, call) is not None, (e.key, c)
 
 
 def test_symlink_loop_dangling_symlink_and_unreadable_paths(tmp_path):
