@@ -393,14 +393,7 @@ def token_bounds(
     """The token counts at which :func:`choose`'s answer for (arch, H, D) may change: the
     recorded choices' bucket ends and :data:`RULE`'s token bounds (sorted). Two calls whose T
     fall between the same two bounds get the same choice."""
-    bounds: set[int] = set()
-    entry = configs.lookup_entry(arch, num_heads, head_dim, root)
-    for c in entry.kernels if entry is not None else ():
-        if c.tokens is not None:
-            lo, hi = c.tokens
-            bounds.add(lo)
-            if hi is not None:
-                bounds.add(hi)
+    bounds = set(_bucket_ends(arch, num_heads, head_dim, root, "tokens"))
     for _, max_tokens, _ in RULE.get(arch or "", ()):
         if max_tokens is not None:
             bounds.add(max_tokens + 1)
@@ -413,15 +406,19 @@ def slot_bounds(
     """The slots per token at which :func:`choose`'s answer for (arch, H, D) may change: the
     recorded choices' list-length bucket ends (sorted; empty when no choice has one). Within
     one bucket of :func:`token_bounds` and one of these, the choice is the same."""
-    bounds: set[int] = set()
+    return tuple(sorted(_bucket_ends(arch, num_heads, head_dim, root, "slots")))
+
+
+def _bucket_ends(arch, num_heads: int, head_dim: int, root, field: str) -> set[int]:
+    """The ends of the recorded choices' ``field`` buckets ("tokens" or "slots") for (arch,
+    H, D)."""
+    ends: set[int] = set()
     entry = configs.lookup_entry(arch, num_heads, head_dim, root)
     for c in entry.kernels if entry is not None else ():
-        if c.slots is not None:
-            lo, hi = c.slots
-            bounds.add(lo)
-            if hi is not None:
-                bounds.add(hi)
-    return tuple(sorted(bounds))
+        bucket = getattr(c, field)
+        if bucket is not None:
+            ends.update(e for e in bucket if e is not None)
+    return ends
 
 
 _access, _F_OK = os.access, os.F_OK
