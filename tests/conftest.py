@@ -124,3 +124,15 @@ def make_case(
 
 def poisoned_like(q: torch.Tensor) -> torch.Tensor:
     return torch.full_like(q, float("nan"))
+
+
+def runnable_everywhere(monkeypatch, names=None) -> None:
+    """The registered kernels ``names`` (default: every one) say they can run any call, as on
+    an sm90 GPU, for tests of the choice and the launch path on a CPU."""
+    from dataclasses import replace
+
+    from sparse_mla import dispatch
+
+    for name in list(dispatch.KERNELS) if names is None else names:
+        k = dispatch.KERNELS[name]
+        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_case, poisoned_like
+from conftest import make_case, poisoned_like, runnable_everywhere
 
 from sparse_mla import configs, dispatch, prefill, runtime, tune
 from sparse_mla.reference import check_against_reference, sparse_mla_prefill_ref
@@ -306,8 +306,7 @@ def test_export_by_list_length_then_dispatch(tmp_path, monkeypatch):
     whole) at the same T, record a choice per list length where both were measured; the
     entry's choice then follows the call's slots per token (cached per bucket), and a call
     whose length is unknown takes the longest lists' choice."""
-    for name, k in list(dispatch.KERNELS.items()):  # every kernel runnable, as on sm90
-        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    runnable_everywhere(monkeypatch)
     mma = {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4, "num_kv_splits": 8}
     rows = []
     for ts, workload, slots, times in (
@@ -370,8 +369,7 @@ def test_cli_exports_several_runs_and_says_which_kernel_by_list_length(
 ):  # fmt: skip
     from sparse_mla import cli
 
-    for name, k in list(dispatch.KERNELS.items()):
-        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    runnable_everywhere(monkeypatch)
     files = []
     for ts, slots, ws, mma_ms in (("2026-12-02T10:00:00+00:00", 3, 0.008, 0.009),
                                   ("2026-12-02T11:00:00+00:00", 640, 0.020, 0.013)):  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import make_case, poisoned_like
+from conftest import make_case, poisoned_like, runnable_everywhere
 from triton.backends.compiler import BaseBackend
 from triton.runtime.jit import create_function_from_signature
 
@@ -424,7 +424,6 @@ def test_direct_launch_makes_the_driver_call_triton_makes(name, monkeypatch):
     kernel[grid] and through the direct path: the C launcher gets the same arguments (grid,
     stream, function, packed metadata, every kernel argument, TMA encodings), bar Triton's
     launch metadata and its two empty hook chains, which the direct path passes as None."""
-    from dataclasses import replace
 
     from sparse_mla import dispatch, prefill
     from sparse_mla.gluon import algorithm, hopper_prefill, hopper_ws, hopper_ws_small
@@ -443,8 +442,7 @@ def test_direct_launch_makes_the_driver_call_triton_makes(name, monkeypatch):
     monkeypatch.setattr(fastlaunch, "_TMA_MAPS", {})
     for owner, attr, value in standin.sm90_patches():
         monkeypatch.setattr(owner, attr, value)
-    k = dispatch.KERNELS[name]
-    monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    runnable_everywhere(monkeypatch, [name])
     # T=4 at H=64: gluon_mma / gluon_wgmma run KV splits (the reduce fused on sm90).
     c = make_case(4, 64, 512, N=300, max_slots=100, dtype=torch.bfloat16)
     out = torch.empty_like(c.q)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_case, poisoned_like
+from conftest import make_case, poisoned_like, runnable_everywhere
 
 from sparse_mla import dispatch, op, runtime
 from sparse_mla.prefill import sparse_mla_prefill
@@ -267,14 +267,6 @@ def test_known_layout_still_checks_addresses_scale_and_values():
                            attn_sink=case.attn_sink, out=out)  # fmt: skip
 
 
-def _every_kernel_runnable(monkeypatch):
-    """Every registered kernel can run any call, as on an sm90 GPU (the choice alone is tested)."""
-    from dataclasses import replace
-
-    for name, k in list(dispatch.KERNELS.items()):
-        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
-
-
 def test_cached_choice_reads_the_shipped_files_under_the_user_root(tmp_path, monkeypatch):
     """Outside use_root, the entry's cached choice reads the user root over the shipped files,
     as choose() and the bench's labels do: with no user file every grid point (the shipped
@@ -284,7 +276,7 @@ def test_cached_choice_reads_the_shipped_files_under_the_user_root(tmp_path, mon
     were never run: sm90 GLM H32 ran gluon_ws_small, 1.04x the recorded gluon_ws.)"""
     from sparse_mla import bench, configs
 
-    _every_kernel_runnable(monkeypatch)
+    runnable_everywhere(monkeypatch)
     user = tmp_path / "user"
     user.mkdir()
     monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(user))
@@ -331,7 +323,7 @@ def test_cached_choice_sees_an_export_into_the_shipped_root(tmp_path, monkeypatc
     shipped root (tune.export_kernel_choice) clears that, so the next call reads the new choice."""
     from sparse_mla import configs, tune
 
-    _every_kernel_runnable(monkeypatch)
+    runnable_everywhere(monkeypatch)
     shipped, user = tmp_path / "shipped", tmp_path / "user"
     shipped.mkdir()
     user.mkdir()
@@ -363,7 +355,7 @@ def test_cached_choice_is_choose_at_every_list_length(tmp_path, monkeypatch):
     count, whatever order the lengths come in; a call of unknown length takes the longest."""
     from sparse_mla import bench
 
-    _every_kernel_runnable(monkeypatch)
+    runnable_everywhere(monkeypatch)
     monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))  # an empty user root
     kv = torch.zeros(64, 512, dtype=torch.bfloat16)
     split = 0

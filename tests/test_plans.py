@@ -14,7 +14,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import make_case, poisoned_like
+from conftest import make_case, poisoned_like, runnable_everywhere
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sparse_mla import configs, dispatch, fastlaunch, op, prefill, runtime, validation
@@ -42,9 +42,7 @@ def standin_setup(monkeypatch, kernels, names) -> list:
     monkeypatch.setattr(fastlaunch, "_POINTER_INTS", [False])
     for owner, attr, value in sm90_patches():
         monkeypatch.setattr(owner, attr, value)
-    for name in names:
-        k = dispatch.KERNELS[name]
-        monkeypatch.setitem(dispatch.KERNELS, name, replace(k, unavailable=lambda call: None))
+    runnable_everywhere(monkeypatch, names)
     return calls
 
 
