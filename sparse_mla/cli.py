@@ -588,11 +588,15 @@ def _cmd_isa(args: argparse.Namespace) -> int:
     if args.asm and args.asm not in stages:
         raise UsageError(f"--asm {args.asm}: {target.name} has no {args.asm} stage; it has "
                          f"{', '.join(stages)}")  # fmt: skip
+    if args.slots is not None and (args.kernel != "default" or args.tokens is None):
+        raise UsageError("--slots goes with --kernel default and --tokens (the list length "
+                         "of the call whose kernel config=None picks)")  # fmt: skip
     if args.kernel == "default":  # the kernel config=None runs at this shape
         from . import dispatch
 
+        nnz = None if args.slots is None else args.slots * args.tokens
         c = dispatch.choose(dispatch.Call(target.name, args.heads, args.head_dim,
-                                          num_tokens=args.tokens))  # fmt: skip
+                                          num_tokens=args.tokens, nnz=nnz))  # fmt: skip
         print(f"default: {c.kernel} ({c.reason})")
         args.kernel = c.kernel
     if args.kernel not in (None, "triton"):
@@ -1021,6 +1025,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="T of the shape (picks the recorded launch's token bucket)",
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="with --kernel default: slots per token of the call (the lists' total length // "
+        "T; picks the recorded list-length bucket; default: the longest lists')",
     )
     p.add_argument(
         "--set",

@@ -360,6 +360,26 @@ def test_export_by_list_length_then_dispatch(tmp_path, monkeypatch):
         tune.kernel_choices(twice, run=runs)
 
 
+def test_isa_default_follows_the_list_length(monkeypatch, capsys):
+    """``isa --kernel default --tokens T --slots S`` compiles the kernel config=None picks for
+    that list length (the shipped sm90 file splits H16 T = 4 by length); without --slots, the
+    longest lists' kernel."""
+    from sparse_mla import cli
+
+    ran = []
+    monkeypatch.setattr(cli, "_isa_kernel", lambda args, target: ran.append(args.kernel) or 0)
+    base = ["isa", "--kernel", "default", "--target", "sm90", "--heads", "16", "--tokens", "4"]
+    for extra in (["--slots", "640"], ["--slots", "3"], []):
+        assert cli.main([*base, *extra]) == 0
+    want = [dispatch.choose(dispatch.Call("sm90", 16, 512, num_tokens=4, nnz=4 * s)).kernel
+            for s in (640, 3)]  # fmt: skip
+    assert ran == [*want, want[0]] and want[0] != want[1], ran
+    out = capsys.readouterr().out
+    assert f"default: {want[0]} (recorded H16_D512 T in [2, 8) slots/token in [" in out
+    assert cli.main(["isa", "--target", "sm90", "--heads", "16", "--slots", "3"]) == 2
+    assert "--slots goes with --kernel default" in capsys.readouterr().err
+
+
 def replace_ts(row, ts):
     return {**row, "timestamp": ts}
 
