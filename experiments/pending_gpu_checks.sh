@@ -84,7 +84,7 @@
 #             FlashMLA padded, at the steps of long requests (--context 65536, T 1-16, the
 #             heads of ca4e873's verify run) and at middling lists (--context 1024); predicted:
 #             default within 1.02 of the fastest package kernel at every point, at H 20-80 T = 1-4
-#             the forced gluon_mma times (0.79-0.95 of FlashMLA); under 3 minutes. Also open:
+#             the forced gluon_mma times (0.79-0.83 of FlashMLA); under 3 minutes. Also open:
 #             the short and middling lists at H 4, 24, 48, 96, T 1-16 (bench --grid --no-glm
 #             and --context 1024 at those heads), then the export with their unpaired long-list
 #             points (data/bench/nvidia-h200_grid_ctx65536_unpaired.csv) put back
