@@ -755,9 +755,7 @@ def _bench_grid(args, bench, runtime, device, providers, heads, tokens) -> int:
         heads = list(_CPU_GRID_HEADS if args.cpu else bench.GRID_HEADS)
     if not tokens:
         tokens = list(_CPU_GRID_TOKENS if args.cpu else bench.GRID_TOKENS)
-    context = args.context or 0
-    if context < 0:
-        raise UsageError(f"--context must be >= 0, got {context}")
+    context = args.context or 0  # (>= 0: _MIN_VALUES)
     if context and args.glm:
         raise UsageError("--glm does not go with --context (the GLM points have no context)")
     out = args.out
@@ -1190,7 +1188,7 @@ def build_parser() -> argparse.ArgumentParser:
 _MIN_VALUES = {
     "tokens": 0, "heads": 1, "head_dim": 1, "pool": 0, "slots": 0, "num_requests": 1,
     "calls": 1, "every": 1, "first": 0, "max_bytes": 0, "sample": 1, "jobs": 0, "top": 0,
-    "check_tokens": 0, "diff_lines": 0,
+    "check_tokens": 0, "diff_lines": 0, "context": 0,
 }  # fmt: skip
 # Exceptions that report a user's mistake (bad value, missing or damaged file, unknown name):
 # one line on stderr and exit status 2. Anything else is an internal error and keeps its

@@ -418,11 +418,8 @@ class ConfigEntry:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if (
-            len(self.kernels) == 1
-            and self.kernels[0].tokens is None
-            and (self.kernels[0].slots is None)
-        ):
+        one = self.kernels[0] if len(self.kernels) == 1 else None
+        if one is not None and one.tokens is None and one.slots is None:
             out["kernel"] = self.kernels[0].to_json()
         elif self.kernels:
             out["kernel"] = [c.to_json() for c in self.kernels]

@@ -355,7 +355,7 @@ def test_export_by_list_length_then_dispatch(tmp_path, monkeypatch):
         got = dispatch.choose_cached("sm90", 16, 512, torch.bfloat16, kv, T, nnz)
         assert got.kernel == name, (T, nnz, got)
     # The same workload and T in both runs is a mistake, not a silent pick.
-    twice = rows + [replace_ts(r, runs[1]) for r in rows if r["workload"] == "csa_h16"]
+    twice = rows + [{**r, "timestamp": runs[1]} for r in rows if r["workload"] == "csa_h16"]
     with pytest.raises(ValueError, match="in two runs"):
         tune.kernel_choices(twice, run=runs)
 
@@ -378,10 +378,6 @@ def test_isa_default_follows_the_list_length(monkeypatch, capsys):
     assert f"default: {want[0]} (recorded H16_D512 T in [2, 8) slots/token in [" in out
     assert cli.main(["isa", "--target", "sm90", "--heads", "16", "--slots", "3"]) == 2
     assert "--slots goes with --kernel default" in capsys.readouterr().err
-
-
-def replace_ts(row, ts):
-    return {**row, "timestamp": ts}
 
 
 def test_cli_exports_several_runs_and_says_which_kernel_by_list_length(
