@@ -9,6 +9,9 @@
 # 3. config=None with those choices against the kernels and FlashMLA padded, at long and
 #    middling lists and at whole short prompts, T 1-16 (where the choice moved).
 # From the repository root, .peers carried: OUT=dir COMMIT=sha bash experiments/list_length_gpu_check.sh
+# MISSING (step 1's heads) and LISTS (step 1's parts, any of long middling short) pick what step 1
+# measures; the twentieth session ran MISSING=4,24,48,96 LISTS="middling short" (their long lists
+# were measured in the first run, 14:39:34) and VERIFY_HEADS with those heads added.
 # Ran at ca4e873; its first run left 17 files under $OUT and the device returned 8 (the
 # context-65536 and small-T rows and the export were lost and measured again). Keep $OUT to a
 # few files: the step logs go into one. Run again, step 1 appends the same points to the
@@ -18,15 +21,24 @@ set -u
 export PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build PYTHONUNBUFFERED=1
 C=${COMMIT:-unknown}
 D=data/bench/nvidia-h200
-MISSING=2,12,20,40,80,112
+MISSING=${MISSING:-2,12,20,40,80,112}
+LISTS=${LISTS:-long middling short}
+VERIFY_HEADS=${VERIFY_HEADS:-1,2,8,12,16,20,32,40,64,80,112,128}
 B="python3 -m sparse_mla.cli bench --grid --no-ceilings --commit $C"
 t0=$(date +%s)
-$B --context 65536 --heads $MISSING --tokens 1,4,16,64 --time-limit 130 --out ${D}_grid_ctx65536.csv \
-  > "$OUT/steps_$C.log" 2>&1
-$B --context 1024 --heads $MISSING --tokens 1,4,16 --time-limit 60 --out ${D}_grid_ctx1024.csv \
-  >> "$OUT/steps_$C.log" 2>&1
-$B --no-glm --heads $MISSING --tokens 1,4,16 --time-limit 60 --out ${D}_grid_small_t.csv \
-  >> "$OUT/steps_$C.log" 2>&1
+: > "$OUT/steps_$C.log"
+case " $LISTS " in *" long "*)
+  $B --context 65536 --heads $MISSING --tokens 1,4,16,64 --time-limit 130 --out ${D}_grid_ctx65536.csv \
+    >> "$OUT/steps_$C.log" 2>&1 ;;
+esac
+case " $LISTS " in *" middling "*)
+  $B --context 1024 --heads $MISSING --tokens 1,4,16 --time-limit 60 --out ${D}_grid_ctx1024.csv \
+    >> "$OUT/steps_$C.log" 2>&1 ;;
+esac
+case " $LISTS " in *" short "*)
+  $B --no-glm --heads $MISSING --tokens 1,4,16 --time-limit 60 --out ${D}_grid_small_t.csv \
+    >> "$OUT/steps_$C.log" 2>&1 ;;
+esac
 echo "step 1 done at $(( $(date +%s) - t0 )) s"
 FILES="${D}_grid.csv ${D}_grid_ctx65536.csv ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv"
 RUNS=$(python3 - $FILES <<'EOF'
@@ -47,8 +59,8 @@ cp sparse_mla/tuned/sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json "$O
 cp ${D}_grid_ctx65536.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv "$OUT/"
 echo "step 2 done at $(( $(date +%s) - t0 )) s"
 P=gluon_mma,gluon_wgmma,gluon_ws,gluon_ws_small,default,flashmla
-$B --context 65536 --heads 1,2,8,12,16,20,32,40,64,80,112,128 --tokens 1,4,16 --providers $P \
-  --time-limit 90 --out "$OUT/verify.csv" > "$OUT/verify_$C.log" 2>&1
+$B --context 65536 --heads $VERIFY_HEADS --tokens 1,4,16 --providers $P \
+  --time-limit 120 --out "$OUT/verify.csv" > "$OUT/verify_$C.log" 2>&1
 $B --context 1024 --heads 1,16,64,128 --tokens 1,4,16 --providers $P --time-limit 30 \
   --out "$OUT/verify.csv" >> "$OUT/verify_$C.log" 2>&1
 $B --no-glm --heads 1,16,64,128 --tokens 4,64 --providers $P --time-limit 30 \
