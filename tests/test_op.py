@@ -373,10 +373,9 @@ def test_cached_choice_is_choose_at_every_list_length(tmp_path, monkeypatch):
         unknown = dispatch.choose_cached("sm90", H, 512, torch.bfloat16, kv, 4)
         longest = dispatch.choose_cached("sm90", H, 512, torch.bfloat16, kv, 4, 4 * 100_000)
         assert (unknown.kernel, unknown.reason) == (longest.kernel, longest.reason), H
-    # Split by length at every grid head count measured at short and long lists below T = 32;
-    # H 4, 24, 48 and 96 were measured at long lists only there (their points are left out of
-    # the export: data/bench/nvidia-h200_grid_ctx65536_unpaired.csv).
-    assert split == len(bench.GRID_HEADS) - 4
+    # Every grid head count was measured at short and long lists below T = 32, and at each the
+    # choice splits by length.
+    assert split == len(bench.GRID_HEADS)
 
 
 def test_cached_choice_is_choose_at_every_token_count(tmp_path):
