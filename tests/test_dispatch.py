@@ -546,9 +546,11 @@ def test_dependencies_run_one_way():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("H", [8, 16, 20, 64, 100, 128])
-@pytest.mark.parametrize("T", [3, 257])
+@pytest.mark.parametrize("T, max_slots", [(3, 700), (3, 2400), (257, 700)])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_gpu_default_runs_the_chosen_kernel(H, T, index_dtype, monkeypatch):
+def test_gpu_default_runs_the_chosen_kernel(H, T, max_slots, index_dtype, monkeypatch):
+    """config=None runs the kernel choose() names for the call's head count, T and list length
+    (at T = 3 both sides of the sm90 file's slot bounds: ~300 and ~600 slots a token)."""
     names = []
     for name, k in list(dispatch.KERNELS.items()):
 
@@ -557,11 +559,13 @@ def test_gpu_default_runs_the_chosen_kernel(H, T, index_dtype, monkeypatch):
             return _k.run(*args)
 
         monkeypatch.setitem(dispatch.KERNELS, name, replace(k, run=run))
-    case = make_case(T, H, 512, N=4000, max_slots=700, device="cuda", seed=H,
+    case = make_case(T, H, 512, N=4000, max_slots=max_slots, device="cuda", seed=H,
                      index_dtype=index_dtype)  # fmt: skip
     _run(case)
     arch = runtime.arch()
-    expected = dispatch.choose(dispatch.Call(arch, H, 512, num_tokens=T)).kernel
+    # The choice at this call's own list length (the entry's slots per token: nnz // T)
+    nnz = case.kv_indices.numel()
+    expected = dispatch.choose(dispatch.Call(arch, H, 512, num_tokens=T, nnz=nnz)).kernel
     if arch == "sm90":  # never Triton where a Gluon kernel can run
         assert expected.startswith("gluon_")
     assert names == [expected]
