@@ -16,10 +16,9 @@
 # *_fold_*; ids (step 14) on 639cdc6 and 05f2f12: data/bench/*_ids_*, *_lat_*; suite and lazy
 # (step 15, a patch then) in the eighteenth on 0e6a75d: data/bench/gpu_suite_0e6a75d.log,
 # *_lazy_*; abstail on 5e64540: data/bench/max_abs_tail_h200.log; suite in the nineteenth on
-# 93f6818: data/bench/gpu_suite_93f6818.log.) Open: lists, first thing (the shipped choice by
-# list length with the kernels' default launches recorded as null: the device ran only the
-# export that gave gluon_mma its default as a launch, data/bench/nvidia-h200_list_length_*),
-# then suite on the same commit. (Formerly
+# 93f6818: data/bench/gpu_suite_93f6818.log; lists and suite in the twentieth on 3d492b9,
+# 57d8cc1 and 98a1af7 (through experiments/list_length_gpu_check.sh): data/bench/*list_length_*,
+# gpu_suite_57d8cc1.log, gpu_tests_default_kernel_98a1af7.log.) Open: none. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
@@ -84,10 +83,9 @@
 #             FlashMLA padded, at the steps of long requests (--context 65536, T 1-16, the
 #             heads of ca4e873's verify run) and at middling lists (--context 1024); predicted:
 #             default within 1.02 of the fastest package kernel at every point, at H 20-80 T = 1-4
-#             the forced gluon_mma times (0.79-0.83 of FlashMLA); under 3 minutes. Also open:
-#             the short and middling lists at H 4, 24, 48, 96, T 1-16 (bench --grid --no-glm
-#             and --context 1024 at those heads), then the export with their unpaired long-list
-#             points (data/bench/nvidia-h200_grid_ctx65536_unpaired.csv) put back
+#             the forced gluon_mma times (0.79-0.83 of FlashMLA); under 3 minutes (the
+#             twentieth session ran experiments/list_length_gpu_check.sh instead, which also
+#             measured the short and middling lists of H 4, 24, 48 and 96 and re-exported)
 #   abstail   experiments/max_abs_tail.py: how often each kernel's max abs error passes 2x
 #             PyTorch's over seeded random sinks, at the few-heads case the eighteenth
 #             session's suite failed once (under 2 minutes)
