@@ -331,6 +331,12 @@ def test_split_rule():
     # Short rows: at least 2 tiles (64 slots) per split.
     assert choose_num_splits(4, 16, 4 * 200, cfg, 132) == 3
     assert choose_num_splits(4, 16, 4 * 10, cfg, 132) == 1
+    # One wave: 32 programs take 4 splits (128 programs), not 5 (160: a second wave of 28);
+    # 67-131 programs take none (two splits would be two waves of half the work).
+    assert choose_num_splits(32, 16, 32 * 8192, cfg, 132) == 4
+    assert choose_num_splits(16, 128, 16 * 1152, GluonConfig(BLOCK_H=64, BLOCK_K=64), 132) == 4
+    assert choose_num_splits(67, 16, 67 * 8192, cfg, 132) == 1
+    assert choose_num_splits(66, 16, 66 * 8192, cfg, 132) == 2
 
 
 # ----------------------------------------------------------------------------------------------

@@ -387,13 +387,15 @@ def choose_num_splits(rows: int, num_heads: int, nnz: int, cfg: GluonConfig, num
     """KV splits per (row, head block): the split rule, without a host sync.
 
     One split when the grid rows x cdiv(H, BLOCK_H) already gives every SM/CU a program.
-    Otherwise enough splits to cover the SMs/CUs once, but no more than keep >= 2 tiles
-    (2 * BLOCK_K slots) of the average row (nnz / rows) per split, and at most 16.
+    Otherwise as many splits as still fit the SMs/CUs in one wave (floor(units / programs):
+    the split kernels hold an SM each on sm90, so one program past the SM count is a second
+    wave as long as the first), but no more than keep >= 2 tiles (2 * BLOCK_K slots) of the
+    average row (nnz / rows) per split, and at most 16.
     """
     programs = rows * runtime.cdiv(num_heads, cfg.BLOCK_H)
     if programs == 0 or programs >= num_units:
         return 1
-    by_fill = runtime.cdiv(num_units, programs)
+    by_fill = num_units // programs
     by_work = max(1, (nnz // max(rows, 1)) // (2 * cfg.BLOCK_K))
     return max(1, min(by_fill, by_work, MAX_SPLITS))
 
