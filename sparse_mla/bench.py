@@ -761,11 +761,12 @@ def _package_kernel(name: str, w, device: torch.device) -> Prepared:
     cfg = choice.launch_dict()
     if "num_kv_splits" in k.per_call_keys and device.type == "cuda":
         try:  # what the launcher computes per call (recorded, not passed)
-            from .gluon import choose_num_splits
+            from .gluon.launch import choose_num_splits, get_target, programs_per_sm
 
             sms = torch.cuda.get_device_properties(device.index or 0).multi_processor_count
+            per_sm = programs_per_sm(choice.launch, get_target(call_info.arch))
             cfg["num_kv_splits"] = choose_num_splits(q.shape[0], H, idx.numel(), choice.launch,
-                                                     sms)  # fmt: skip
+                                                     sms, per_sm)  # fmt: skip
         except Exception:  # the column is informative; the call computes its own
             pass
 

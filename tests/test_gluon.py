@@ -331,12 +331,34 @@ def test_split_rule():
     # Short rows: at least 2 tiles (64 slots) per split.
     assert choose_num_splits(4, 16, 4 * 200, cfg, 132) == 3
     assert choose_num_splits(4, 16, 4 * 10, cfg, 132) == 1
-    # One wave: 32 programs take 4 splits (128 programs), not 5 (160: a second wave of 28);
-    # 67-131 programs take none (two splits would be two waves of half the work).
-    assert choose_num_splits(32, 16, 32 * 8192, cfg, 132) == 4
-    assert choose_num_splits(16, 128, 16 * 1152, GluonConfig(BLOCK_H=64, BLOCK_K=64), 132) == 4
-    assert choose_num_splits(67, 16, 67 * 8192, cfg, 132) == 1
-    assert choose_num_splits(66, 16, 66 * 8192, cfg, 132) == 2
+    # Without per_unit (AMD): cover the CUs once, rounded up (32 programs: 5 splits).
+    assert choose_num_splits(32, 16, 32 * 8192, cfg, 132) == 5
+    assert choose_num_splits(67, 16, 67 * 8192, cfg, 132) == 2
+    # One wave of program slots: one program an SM, 32 programs take 4 splits (128), not 5
+    # (160: a second wave of 28); 67-131 programs take none (two splits would be two waves of
+    # half the work). Two an SM: 264 slots.
+    wg = GluonConfig(BLOCK_H=64, BLOCK_K=64, num_warps=8)
+    assert choose_num_splits(16, 128, 16 * 1152, wg, 132, 1) == 4
+    assert choose_num_splits(67, 16, 67 * 8192, cfg, 132, 1) == 1
+    assert choose_num_splits(66, 16, 66 * 8192, cfg, 132, 1) == 2
+    assert choose_num_splits(64, 16, 64 * 640, cfg, 132, 2) == 4
+    assert choose_num_splits(200, 16, 200 * 4096, cfg, 132, 2) == 1
+
+
+@pytest.mark.parametrize("name, heads", [("gluon_mma", 1), ("gluon_mma", 32), ("gluon_mma", 64),
+                                         ("gluon_wgmma", 128)])  # fmt: skip
+def test_programs_per_sm_is_the_compiled_occupancy(name, heads):
+    """The split rule's programs an SM (launch.programs_per_sm) is what the sm90 build of each
+    split kernel's default launch allows (registers and shared memory), and of the 16-head
+    blocks gluon_mma trades to (its default at one head)."""
+    from sparse_mla import inspect
+    from sparse_mla.gluon import launch
+
+    _, res = inspect.compile_kernel(name, "sm90", num_heads=heads)
+    sm90 = launch.get_target("sm90")
+    cfg = launch.resolve_launch(name, None, heads, sm90)
+    assert res.resources.warps_per_sm // cfg.num_warps == launch.programs_per_sm(cfg, sm90)
+    assert launch.programs_per_sm(cfg, launch.get_target("gfx950")) is None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -689,16 +689,19 @@ def test_gluon_mma_prefill_calls_that_split_take_16_head_blocks(standin, monkeyp
     assert run(small, num_kv_splits=3) == (default.BLOCK_H, 3, True)
     assert run(big) == (default.BLOCK_H, 1, False)
     assert run(small, config=default) == (bh, splits, fused)
-    # 40 rows: each head-block size splits only where two splits of its programs fit the SMs
-    # in one wave (on 132 SMs: 16-head blocks at H <= 16, the defaults up to H 64)
+    # 40 rows: each head-block size splits only where two splits of its programs fit the
+    # program slots in one wave (launch.programs_per_sm: two 4-warp programs an SM, one
+    # 8-warp one; on 132 SMs 16-head blocks up to H 48, the defaults up to H 64)
     mid = make_case(40, H, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=42,
                     empty_rows=False)  # fmt: skip
     units = launch._num_compute_units(0)
     nnz = mid.kv_indices.numel()
-    s16 = launch.choose_num_splits(40, H, nnz, launch.SPLIT_CONFIG, units)
-    s_def = launch.choose_num_splits(40, H, nnz, default, units)
-    assert (s16 > 1) == (units >= 2 * 40 * -(-H // 16))
-    assert (s_def > 1) == (units >= 2 * 40 * -(-H // default.BLOCK_H))
+    per16, per_def = (launch.programs_per_sm(c, sm90) for c in (launch.SPLIT_CONFIG, default))
+    s16 = launch.choose_num_splits(40, H, nnz, launch.SPLIT_CONFIG, units, per16)
+    s_def = launch.choose_num_splits(40, H, nnz, default, units, per_def)
+    programs16, programs_def = 40 * -(-H // 16), 40 * -(-H // default.BLOCK_H)
+    assert (s16 > 1) == (programs16 < units and units * per16 >= 2 * programs16)
+    assert (s_def > 1) == (programs_def < units and units * per_def >= 2 * programs_def)
     groups = 40 * -(-H // default.BLOCK_H)
     fused_mid = launch.fused_reduce(s_def, sm90, default.BLOCK_H, groups, units)
     assert fused_mid == (launch.combiners(default.BLOCK_H) * groups <= units)

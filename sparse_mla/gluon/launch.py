@@ -40,6 +40,7 @@ __all__ = [
     "default_config",
     "gluon_kernel",
     "mla_gluon",
+    "programs_per_sm",
     "resolve_launch",
     "run_validated",
     "why_not",
@@ -383,21 +384,38 @@ def default_config(num_heads: int, target: Target, *, has_pe: bool = True) -> Gl
     return _default_mma(num_heads, target)
 
 
-def choose_num_splits(rows: int, num_heads: int, nnz: int, cfg: GluonConfig, num_units: int) -> int:
+def choose_num_splits(
+    rows: int, num_heads: int, nnz: int, cfg: GluonConfig, num_units: int,
+    per_unit: int | None = None,
+) -> int:  # fmt: skip
     """KV splits per (row, head block): the split rule, without a host sync.
 
     One split when the grid rows x cdiv(H, BLOCK_H) already gives every SM/CU a program.
-    Otherwise as many splits as still fit the SMs/CUs in one wave (floor(units / programs):
-    the split kernels hold an SM each on sm90, so one program past the SM count is a second
-    wave as long as the first), but no more than keep >= 2 tiles (2 * BLOCK_K slots) of the
-    average row (nnz / rows) per split, and at most 16.
+    Otherwise, with ``per_unit`` (programs an SM holds at once, :func:`programs_per_sm`), as
+    many splits as fit the ``num_units * per_unit`` program slots in one wave (a program past
+    them is a second wave as long as the first); without it (AMD: not measured), enough
+    splits to cover the CUs once, rounded up. Either way no more than keep >= 2 tiles
+    (2 * BLOCK_K slots) of the average row (nnz / rows) per split, and at most 16.
     """
     programs = rows * runtime.cdiv(num_heads, cfg.BLOCK_H)
     if programs == 0 or programs >= num_units:
         return 1
-    by_fill = num_units // programs
+    if per_unit is None:
+        by_fill = runtime.cdiv(num_units, programs)
+    else:
+        by_fill = num_units * per_unit // programs
     by_work = max(1, (nnz // max(rows, 1)) // (2 * cfg.BLOCK_K))
     return max(1, min(by_fill, by_work, MAX_SPLITS))
+
+
+def programs_per_sm(cfg: GluonConfig, target: Target) -> int | None:
+    """Programs of the split kernels (``gluon_mma``, ``gluon_wgmma``) an SM holds at once on
+    NVIDIA targets: 8 warps an SM (their builds take 255 registers a thread, and the
+    shared-memory ring binds at the same count; ``sparse-mla isa --target sm90``), so one
+    8-warp program or two 4-warp ones. None on AMD (the CU rule keeps rounding up)."""
+    if target.backend != "cuda":
+        return None
+    return max(1, 8 // cfg.num_warps)
 
 
 def _layouts(cfg: GluonConfig, target: Target) -> dict[str, Any]:
@@ -916,7 +934,8 @@ def run_validated(
                            pos_scale=getattr(module, "FOLDS_SCALE", False))  # fmt: skip
         return out
     units = _num_compute_units(dev)
-    splits = num_kv_splits or choose_num_splits(R, H, kv_indices.numel(), cfg, units)
+    splits = num_kv_splits or choose_num_splits(R, H, kv_indices.numel(), cfg, units,
+                                                programs_per_sm(cfg, tgt))  # fmt: skip
     if (
         splits > 1 and num_kv_splits is None and not has_pe and name == "gluon_mma"
         and (config is None or config is _default_mma(H, tgt)) and cfg.BLOCK_H > SPLIT_BLOCK_H
@@ -929,7 +948,8 @@ def run_validated(
         # the GPU, 4x the row gathers cost more than the second launch saved (H200, T=64
         # H128); and, since 64-head splits fuse too (combiners), for 64-head defaults only
         # while there are at most SPLIT_TRADE_PROGRAMS 16-head programs.
-        split16 = choose_num_splits(R, H, kv_indices.numel(), SPLIT_CONFIG, units)
+        split16 = choose_num_splits(R, H, kv_indices.numel(), SPLIT_CONFIG, units,
+                                    programs_per_sm(SPLIT_CONFIG, tgt))  # fmt: skip
         few = cfg.BLOCK_H <= 32 or R * runtime.cdiv(H, SPLIT_BLOCK_H) <= SPLIT_TRADE_PROGRAMS
         if split16 > 1 and few:
             cfg = _checked_launch(name, SPLIT_CONFIG, H, tgt, has_pe, return_lse, None)
