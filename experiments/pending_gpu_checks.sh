@@ -18,11 +18,15 @@
 # *_lazy_*; abstail on 5e64540: data/bench/max_abs_tail_h200.log; suite in the nineteenth on
 # 93f6818: data/bench/gpu_suite_93f6818.log; lists and suite in the twentieth on 3d492b9,
 # 57d8cc1 and 98a1af7 (through experiments/list_length_gpu_check.sh): data/bench/*list_length_*,
-# gpu_suite_57d8cc1.log, gpu_tests_default_kernel_98a1af7.log.) Open: none. (Formerly
+# gpu_suite_57d8cc1.log, gpu_tests_default_kernel_98a1af7.log; the split rule's one-wave
+# change on aa517c6 and f28832c: data/bench/*split_waves*, gpu_tests_splits_*.) Open: waves
+# (the whole lists of every grid head under the split rule of f28832c, and the export that
+# takes that run in place of the earlier whole-list runs; then lists' verify and suite on the
+# exported file: the whole suite last ran on 57d8cc1, before the split-rule change). (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|lists|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -79,6 +83,12 @@
 #             the late-max-jump test), then ws_bars_ab.py against 05f2f12's kernel
 #             (.ab_base/hopper_ws_05f2f12.py, carried; `git show
 #             05f2f12:sparse_mla/gluon/hopper_ws.py` writes it); under 5 minutes
+#   waves     bench --grid --context 65536 (every grid head, T 1-1024, the package kernels and
+#             FlashMLA) under the one-wave split rule (PERF_NOTES "No cliffs" step 17), appended
+#             to the committed CSV, then export --kernel-choice with that run in place of the
+#             earlier whole-list runs (14:39:34, 15:04:00); the file and the CSV come back in
+#             $OUT (under 8 minutes). Predicted: gluon_wgmma chosen at T = 16 with 96-128 heads
+#             (0.92 of FlashMLA at H128), the other choices as before
 #   lists     config=None with the shipped choice by list length, against the kernels and
 #             FlashMLA padded, at the steps of long requests (--context 65536, T 1-16, the
 #             heads of ca4e873's verify run) and at middling lists (--context 1024); predicted:
@@ -250,6 +260,35 @@ if want lazy; then  # step 15 (in the package since the eighteenth session): the
   cp .ab_base/hopper_ws_05f2f12.py /tmp/hopper_ws_before.py || exit 1
   ws_gpu_tests lazy
   ws_ab lazy
+fi
+if want waves; then  # twentieth session: whole lists under the one-wave split rule, re-exported
+  D=data/bench/nvidia-h200
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 450 \
+    python3 -m sparse_mla.cli bench --grid --no-ceilings --context 65536 \
+    --providers gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla \
+    --tokens 1,4,16,64,256,1024 --time-limit 430 --commit "${COMMIT:0:7}" \
+    --out ${D}_grid_ctx65536.csv > "$OUT/waves_grid_${COMMIT:0:7}.log" 2>&1
+  echo "waves grid: rc=$?"; tail -n 2 "$OUT/waves_grid_${COMMIT:0:7}.log"
+  # the grid of 391741a, this run in place of the earlier whole-list runs, every other list run
+  RUNS=$(PYTHONPATH=$PWD python3 - $D <<'PYEOF'
+import csv, sys
+d = sys.argv[1]
+def runs(name):
+    with open(f"{d}_{name}.csv", newline="") as f:
+        return sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("T")})
+out = ["2026-12-02T12:41:51+00:00", runs("grid_ctx65536")[-1]]
+for name in ("grid_ctx64", "grid_ctx256", "grid_ctx1024", "grid_small_t"):
+    out += runs(name)
+print(" ".join(f"--run {r}" for r in out))
+PYEOF
+)
+  echo "waves export: $RUNS"
+  PYTHONPATH=$PWD python3 -m sparse_mla.cli export ${D}_grid.csv ${D}_grid_ctx65536.csv \
+    ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv \
+    --arch sm90 --root sparse_mla/tuned --kernel-choice $RUNS > /dev/null 2> "$OUT/waves_export.log"
+  echo "waves export: rc=$?"
+  cp sparse_mla/tuned/sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json "$OUT/sm90_DEFAULT.json"
+  cp ${D}_grid_ctx65536.csv "$OUT/"
 fi
 if want lists; then
   P=gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla
