@@ -67,3 +67,23 @@ def test_heatmaps_of_a_compile_only_sweep(rows, target):
         assert any("VGPRs" in t for t in titles) and any("waves/SIMD" in t for t in titles)
     assert not _overlaps(fig)
     assert figures.png_size(figures.to_png(fig))[0] <= figures.MAX_WIDTH_PX
+
+
+def test_shipped_kernel_reads_the_list_length():
+    """The workbook's "which kernel ships" answers as the dispatch at the call's list length:
+    the shipped sm90 file splits its small-T choice by slots per token."""
+    from sparse_mla import dispatch
+    from sparse_mla.lab.sweep import shipped_kernel
+
+    bounds = dispatch.slot_bounds("sm90", 16, 512)
+    assert bounds, "the shipped sm90 H16 choice no longer splits by list length"
+    for slots in (1, *bounds, 100_000):
+        want = dispatch.choose(dispatch.Call("sm90", 16, 512, num_tokens=4, nnz=4 * slots))
+        assert shipped_kernel("sm90", 16, num_tokens=4, slots_per_token=slots) == want.kernel
+    kinds = {shipped_kernel("sm90", 16, num_tokens=4, slots_per_token=s) for s in (1, 100_000)}
+    assert len(kinds) == 2, kinds  # short and whole lists run different kernels there
+    assert shipped_kernel("sm90", 16, num_tokens=4) == shipped_kernel(
+        "sm90", 16, num_tokens=4, slots_per_token=100_000
+    )  # unknown length: the longest lists'
+    with pytest.raises(ValueError, match="needs num_tokens"):
+        shipped_kernel("sm90", 16, slots_per_token=8)

@@ -220,9 +220,16 @@ def export_and_reload(best: Mapping[tuple, Mapping[str, Any]], root) -> list[str
     return out
 
 
-def shipped_kernel(arch: str, num_heads: int, head_dim: int = 512, num_tokens=None) -> str:
-    """The kernel ``sparse_mla_prefill(config=None)`` runs on ``arch`` at (H, D[, T])."""
+def shipped_kernel(
+    arch: str, num_heads: int, head_dim: int = 512, num_tokens=None, slots_per_token=None
+) -> str:
+    """The kernel ``sparse_mla_prefill(config=None)`` runs on ``arch`` at (H, D[, T[, slots per
+    token]]): the lists' total length // T picks the recorded list-length bucket (None: the
+    longest lists'), as :func:`sparse_mla.dispatch.describe` reads it."""
     from .. import dispatch
 
-    call = dispatch.Call(arch, num_heads, head_dim, num_tokens=num_tokens)
+    if slots_per_token is not None and num_tokens is None:
+        raise ValueError("shipped_kernel: slots_per_token needs num_tokens")
+    nnz = None if slots_per_token is None else slots_per_token * num_tokens
+    call = dispatch.Call(arch, num_heads, head_dim, num_tokens=num_tokens, nnz=nnz)
     return dispatch.choose(call).kernel
