@@ -337,6 +337,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
             bench_rows += mine
             stamps = sorted({r["timestamp"] for r in mine if r.get("timestamp")})
             runs += stamps[-1:]  # each file's latest run, unless --run names the runs
+            if not args.run and len(stamps) > 1:
+                print(f"export: {path} holds {len(stamps)} runs; taking the latest, "
+                      f"{stamps[-1]} (name the runs to take with --run)",
+                      file=sys.stderr)  # fmt: skip
         try:
             diff = tune.export_kernel_choice(
                 bench_rows, arch, run=args.run or runs or None,

@@ -417,6 +417,19 @@ def test_cli_exports_several_runs_and_says_which_kernel_by_list_length(
     assert "--slots goes with --tokens" in capsys.readouterr().err
     assert cli.main(["export", *files, "--arch", "sm90", "--root", str(root)]) == 2
     assert "go with --kernel-choice" in capsys.readouterr().err
+    # One file holding both runs: without --run only its latest is taken, and export says so
+    both = tmp_path / "both.csv"
+    with both.open("w", newline="") as f:
+        f.write(Path(files[0]).read_text())
+        f.write("".join(Path(files[1]).read_text().splitlines(keepends=True)[1:]))
+    argv = ["export", str(both), "--arch", "sm90", "--root", str(root), "--kernel-choice",
+            "--dry-run"]  # fmt: skip
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "holds 2 runs; taking the latest, 2026-12-02T11:00:00+00:00" in err, err
+    assert cli.main([*argv, "--run", "2026-12-02T10:00:00+00:00",
+                     "--run", "2026-12-02T11:00:00+00:00"]) == 0  # fmt: skip
+    assert "holds" not in capsys.readouterr().err
 
 
 def test_rule_covers_every_grid_point_with_a_kernel_that_can_run_it():
