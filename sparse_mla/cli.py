@@ -598,9 +598,9 @@ def _cmd_isa(args: argparse.Namespace) -> int:
     if args.kernel == "default":  # the kernel config=None runs at this shape
         from . import dispatch
 
-        nnz = None if args.slots is None else args.slots * args.tokens
-        c = dispatch.choose(dispatch.Call(target.name, args.heads, args.head_dim,
-                                          num_tokens=args.tokens, nnz=nnz))  # fmt: skip
+        c = dispatch.choose(dispatch.Call.of_shape(target.name, args.heads, args.head_dim,
+                                                   num_tokens=args.tokens,
+                                                   slots_per_token=args.slots))  # fmt: skip
         print(f"default: {c.kernel} ({c.reason})")
         args.kernel = c.kernel
     if args.kernel not in (None, "triton"):

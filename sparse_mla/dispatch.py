@@ -69,6 +69,18 @@ class Call:
     nnz: int | None = None  # kv_indices.numel(): the slot lists' total length (None: unknown)
     kv_format: str = "dense"  # the pool's format: a key of FORMATS (kv is then an FP8Cache)
 
+    @classmethod
+    def of_shape(
+        cls, arch: str | None, num_heads: int, head_dim: int, *, num_tokens: int | None = None,
+        slots_per_token: int | None = None, kv_format: str = "dense",
+    ) -> Call:  # fmt: skip
+        """A shape-only call (no tensors) whose lists hold ``slots_per_token`` slots a token
+        (the lists' total length // T; None: unknown, the longest recorded lists' choice)."""
+        if slots_per_token is not None and num_tokens is None:
+            raise ValueError("slots_per_token needs num_tokens")
+        nnz = None if slots_per_token is None else slots_per_token * num_tokens
+        return cls(arch, num_heads, head_dim, num_tokens=num_tokens, nnz=nnz, kv_format=kv_format)
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -343,10 +355,8 @@ def describe(
     recorded lists' choice). ``verbose``: one more line per registered kernel, saying whether
     it can run the call and why not. ``kv_format``: the pool's format (:data:`FORMATS`;
     "fp8_model1" for an FP8Cache)."""
-    if slots_per_token is not None and num_tokens is None:
-        raise ValueError("describe: slots_per_token needs num_tokens")
-    nnz = None if slots_per_token is None else slots_per_token * num_tokens
-    call = Call(arch, num_heads, head_dim, num_tokens=num_tokens, nnz=nnz, kv_format=kv_format)
+    call = Call.of_shape(arch, num_heads, head_dim, num_tokens=num_tokens,
+                         slots_per_token=slots_per_token, kv_format=kv_format)  # fmt: skip
     c = choose(call, root=root)
     where = arch or "CPU (interpreter)"
     t = "" if num_tokens is None else f" T={num_tokens}"

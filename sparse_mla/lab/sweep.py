@@ -228,8 +228,6 @@ def shipped_kernel(
     longest lists'), as :func:`sparse_mla.dispatch.describe` reads it."""
     from .. import dispatch
 
-    if slots_per_token is not None and num_tokens is None:
-        raise ValueError("shipped_kernel: slots_per_token needs num_tokens")
-    nnz = None if slots_per_token is None else slots_per_token * num_tokens
-    call = dispatch.Call(arch, num_heads, head_dim, num_tokens=num_tokens, nnz=nnz)
+    call = dispatch.Call.of_shape(arch, num_heads, head_dim, num_tokens=num_tokens,
+                                  slots_per_token=slots_per_token)  # fmt: skip
     return dispatch.choose(call).kernel
