@@ -320,20 +320,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from .targets import get_target
 
     arch = get_target(args.arch).name
+    texts = {}
     for path in args.csv:
         try:
-            with open(path, encoding="utf-8") as f:
-                f.read()
+            with open(path, encoding="utf-8", newline="") as f:
+                texts[path] = f.read()
         except UnicodeDecodeError as e:
             msg = f"{path}: not a text CSV file ({e.reason} at byte {e.start})"
             raise UsageError(msg) from None
     if args.kernel_choice:
         import csv
+        import io
 
         bench_rows, runs = [], []
         for path in args.csv:
-            with open(path, newline="") as f:
-                mine = list(csv.DictReader(f))
+            mine = list(csv.DictReader(io.StringIO(texts[path], newline="")))
             bench_rows += mine
             stamps = sorted({r["timestamp"] for r in mine if r.get("timestamp")})
             runs += stamps[-1:]  # each file's latest run, unless --run names the runs
