@@ -19,10 +19,9 @@
 # 93f6818: data/bench/gpu_suite_93f6818.log; lists and suite in the twentieth on 3d492b9,
 # 57d8cc1 and 98a1af7 (through experiments/list_length_gpu_check.sh): data/bench/*list_length_*,
 # gpu_suite_57d8cc1.log, gpu_tests_default_kernel_98a1af7.log; the split rule's one-wave
-# change on aa517c6 and f28832c: data/bench/*split_waves*, gpu_tests_splits_*.) Open: waves
-# (the whole lists of every grid head under the split rule of f28832c, and the export that
-# takes that run in place of the earlier whole-list runs; then lists' verify and suite on the
-# exported file: the whole suite last ran on 57d8cc1, before the split-rule change). (Formerly
+# change on aa517c6 and f28832c: data/bench/*split_waves*, gpu_tests_splits_*; waves in the
+# twenty-first on 6e30932: data/bench/*_split_waves_grid_6e30932.log, the whole-list check
+# *_list_length_verify_waves_6e30932.log.) Open: none. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
