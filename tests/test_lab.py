@@ -11,7 +11,13 @@ import torch
 from sparse_mla import check_against_reference, inspect, sparse_mla_prefill
 from sparse_mla.lab import figures
 from sparse_mla.lab import softmax as lab
-from sparse_mla.lab.explorer import ExplorerPanel, PanelState, check_state, default_kernel_line
+from sparse_mla.lab.explorer import (
+    ExplorerPanel,
+    PanelState,
+    check_state,
+    default_kernel_line,
+    default_kernel_map,
+)
 from sparse_mla.prefill import PrefillConfig
 
 # ------------------------------------------------------------------------------------------------
@@ -491,4 +497,22 @@ def test_panel_says_which_kernel_config_none_runs(panel):
     assert "sm90 H=17 D=512: gluon_ws_small (rule for sm90 H=17" in line
     panel.update()
     assert "gfx950 H=16 D=512: triton (no tuned entry)" in panel.default_text.value
+    assert "by token count and list length" in panel.default_text.value
     panel.wait()
+
+
+def test_panel_maps_the_choice_over_tokens_and_list_lengths():
+    # Every cell is the entry's own choice for that T and list length: the shipped sm90 file
+    # splits its small-T choice by slots a token, so the map's columns must differ there
+    from sparse_mla import dispatch
+
+    state = PanelState("sm90", 64, 512, PrefillConfig())
+    lines = default_kernel_map(state, tokens=(1, 16384), slots=(8, 640)).splitlines()
+    assert lines[0].split() == ["T", "\\", "slots/token", "8", "640"]
+    cells = {int(r.split()[0]): r.split()[1:] for r in lines[1:]}
+    for t, row in cells.items():
+        for s, got in zip((8, 640), row, strict=True):
+            call = dispatch.Call.of_shape("sm90", 64, 512, num_tokens=t, slots_per_token=s)
+            assert got == dispatch.choose(call).kernel, (t, s)
+    assert cells[1][0] != cells[1][1]  # short and whole lists run different kernels at T = 1
+    assert cells[16384] == ["gluon_ws", "gluon_ws"]
