@@ -66,6 +66,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ __all__ = [
     "config_path",
     "dump_entries",
     "entries",
+    "holds",
     "launch_types",
     "lookup",
     "lookup_entry",
@@ -344,7 +346,7 @@ def slots_per_token(nnz: int | None, num_tokens: int | None) -> int | None:
     return nnz // num_tokens
 
 
-def _holds(bucket: tuple[int, int | None] | None, value: int | None) -> bool:
+def holds(bucket: Sequence[int | None] | None, value: int | None) -> bool:
     """Whether ``value`` is in the bucket [lo, hi) (bucket None: every value; value None: only
     an open-ended bucket holds it)."""
     if bucket is None:
@@ -372,7 +374,7 @@ class KernelChoice:
     def serves(self, num_tokens: int | None, slots: int | None = None) -> bool:
         """Whether this choice is the one for a call of ``num_tokens`` tokens and ``slots``
         slots per token (None: the largest, i.e. a bucket without an upper end)."""
-        return _holds(self.tokens, num_tokens) and _holds(self.slots, slots)
+        return holds(self.tokens, num_tokens) and holds(self.slots, slots)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}

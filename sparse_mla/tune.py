@@ -1638,8 +1638,7 @@ def export_launch(
             if isinstance(kern, list) and c["T"] is not None:
                 lst = []
                 for o in kern:
-                    lo, hi = o["tokens"]
-                    serves = lo <= c["T"] and (hi is None or c["T"] < hi)
+                    serves = configs.holds(o["tokens"], c["T"])
                     # (a bucket split by list length: each length's choice is replaced, its
                     # slots kept, since the sweep's rows do not say their lists' length)
                     kept = {k: o[k] for k in ("tokens", "slots") if k in o}

@@ -387,3 +387,13 @@ def test_env_reads_match_os_environ(monkeypatch):
     for value in ("1", " On ", "", "é/x"):
         monkeypatch.setenv(name, value)
         assert _env.getenv(name) == os.environ.get(name) == value
+
+
+def test_holds_is_a_half_open_bucket():
+    # [lo, hi): lo in, hi out; hi None has no upper end; a bucket None holds every value; an
+    # unknown value (None) only an open-ended bucket
+    assert configs.holds((8, 32), 8) and configs.holds((8, 32), 31)
+    assert not configs.holds((8, 32), 32) and not configs.holds((8, 32), 7)
+    assert configs.holds([32, None], 10**9) and not configs.holds([32, None], 31)
+    assert configs.holds(None, 5) and configs.holds(None, None)
+    assert configs.holds((32, None), None) and not configs.holds((8, 32), None)
