@@ -761,12 +761,16 @@ def _package_kernel(name: str, w, device: torch.device) -> Prepared:
     cfg = choice.launch_dict()
     if "num_kv_splits" in k.per_call_keys and device.type == "cuda":
         try:  # what the launcher computes per call (recorded, not passed)
-            from .gluon.launch import choose_num_splits, get_target, programs_per_sm
+            from .gluon.launch import _default_mma, get_target, split_plan
 
+            tgt = get_target(call_info.arch)
             sms = torch.cuda.get_device_properties(device.index or 0).multi_processor_count
-            per_sm = programs_per_sm(choice.launch, get_target(call_info.arch))
-            cfg["num_kv_splits"] = choose_num_splits(q.shape[0], H, idx.numel(), choice.launch,
-                                                     sms, per_sm)  # fmt: skip
+            own = choice.launch is _default_mma(H, tgt)  # the kernel's own, as resolved
+            ran, splits = split_plan(name, choice.launch, q.shape[0], H, idx.numel(), tgt, sms,
+                                     own_launch=own)  # fmt: skip
+            cfg["num_kv_splits"] = splits
+            if ran is not choice.launch:  # gluon_mma's 16-head trade: the blocks that ran
+                cfg["split_BLOCK_H"] = ran.BLOCK_H
         except Exception:  # the column is informative; the call computes its own
             pass
 

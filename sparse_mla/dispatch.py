@@ -101,7 +101,7 @@ class Kernel:
     unavailable: Callable[[Call], str | None]
     config_type: str | None = None
     to_dict: Callable[[Any], dict[str, Any]] | None = None
-    per_call_keys: tuple[str, ...] = ()  # launch keys the kernel computes per call (not recorded)
+    per_call_keys: tuple[str, ...] = ()  # what the kernel decides per call (bench column only)
     summary: str = ""  # one line: the design
     targets: tuple[str, ...] = ("*",)  # arch ids it compiles for ("*": every target)
     knobs: Mapping[str, tuple] = field(default_factory=dict)  # launch field -> allowed values

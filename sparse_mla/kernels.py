@@ -78,7 +78,7 @@ def _register_all() -> None:
                 # class, so it is forced by name (dispatch.Choice) only.
                 config_type=None if spec.name == "gluon_wgmma" else f"{t.__module__}:{t.__name__}",
                 to_dict=asdict,
-                per_call_keys=("num_kv_splits",) if spec.splits else (),
+                per_call_keys=("num_kv_splits", "split_BLOCK_H") if spec.splits else (),
                 summary=spec.summary,
                 targets=spec.targets,
                 knobs=dict(spec.knobs),

@@ -383,6 +383,32 @@ def test_gpu_small_grid(tmp_path):
     assert len(bench.read_rows(out)) == len(rows)
 
 
+@pytest.mark.gpu
+def test_gpu_bench_records_the_split_launch_that_ran(tmp_path):
+    # Whole lists at T = 4: gluon_mma's own 64-head launch would split, and trades for 16-head
+    # blocks (launch.split_plan); gluon_wgmma keeps its blocks. The column records the split
+    # count of the launch that ran and the traded blocks, and its launch fields stay the
+    # kernel's own (what export --kernel-choice records).
+    from sparse_mla.gluon import launch
+
+    rows = bench.run_grid(heads=[64], tokens=[4], glm=False, context=65536, ceilings=False,
+                          providers=["gluon_mma", "gluon_wgmma"], quick=True, budget_ms=5,
+                          log=None)  # fmt: skip
+    got = {r["provider"]: r for r in rows if r.get("workload")}
+    assert all(r["ok"] for r in got.values())
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sm90 = launch.get_target("sm90")
+    mma, wg = got["gluon_mma"], got["gluon_wgmma"]
+    assert mma["config"]["BLOCK_H"] == 64 and mma["config"]["split_BLOCK_H"] == 16
+    nnz = mma["nnz"]
+    assert mma["config"]["num_kv_splits"] == launch.choose_num_splits(
+        4, 64, nnz, launch.SPLIT_CONFIG, sms, 2
+    )
+    own = launch.resolve_launch("gluon_wgmma", None, 64, sm90)
+    assert "split_BLOCK_H" not in wg["config"]
+    assert wg["config"]["num_kv_splits"] == launch.choose_num_splits(4, 64, nnz, own, sms, 1) > 1
+
+
 class _FakeDriver:
     """Triton's driver as time_budget uses it, on a fake clock: each flush takes 0.1 ms and
     each call of the timed function what the test says; events read the clock when recorded."""

@@ -345,6 +345,44 @@ def test_split_rule():
     assert choose_num_splits(200, 16, 200 * 4096, cfg, 132, 2) == 1
 
 
+def test_split_plan_trades_gluon_mma_own_blocks_only_while_16_head_programs_are_few():
+    """launch.split_plan, what the run and the bench's num_kv_splits column both follow."""
+    from sparse_mla.gluon import launch
+
+    sm90, gfx = launch.get_target("sm90"), launch.get_target("gfx950")
+    own64 = launch.resolve_launch("gluon_mma", None, 64, sm90)
+    assert own64.BLOCK_H == 64
+    # H64 T=4 whole lists: 4 programs of 64 heads would split; 16 programs of 16 heads
+    # (<= SPLIT_TRADE_PROGRAMS) take the trade, with their own split count (two an SM)
+    cfg, splits = launch.split_plan("gluon_mma", own64, 4, 64, 4 * 640, sm90, 132, own_launch=True)
+    assert cfg is launch.SPLIT_CONFIG
+    assert splits == choose_num_splits(4, 64, 4 * 640, launch.SPLIT_CONFIG, 132, 2) == 10
+    # A launch the caller gave (not the kernel's own object), a PE call, AMD, or the other
+    # split kernel: no trade, the launch's own count
+    for name, c, kw, tgt in (
+        ("gluon_mma", own64, {"own_launch": False}, sm90),
+        ("gluon_mma", own64, {"own_launch": True, "has_pe": True}, sm90),
+        ("gluon_mma", launch.resolve_launch("gluon_mma", None, 64, gfx), {"own_launch": True}, gfx),
+        ("gluon_wgmma", launch.resolve_launch("gluon_wgmma", None, 64, sm90),
+         {"own_launch": True}, sm90),
+    ):  # fmt: skip
+        got, n = launch.split_plan(name, c, 4, 64, 4 * 640, tgt, 132, **kw)
+        assert got is c
+        assert n == choose_num_splits(4, 64, 4 * 640, c, 132, launch.programs_per_sm(c, tgt))
+    # H128 T=4: 32 programs of 16 heads, more than SPLIT_TRADE_PROGRAMS: 64-head blocks stay
+    own128 = launch.resolve_launch("gluon_mma", None, 128, sm90)
+    got, n = launch.split_plan("gluon_mma", own128, 4, 128, 4 * 1152, sm90, 132, own_launch=True)
+    assert got is own128 and n == choose_num_splits(4, 128, 4 * 1152, own128, 132, 1) > 1
+    # 32-head defaults trade at any program count that still splits (H32 T=16: 32 programs)
+    own32 = launch.resolve_launch("gluon_mma", None, 32, sm90)
+    got, n = launch.split_plan("gluon_mma", own32, 16, 32, 16 * 640, sm90, 132, own_launch=True)
+    assert own32.BLOCK_H == 32 and got is launch.SPLIT_CONFIG and n > 1
+    # A call that fills the GPU does not split, and keeps its launch
+    got, n = launch.split_plan("gluon_mma", own64, 1024, 64, 1024 * 640, sm90, 132,
+                               own_launch=True)  # fmt: skip
+    assert (got, n) == (own64, 1)
+
+
 @pytest.mark.parametrize("name, heads", [("gluon_mma", 1), ("gluon_mma", 32), ("gluon_mma", 64),
                                          ("gluon_wgmma", 128)])  # fmt: skip
 def test_programs_per_sm_is_the_compiled_occupancy(name, heads):

@@ -43,6 +43,7 @@ __all__ = [
     "programs_per_sm",
     "resolve_launch",
     "run_validated",
+    "split_plan",
     "why_not",
 ]
 
@@ -416,6 +417,35 @@ def programs_per_sm(cfg: GluonConfig, target: Target) -> int | None:
     if target.backend != "cuda":
         return None
     return max(1, 8 // cfg.num_warps)
+
+
+def split_plan(
+    name: str, cfg: GluonConfig, rows: int, num_heads: int, nnz: int, target: Target,
+    num_units: int, *, own_launch: bool, has_pe: bool = False,
+) -> tuple[GluonConfig, int]:  # fmt: skip
+    """The launch and KV split count a split kernel's call of ``rows`` rows, H heads and
+    ``nnz`` slots runs with when the caller gives no split count: ``cfg`` with
+    :func:`choose_num_splits`' count, except that ``gluon_mma`` with its own default launch
+    (``own_launch``: config None, or the :func:`_default_mma` object) trades it for
+    :data:`SPLIT_CONFIG` when that launch would split on NVIDIA: 4x the programs, fewer
+    splits and the reduce fused into the launch, while 16-head programs still leave SMs idle
+    (they split too) and, for 64-head defaults, while there are at most
+    :data:`SPLIT_TRADE_PROGRAMS` of them (where they fill the GPU, 4x the row gathers cost more
+    than the second launch saved: H200, T = 64 H128). One function for the run and for what
+    the benchmark records."""
+    splits = choose_num_splits(rows, num_heads, nnz, cfg, num_units, programs_per_sm(cfg, target))
+    if (
+        splits > 1 and own_launch and not has_pe and name == "gluon_mma"
+        and cfg.BLOCK_H > SPLIT_BLOCK_H and target.backend == "cuda"
+    ):  # fmt: skip
+        split16 = choose_num_splits(rows, num_heads, nnz, SPLIT_CONFIG, num_units,
+                                    programs_per_sm(SPLIT_CONFIG, target))  # fmt: skip
+        few = cfg.BLOCK_H <= 32 or rows * runtime.cdiv(num_heads, SPLIT_BLOCK_H) <= (
+            SPLIT_TRADE_PROGRAMS
+        )
+        if split16 > 1 and few:
+            return SPLIT_CONFIG, split16
+    return cfg, splits
 
 
 def _layouts(cfg: GluonConfig, target: Target) -> dict[str, Any]:
@@ -934,26 +964,14 @@ def run_validated(
                            pos_scale=getattr(module, "FOLDS_SCALE", False))  # fmt: skip
         return out
     units = _num_compute_units(dev)
-    splits = num_kv_splits or choose_num_splits(R, H, kv_indices.numel(), cfg, units,
-                                                programs_per_sm(cfg, tgt))  # fmt: skip
-    if (
-        splits > 1 and num_kv_splits is None and not has_pe and name == "gluon_mma"
-        and (config is None or config is _default_mma(H, tgt)) and cfg.BLOCK_H > SPLIT_BLOCK_H
-        and tgt.backend == "cuda"
-    ):  # fmt: skip
-        # A prefill call too small to fill the GPU with the kernel's own head blocks (its
-        # default launch, given by the dispatch or by None): the same kernel with 16-head
-        # blocks (4x the programs, fewer splits, and the reduce fused into the launch).
-        # Only while 16-head programs still leave SMs idle (they split too): where they fill
-        # the GPU, 4x the row gathers cost more than the second launch saved (H200, T=64
-        # H128); and, since 64-head splits fuse too (combiners), for 64-head defaults only
-        # while there are at most SPLIT_TRADE_PROGRAMS 16-head programs.
-        split16 = choose_num_splits(R, H, kv_indices.numel(), SPLIT_CONFIG, units,
-                                    programs_per_sm(SPLIT_CONFIG, tgt))  # fmt: skip
-        few = cfg.BLOCK_H <= 32 or R * runtime.cdiv(H, SPLIT_BLOCK_H) <= SPLIT_TRADE_PROGRAMS
-        if split16 > 1 and few:
-            cfg = _checked_launch(name, SPLIT_CONFIG, H, tgt, has_pe, return_lse, None)
-            splits = split16
+    if num_kv_splits:
+        splits = num_kv_splits
+    else:  # a prefill call too small to fill the GPU may trade gluon_mma's own head blocks
+        own = config is None or config is _default_mma(H, tgt)
+        planned, splits = split_plan(name, cfg, R, H, kv_indices.numel(), tgt, units,
+                                     own_launch=own, has_pe=has_pe)  # fmt: skip
+        if planned is not cfg:
+            cfg = _checked_launch(name, planned, H, tgt, has_pe, return_lse, None)
     block_h = cfg.BLOCK_H
     pools = (kv2, kpe2) if has_pe else (kv2,)
     sink = attn_sink.contiguous() if attn_sink is not None else _unused(q_nope.device)
