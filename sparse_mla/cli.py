@@ -849,6 +849,14 @@ def _cmd_which(args: argparse.Namespace) -> int:
     from . import dispatch
 
     arch = None if args.arch == "cpu" else args.arch
+    if args.table:
+        if args.verbose:
+            raise UsageError("--table and --verbose: pick one (the table has one kernel a cell)")
+        for H in args.heads:
+            print(f"{args.arch} H={H} D={args.head_dim}: the kernel config=None runs")
+            tokens, slots = args.tokens or dispatch.TABLE_TOKENS, args.slots or dispatch.TABLE_SLOTS
+            print(dispatch.choice_table(arch, H, args.head_dim, tokens, slots))
+        return 0
     if args.slots and not args.tokens:
         raise UsageError("--slots goes with --tokens (slots per token of a call of T tokens)")
     for H in args.heads:
@@ -1183,6 +1191,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-v", "--verbose", action="store_true",
         help="also say, for every registered kernel, whether it can run the shape",
+    )  # fmt: skip
+    p.add_argument(
+        "--table", action="store_true",
+        help="one table a head count: the kernel at each token count (rows, --tokens; default "
+        "1 4 16 64 256 1024 16384) and list length (columns, --slots; default 8 384 640 1152)",
     )  # fmt: skip
     p.set_defaults(func=_cmd_which)
 

@@ -50,9 +50,9 @@ from typing import Any
 from . import configs
 
 __all__ = [
-    "FALLBACKS", "FORMATS", "KERNELS", "RULE", "Call", "Choice", "Kernel", "choose",
-    "choose_cached", "clear_cache", "describe", "fallback", "kernel", "register", "rule",
-    "slot_bounds", "token_bounds",
+    "FALLBACKS", "FORMATS", "KERNELS", "RULE", "TABLE_SLOTS", "TABLE_TOKENS", "Call", "Choice",
+    "Kernel", "choice_table", "choose", "choose_cached", "clear_cache", "describe", "fallback",
+    "kernel", "register", "rule", "slot_bounds", "token_bounds",
 ]  # fmt: skip
 
 
@@ -370,6 +370,40 @@ def describe(
         why = k.why_not(call)
         mark = "runs" if name == c.kernel else ("can run" if not why else "cannot")
         lines.append(f"  {name:<16} {mark}{': ' + why if why else ''}  [{k.summary}]")
+    return "\n".join(lines)
+
+
+# choice_table's default rows and columns: token counts from a step of MTP / speculative
+# decoding up to a whole prompt, and list lengths (slots a token): a short prompt's, a middling
+# list (context 1024), a DSv4 CSA step of a long request (top-k 512 + window 128; 1152 from
+# top-k 1024, as 96 heads and more take)
+TABLE_TOKENS = (1, 4, 16, 64, 256, 1024, 16384)
+TABLE_SLOTS = (8, 384, 640, 1152)
+
+
+def choice_table(
+    arch: str | None, num_heads: int, head_dim: int, tokens=TABLE_TOKENS, slots=TABLE_SLOTS,
+    root=None, *, kv_format: str = "dense",
+) -> str:  # fmt: skip
+    """Which kernel ``config=None`` runs for (arch, H, D) at each token count (rows) and list
+    length (columns, slots a token), as a text table: the recorded choice depends on both
+    (:func:`choose`), where :func:`describe` answers for one call. A cell that raises (a broken
+    configs file) says so instead of the kernel."""
+    rows = []
+    for t in tokens:
+        row = [str(t)]
+        for n in slots:
+            call = Call.of_shape(arch, num_heads, head_dim, num_tokens=t, slots_per_token=n,
+                                 kv_format=kv_format)  # fmt: skip
+            try:
+                row.append(choose(call, root=root).kernel)
+            except Exception as e:
+                row.append(f"? ({type(e).__name__})")
+        rows.append(row)
+    head = ["T \\ slots/token", *map(str, slots)]
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in (head, *rows)]  # fmt: skip
     return "\n".join(lines)
 
 

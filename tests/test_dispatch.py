@@ -415,6 +415,17 @@ def test_cli_exports_several_runs_and_says_which_kernel_by_list_length(
     assert lines[1].startswith("sm90 H=16 D=512 T=4 slots/token=640: gluon_mma (recorded")
     assert cli.main(["which", "--arch", "sm90", "--heads", "16", "--slots", "3"]) == 2
     assert "--slots goes with --tokens" in capsys.readouterr().err
+    # --table: the same choices, a row per token count and a column per list length
+    argv = ["which", "--arch", "sm90", "--heads", "16", "--table", "--tokens", "4", "100",
+            "--slots", "3", "640"]  # fmt: skip
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "sm90 H=16 D=512: the kernel config=None runs"
+    assert [ln.split() for ln in lines[1:]] == [
+        ["T", "\\", "slots/token", "3", "640"], ["4", FAKE, "gluon_mma"],
+        ["100", FAKE, "gluon_mma"]]  # fmt: skip
+    assert cli.main(["which", "--arch", "sm90", "--heads", "16", "--table", "-v"]) == 2
+    assert "pick one" in capsys.readouterr().err
     assert cli.main(["export", *files, "--arch", "sm90", "--root", str(root)]) == 2
     assert "go with --kernel-choice" in capsys.readouterr().err
     # One file holding both runs: without --run only its latest is taken, and export says so

@@ -233,40 +233,21 @@ def default_kernel_line(state: PanelState) -> str:
     return f"config=None runs{pool}, on " + line
 
 
-# The map's token counts (a step of MTP / speculative decoding up to a whole prompt) and list
-# lengths (slots a token: a short prompt's, a middling list (context 1024), a DSv4 CSA step of a
-# long request (top-k 512 + window 128; 1152 with 96 heads and more: top-k 1024))
-MAP_TOKENS = (1, 4, 16, 64, 256, 1024, 16384)
-MAP_SLOTS = (8, 384, 640, 1152)
-
-
 def default_kernel_map(
-    state: PanelState, tokens: tuple[int, ...] = MAP_TOKENS, slots: tuple[int, ...] = MAP_SLOTS
+    state: PanelState,
+    tokens: tuple[int, ...] | None = None,
+    slots: tuple[int, ...] | None = None,
 ) -> str:
     """Which kernel ``config=None`` runs for the state's target, H, D and pool format at each
-    token count (rows) and list length (columns, slots a token): the recorded choice depends on
-    both (:func:`sparse_mla.dispatch.choose`), where :func:`default_kernel_line` gives one."""
+    token count (rows) and list length (columns, slots a token; default
+    :data:`sparse_mla.dispatch.TABLE_TOKENS` and ``TABLE_SLOTS``):
+    :func:`sparse_mla.dispatch.choice_table`, as ``sparse-mla which --table`` prints it."""
     from .. import dispatch
 
     arch = targets.get_target(state.target).name
-    cells = []
-    for t in tokens:
-        row = []
-        for s in slots:
-            call = dispatch.Call.of_shape(arch, state.num_heads, state.head_dim, num_tokens=t,
-                                          slots_per_token=s, kv_format=state.kv_format)  # fmt: skip
-            try:
-                row.append(dispatch.choose(call).kernel)
-            except Exception as e:  # a broken config file must not break the panel
-                row.append(f"? ({type(e).__name__})")
-        cells.append((str(t), *row))
-    head = ("T \\ slots/token", *map(str, slots))
-    widths = [max(len(r[i]) for r in (head, *cells)) for i in range(len(head))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in (head, *cells)
-    ]
-    return "\n".join(lines)
+    return dispatch.choice_table(arch, state.num_heads, state.head_dim,
+                                 tokens or dispatch.TABLE_TOKENS, slots or dispatch.TABLE_SLOTS,
+                                 kv_format=state.kv_format)  # fmt: skip
 
 
 @dataclass(frozen=True)
