@@ -167,6 +167,16 @@ def test_summary_counts_and_worst(rows):
                for ln in lines)  # fmt: skip
     assert any(ln.startswith("no default row at: H=4 T=4096") for ln in lines)
     assert "default ran: zz_a at 5 points, kern_b at 4 points" in lines
+    # the misses (failed defaults included) split by whether a package kernel beats FlashMLA:
+    # at H=96 T=256 and H=1 T=64 one does (zz_a 1.0 against 1.5, kern_b 0.5 against 1.0), at
+    # H=64 T=64 none (kern_b 1.1 against 1.0)
+    miss = next(ln for ln in lines if ln.startswith("default misses the FlashMLA goal"))
+    assert miss.startswith("default misses the FlashMLA goal at 3 points: a package kernel is "
+                           "at or under FlashMLA at 2 of them")  # fmt: skip
+    assert (
+        "H=96 T=256 (csa_h96_topk512): zz_a" in miss and "H=1 T=64 (csa_h1_topk512): kern_b" in miss
+    )
+    assert miss.endswith(", at 1 none (the kernels' gap)")
     # the choice judged by the forced rows: kern_b at H=4 T=256 (0.8 against zz_a's 0.7); at
     # H=48 T=64 default read 1.05 but the kernel it ran, forced, is the fastest (1.0)
     choice = next(ln for ln in lines if ln.startswith("the kernel default ran"))

@@ -248,6 +248,18 @@ def grid_summary(
                    f"moonshot default <= {GOAL_MOONSHOT:g} x FlashMLA "
                    f"(H <= {MOONSHOT_MAX_H}, T <= {MOONSHOT_MAX_T})"),
     ]  # fmt: skip
+    misses = [p for p in table if p["meets_flashmla"] is False]
+    if misses:  # the choice's fault, or no package kernel there beats FlashMLA
+        beatable = [p for p in misses
+                    if p["best_kernel_ms"] is not None and p["flashmla_ms"] is not None
+                    and p["best_kernel_ms"] <= p["flashmla_ms"]]  # fmt: skip
+        line = (
+            f"default misses the FlashMLA goal at {len(misses)} points: a package kernel is at "
+            f"or under FlashMLA at {len(beatable)} of them (the choice's misses)"
+        )
+        if beatable:
+            line += " (" + ", ".join(f"{_where(p)}: {p['best_kernel']}" for p in beatable) + ")"
+        lines.append(line + f", at {len(misses) - len(beatable)} none (the kernels' gap)")
     chosen = [p for p in table if p["choice_vs_best"] is not None]
     if chosen:
         worst = max(chosen, key=lambda p: p["choice_vs_best"])
