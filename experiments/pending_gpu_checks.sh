@@ -106,7 +106,10 @@ set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 OUT=${OUT:-/tmp/pending_gpu_checks}
 STEP=${STEP:-all}
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# The commit the logs and rows are named by: give it (the device's copy of the repository keeps
+# the git HEAD of the session's first call while its working tree is the latest: the
+# twenty-first session's suite log read 6e30932 for 4cde5ef's tree)
+COMMIT=${COMMIT:?"give COMMIT=<sha> (the device's git HEAD can be stale)"}
 mkdir -p "$OUT"
 # pytest-xdist and execnet from .whl into /tmp/site (the steps that run tests with -n);
 # wheels: every wheel of .whl (the workbook's too: ipywidgets, nbformat, nbclient)
