@@ -854,8 +854,7 @@ def _cmd_which(args: argparse.Namespace) -> int:
             raise UsageError("--table and --verbose: pick one (the table has one kernel a cell)")
         for H in args.heads:
             print(f"{args.arch} H={H} D={args.head_dim}: the kernel config=None runs")
-            tokens, slots = args.tokens or dispatch.TABLE_TOKENS, args.slots or dispatch.TABLE_SLOTS
-            print(dispatch.choice_table(arch, H, args.head_dim, tokens, slots))
+            print(dispatch.choice_table(arch, H, args.head_dim, args.tokens, args.slots))
         return 0
     if args.slots and not args.tokens:
         raise UsageError("--slots goes with --tokens (slots per token of a call of T tokens)")

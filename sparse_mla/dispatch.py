@@ -382,13 +382,14 @@ TABLE_SLOTS = (8, 384, 640, 1152)
 
 
 def choice_table(
-    arch: str | None, num_heads: int, head_dim: int, tokens=TABLE_TOKENS, slots=TABLE_SLOTS,
-    root=None, *, kv_format: str = "dense",
+    arch: str | None, num_heads: int, head_dim: int, tokens=None, slots=None, root=None, *,
+    kv_format: str = "dense",
 ) -> str:  # fmt: skip
     """Which kernel ``config=None`` runs for (arch, H, D) at each token count (rows) and list
-    length (columns, slots a token), as a text table: the recorded choice depends on both
-    (:func:`choose`), where :func:`describe` answers for one call. A cell that raises (a broken
-    configs file) says so instead of the kernel."""
+    length (columns, slots a token; None: :data:`TABLE_TOKENS`, :data:`TABLE_SLOTS`), as a text
+    table: the recorded choice depends on both (:func:`choose`), where :func:`describe` answers
+    for one call. A cell that raises (a broken configs file) says so instead of the kernel."""
+    tokens, slots = tokens or TABLE_TOKENS, slots or TABLE_SLOTS
     rows = []
     for t in tokens:
         row = [str(t)]

@@ -245,8 +245,7 @@ def default_kernel_map(
     from .. import dispatch
 
     arch = targets.get_target(state.target).name
-    return dispatch.choice_table(arch, state.num_heads, state.head_dim,
-                                 tokens or dispatch.TABLE_TOKENS, slots or dispatch.TABLE_SLOTS,
+    return dispatch.choice_table(arch, state.num_heads, state.head_dim, tokens, slots,
                                  kv_format=state.kv_format)  # fmt: skip
 
 
