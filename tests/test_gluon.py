@@ -280,8 +280,11 @@ def test_ws_rule():
     cfg = resolve_launch("gluon_ws", None, 64, sm90)
     assert cfg == WSConfig()
     assert why_not("gluon_ws", cfg, sm90, has_pe=False) is None
-    assert why_not("gluon_ws", cfg, sm90, has_pe=False, num_splits=2) is not None
+    # it splits lists (partials and a reduce step), but writes no LSE; gluon_ws_small does neither
+    assert why_not("gluon_ws", cfg, sm90, has_pe=False, num_splits=2) is None
     assert why_not("gluon_ws", cfg, sm90, has_pe=False, write_lse=True) is not None
+    small = resolve_launch("gluon_ws_small", None, 16, sm90)
+    assert why_not("gluon_ws_small", small, sm90, has_pe=False, num_splits=2) is not None
     assert why_not("gluon_ws", cfg, sm90, has_pe=True) is not None  # decode
     assert why_not("gluon_ws", cfg, get_target("gfx950"), has_pe=False) is not None
     with pytest.raises(TypeError, match="WSConfig"):
@@ -345,6 +348,33 @@ def test_split_rule():
     assert choose_num_splits(200, 16, 200 * 4096, cfg, 132, 2) == 1
 
 
+def test_ws_split_rule():
+    """gluon_ws splits only calls whose items (rows x 64-head blocks) fill at most half the
+    SMs, into pieces of whole pairs of tiles of the average list, one wave, none empty, and
+    only when a piece is at least 6 tiles shorter than the list."""
+    from sparse_mla.gluon.launch import ws_num_splits
+
+    # Whole DSv4 lists (640 slots: 5 pairs) at 64 heads: T = 4 and 16 take 5 pieces of a pair
+    assert ws_num_splits(4, 64, 4 * 640, 132) == 5
+    assert ws_num_splits(16, 64, 16 * 640, 132) == 5
+    # T = 32: 4 fit, 4 pieces would be 2, 2, 1, 0 pairs: 3 pieces (saving 6 tiles)
+    assert ws_num_splits(32, 64, 32 * 640, 132) == 3
+    # T = 64 (64 items): 2 pieces of 3 and 2 pairs save 4 tiles only
+    assert ws_num_splits(64, 64, 64 * 640, 132) == 1
+    # 128 heads, 1152 slots (9 pairs), 32 items: 4 fit, 4 pieces would be 3, 3, 3, 0 pairs
+    assert ws_num_splits(16, 128, 16 * 1152, 132) == 3
+    # 33 x 2 items split in two (5 + 4 pairs: 8 tiles saved), 34 x 2 do not (past half the SMs)
+    assert ws_num_splits(33, 128, 33 * 1152, 132) == 2
+    assert ws_num_splits(34, 128, 34 * 1152, 132) == 1
+    # middling lists (384 slots, 3 pairs) save at most 4 tiles: no split
+    assert ws_num_splits(4, 64, 4 * 384, 132) == 1
+    assert ws_num_splits(4, 64, 4 * 128, 132) == 1
+    # long lists: at most MAX_SPLITS, and no empty piece (64 pairs over 16 pieces of 4)
+    assert ws_num_splits(1, 64, 8192, 132) == 16
+    assert ws_num_splits(1, 64, 9000, 132) == 15  # 71 pairs: 15 pieces of 5
+    assert ws_num_splits(0, 64, 0, 132) == 1
+
+
 def test_split_plan_trades_gluon_mma_own_blocks_only_while_16_head_programs_are_few():
     """launch.split_plan, what the run and the bench's num_kv_splits column both follow."""
     from sparse_mla.gluon import launch
@@ -381,6 +411,9 @@ def test_split_plan_trades_gluon_mma_own_blocks_only_while_16_head_programs_are_
     got, n = launch.split_plan("gluon_mma", own64, 1024, 64, 1024 * 640, sm90, 132,
                                own_launch=True)  # fmt: skip
     assert (got, n) == (own64, 1)
+    # gluon_ws: its own launch with ws_num_splits' count
+    ws = launch.resolve_launch("gluon_ws", None, 64, sm90)
+    assert launch.split_plan("gluon_ws", ws, 4, 64, 4 * 640, sm90, 132, own_launch=True) == (ws, 5)
 
 
 @pytest.mark.parametrize("name, heads", [("gluon_mma", 1), ("gluon_mma", 32), ("gluon_mma", 64),
@@ -769,7 +802,7 @@ def test_gpu_default_prefill_few_heads(H, max_len, with_sink, index_dtype):
 @pytest.mark.parametrize("with_sink", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("kernel", ["gluon_mma", "gluon_wgmma"])
+@pytest.mark.parametrize("kernel", ["gluon_mma", "gluon_wgmma", "gluon_ws"])
 def test_gpu_prefill_matches_reference(H, with_sink, index_dtype, splits, kernel):
     """The split-capable kernels with and without KV splits (gluon_wgmma at 64 heads a block)."""
     if kernel == "gluon_wgmma" and H < 64:
@@ -778,6 +811,63 @@ def test_gpu_prefill_matches_reference(H, with_sink, index_dtype, splits, kernel
     c = _gpu_case(T, H, 5000, has_pe=False, index_dtype=index_dtype, seed=3 * H + splits)
     sink = _gpu_sink(H, 3 * H + splits) if with_sink else None
     _check_prefill(c, sink, num_kv_splits=splits, kernel=kernel)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("H", [1, 33, 64, 100, 128])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gpu_ws_splits_match_reference(H, index_dtype):
+    """gluon_ws with its lists split (partials, then the reduce): forced counts from 2 to 16 on
+    ragged lists (empty rows, absent slots of every kind, duplicates, NaN in unreferenced pool
+    rows), sink on and off, bit-equal repeats; T = 1-3 with 9,000-slot lists through the public
+    entry, whose rule splits them; dense [T, K] ids; an out= view TMA cannot address."""
+    from sparse_mla import sparse_mla_prefill
+    from sparse_mla.dispatch import Choice
+    from sparse_mla.gluon.launch import ws_num_splits
+
+    for splits, with_sink in ((2, True), (3, False), (16, True)):
+        c = _gpu_case(12, H, 5000, has_pe=False, index_dtype=index_dtype, seed=H + splits,
+                      max_len=1500)  # fmt: skip
+        idx, ptr = c["kv_indices"], c["kv_indptr"]
+        s, e = int(ptr[7]), int(ptr[8])
+        idx[s + 1 : e : 2] = idx[s]  # duplicates within one row
+        sink = _gpu_sink(H, H + splits) if with_sink else None
+        out = _check_prefill(c, sink, num_kv_splits=splits, kernel=WS)
+        again = _check_prefill(c, sink, num_kv_splits=splits, kernel=WS)
+        assert torch.equal(out, again), f"splits={splits}: repeat calls differ"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for T in (1, 2, 3):
+        # _gpu_case empties row 0 (and fills row 2 with 5 absent slots): T = 1 is its row 1
+        c = _gpu_case(max(T, 2), H, 20000, has_pe=False, index_dtype=index_dtype,
+                      seed=7 * T + H, lengths=[0, 9000, 8999][: max(T, 2)])  # fmt: skip
+        if T == 1:
+            c["q_nope"], c["kv_indptr"] = c["q_nope"][1:], c["kv_indptr"][1:]
+        assert ws_num_splits(T, H, c["kv_indices"].numel(), sms) > 1
+        sink = _gpu_sink(H, T)
+        scale = 512**-0.5
+        args = (c["q_nope"], c["kv_c"], c["kv_indices"], c["kv_indptr"], scale)
+        out = torch.full(c["q_nope"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+        sparse_mla_prefill(*args, attn_sink=sink, out=out, config=Choice(WS))
+        ref = sparse_mla_prefill_ref(*args, attn_sink=sink)
+        base = sparse_mla_prefill_ref(*args, attn_sink=sink, upcast=False)
+        rep = error_report(out.float(), ref, base.float())
+        assert rep.ok, f"T={T}: {rep}"
+        # dense ids ([T, K], -1 padded): the same rows
+        K = int((c["kv_indptr"][1:] - c["kv_indptr"][:-1]).max())
+        dense = torch.full((T, K), -1, dtype=index_dtype, device="cuda")
+        for r in range(T):
+            lo, hi = int(c["kv_indptr"][r]), int(c["kv_indptr"][r + 1])
+            dense[r, : hi - lo] = c["kv_indices"][lo:hi]
+        # an out= view inside a larger buffer whose row stride TMA cannot take (odd)
+        big = torch.full((T, H + 1, 513), float("nan"), dtype=torch.bfloat16, device="cuda")
+        view = big[:, :H, :512]
+        sparse_mla_prefill(c["q_nope"], c["kv_c"], dense, None, scale, attn_sink=sink, out=view,
+                           config=Choice(WS))  # fmt: skip
+        # (not bitwise: dense rows are K long, so the rule may cut them into other pieces)
+        rep = error_report(view.float(), ref, base.float())
+        assert rep.ok, f"T={T}, dense ids into a view: {rep}"
+        assert torch.isnan(big[:, H:, :]).all() and torch.isnan(big[:, :, 512:]).all()
 
 
 @pytest.mark.gpu
@@ -873,6 +963,27 @@ def test_inspect_compiles_both_modes(mode, target):
     assert res.mix[key] > 0, res.mix
     rows = dict(res.resources.as_rows())
     assert rows, "no resource rows"
+
+
+def test_ws_split_build_writes_partials_not_out():
+    """gluon_ws at NUM_SPLITS > 1 stores fp32 partials from registers (v2 stores) and issues no
+    TMA store of out; its one-split build has no global store but TMA's."""
+    from sparse_mla.gluon import launch
+
+    split = launch.compile_for("prefill", "sm90", "gluon_ws", num_splits=4).asm["ptx"]
+    whole = launch.compile_for("prefill", "sm90", "gluon_ws").asm["ptx"]
+    assert "cp.async.bulk.tensor.3d.global.shared" not in split
+    assert split.count("st.global.v2.b32") == 128  # 64 column pairs a thread, two consumers
+    assert "cp.async.bulk.tensor.3d.global.shared" in whole
+    assert "st.global" not in whole
+    # its reduce: one program per (row, 16 heads, 128 columns), no spills at 16 splits
+    from sparse_mla import inspect
+
+    sig = {"opart_ptr": "*fp32", "lsepart_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16"}
+    for splits, has_sink in ((4, True), (16, False)):
+        cx = launch._reduce_cols_constexprs(64, splits, has_sink, launch.get_target("sm90"))
+        res = inspect.compile(launch._mla_reduce_cols_kernel, "sm90", cx, {"num_warps": 4}, sig)
+        assert res.resources.spill_bytes == 0 and res.resources.occupancy >= 1
 
 
 @pytest.mark.parametrize("target", ["gfx950", "sm90"])
@@ -981,8 +1092,9 @@ def test_persistent_launch_arguments(monkeypatch):
     idx = torch.arange(10, dtype=torch.int32)
     ptr = torch.zeros(T + 1, dtype=torch.int32)
     out = torch.empty(T, H, 512, dtype=torch.bfloat16)
+    part, lse = torch.empty(1), torch.empty(1)  # the split partials' pointers (unused here)
     launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, out, 0.25, 0, out_tma=True,
-                              q_tma=True)  # fmt: skip
+                              q_tma=True, extra_args=(part, lse))  # fmt: skip
     (grid, args, kw), = calls  # fmt: skip
     assert grid == (132,) and kw == {"num_warps": 4, "num_stages": 1}
     # The positional arguments (the constexprs with defaults, SMALL and the register split,
@@ -1006,16 +1118,28 @@ def test_persistent_launch_arguments(monkeypatch):
     assert (got["stride_qr"], got["stride_qh"]) == (H * 512, 512)
     assert (got["num_heads"], got["num_kv"], got["nnz"]) == (H, N, 10)
     assert got["num_items"] == T * 2 and got["qk_scale"] == pytest.approx(0.25 * 1.4426950408889634)
+    assert got["opart_ptr"] is part and got["lsepart_ptr"] is lse
     # An out view TMA cannot address (rows 8 bytes off 16): written through a buffer, copied.
     calls.clear()
     ob = torch.zeros(T, H, 520, dtype=torch.bfloat16)
     odd = ob[..., 4:516]
     launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, odd, 0.25, 0, out_tma=True,
-                              q_tma=True)  # fmt: skip
+                              q_tma=True, extra_args=(part, lse))  # fmt: skip
     (_, args, _), = calls  # fmt: skip
     desc = dict(zip(names, args, strict=True))["out_desc"]
     assert desc.base is not odd and desc.base.is_contiguous()
     assert torch.all(odd == 3.0) and torch.all(ob[..., :4] == 0) and torch.all(ob[..., 516:] == 0)
+    # A split launch: splits x the items, and its descriptor's buffer is never copied into out
+    # (the kernel writes partials; the reduce writes out)
+    calls.clear()
+    ob.zero_()
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, odd, 0.25, 0, out_tma=True,
+                              q_tma=True, extra_args=(part, lse), splits=3,
+                              constexprs={"NUM_SPLITS": 3})  # fmt: skip
+    (grid, args, kw), = calls  # fmt: skip
+    got = dict(zip(names, args, strict=True))
+    assert grid == (132,) and got["num_items"] == T * 2 * 3 and kw["NUM_SPLITS"] == 3
+    assert torch.all(ob == 0)
     # The pointer-writing kernel (H <= 16): an aligned q and a sink pass through; few items
     # give a smaller grid.
     calls.clear()

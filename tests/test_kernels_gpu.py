@@ -221,7 +221,7 @@ def test_gpu_nan_sink_leaves_empty_tokens_zero(name, H):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("kernel", ["gluon_mma", "gluon_wgmma"])
+@pytest.mark.parametrize("kernel", ["gluon_mma", "gluon_wgmma", "gluon_ws"])
 def test_gpu_nan_sink_with_kv_splits_leaves_empty_tokens_zero(kernel):
     """The same through the split-KV path (partials, then the reduce kernel's sink)."""
     from sparse_mla.gluon import mla_gluon

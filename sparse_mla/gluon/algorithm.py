@@ -437,11 +437,13 @@ def _combine(
     opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r, h0, stride_or, stride_oh,
     num_heads, BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr, CHUNK: gl.constexpr,
     NUM_SPLITS: gl.constexpr, HAS_SINK: gl.constexpr, WRITE_LSE: gl.constexpr,
-    LAYOUT: gl.constexpr, CACHE: gl.constexpr,
+    LAYOUT: gl.constexpr, CACHE: gl.constexpr, COLS: gl.constexpr = 0,
 ):  # fmt: skip
     """Combine the split partials of heads [h0, h0 + BLOCK_H) of row ``pid_r``:
     out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + sink), CHUNK columns at a time;
-    ``CACHE``: the partial loads' cache modifier."""
+    ``CACHE``: the partial loads' cache modifier. ``COLS`` > 0: only the first COLS columns
+    (the caller offsets ``opart_ptr`` and ``out_ptr`` to its column block; rows stay
+    HEAD_DIM apart)."""
     offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LAYOUT))
     offs_d = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, LAYOUT))
     h_ok = offs_h < num_heads
@@ -463,7 +465,8 @@ def _combine(
     if HAS_SINK:
         den += gl.exp2(sink - m_safe)
     den_safe = gl.where(den > 0.0, den, 1.0)
-    for d0 in gl.static_range(0, HEAD_DIM, CHUNK):
+    TOTAL: gl.constexpr = HEAD_DIM if COLS == 0 else COLS
+    for d0 in gl.static_range(0, TOTAL, CHUNK):
         acc = gl.zeros([BLOCK_H, CHUNK], gl.float32, layout=LAYOUT)
         for s in gl.static_range(NUM_SPLITS):
             part = pid_r * NUM_SPLITS + s
@@ -507,4 +510,33 @@ def _mla_reduce_kernel(
         opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r, pid_h * BLOCK_H, stride_or,
         stride_oh, num_heads, BLOCK_H, HEAD_DIM, HEAD_DIM, NUM_SPLITS, HAS_SINK, WRITE_LSE,
         LAYOUT, "",
+    )  # fmt: skip
+
+
+@gluon.jit
+def _mla_reduce_cols_kernel(
+    opart_ptr,  # [R, NUM_SPLITS, H, HEAD_DIM] fp32, each split normalised by its own sum
+    lsepart_ptr,  # [R, NUM_SPLITS, H] fp32, base-2 log-sum-exp of each split (-inf: empty)
+    sink_ptr,  # [H] fp32
+    out_ptr,  # [R, H, HEAD_DIM]
+    stride_or,
+    stride_oh,
+    num_heads,
+    BLOCK_H: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    COLS: gl.constexpr,
+    NUM_SPLITS: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    LAYOUT: gl.constexpr,
+):
+    """The reduce step of a call with few rows (``gluon_ws``'s splits): one program per (row,
+    head block, block of COLS columns), grid (R, cdiv(H, BLOCK_H), HEAD_DIM // COLS), so a
+    call of one or two rows still spreads its partials' loads over many SMs. No LSE output."""
+    pid_r = gl.program_id(0).to(gl.int64)
+    pid_h = gl.program_id(1)
+    col0 = gl.program_id(2) * COLS
+    _combine(
+        opart_ptr + col0, lsepart_ptr, sink_ptr, out_ptr + col0, lsepart_ptr, pid_r,
+        pid_h * BLOCK_H, stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, COLS, NUM_SPLITS,
+        HAS_SINK, False, LAYOUT, "", COLS,
     )  # fmt: skip

@@ -201,7 +201,8 @@ def small_call(nnz: int, programs: int) -> bool:
 
 @gluon.jit
 def _item_range(
-    item, indptr_ptr, nnz, num_heads, HEADS: gl.constexpr, ids_per_row, DENSE_IDS: gl.constexpr
+    item, indptr_ptr, nnz, num_heads, HEADS: gl.constexpr, ids_per_row, DENSE_IDS: gl.constexpr,
+    NUM_SPLITS: gl.constexpr = 1,
 ):  # fmt: skip
     """Work item ``item``'s token, head block and CSR slot range [lo, hi) with its tile count.
     The range is clamped to [0, nnz] (nnz = kv_indices.numel()): no kv_indptr, checked or not,
@@ -211,10 +212,16 @@ def _item_range(
 
     Items are (token, block of HEADS heads) with a token's blocks adjacent; the persistent programs
     take them round-robin, so the programs that gather the same rows run at the same time and
-    share them in L2."""
+    share them in L2.
+
+    ``NUM_SPLITS`` > 1: items are (token, head block, split), a group's splits adjacent, and
+    the range is split ``item % NUM_SPLITS``'s piece of the token's list: pieces of whole
+    pairs of tiles (the two consumers' unit), cdiv(cdiv(len, NUM_SPLITS), 128) x 128 slots
+    each, the last the rest, pieces past a short list empty."""
     num_hb = (num_heads + HEADS - 1) // HEADS
-    pid_h = item % num_hb
-    pid_r = (item // num_hb).to(gl.int64)
+    group = item // NUM_SPLITS
+    pid_h = group % num_hb
+    pid_r = (group // num_hb).to(gl.int64)
     if DENSE_IDS:
         lo = pid_r * ids_per_row
         hi = lo + ids_per_row
@@ -223,6 +230,11 @@ def _item_range(
         hi = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)
         lo = gl.minimum(gl.maximum(lo, 0), nnz)
         hi = gl.minimum(gl.maximum(hi, lo), nnz)
+    if NUM_SPLITS > 1:
+        pair = 2 * BLOCK_K
+        chunk = ((hi - lo + NUM_SPLITS - 1) // NUM_SPLITS + pair - 1) // pair * pair
+        lo = gl.minimum(lo + (item % NUM_SPLITS) * chunk, hi)
+        hi = gl.minimum(lo + chunk, hi)
     num_tiles = ((hi - lo + BLOCK_K - 1) // BLOCK_K).to(gl.int32)
     return pid_r, pid_h, lo, hi, num_tiles
 
@@ -305,7 +317,7 @@ def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h):
 @gluon.jit
 def _begin_item(
     item, it, num_hb, q_desc, q_smem, bars, indptr_ptr, nnz, num_heads, BLOCK_H: gl.constexpr,
-    ids_per_row, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr,
+    ids_per_row, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, NUM_SPLITS: gl.constexpr = 1,
 ):  # fmt: skip
     """Item ``item`` (the producer's ``it``-th): its slot range [lo, hi) and tile count
     (:func:`_item_range`), with its Q sent by TMA. A small call sends the first item's Q before
@@ -313,15 +325,16 @@ def _begin_item(
     range's loads first: in flight while the consumers finish the previous item)."""
     if SMALL:
         if it == 0:
-            _load_q(q_desc, q_smem, bars, it, (item // num_hb).to(gl.int64), item % num_hb)
+            group = item // NUM_SPLITS
+            _load_q(q_desc, q_smem, bars, it, (group // num_hb).to(gl.int64), group % num_hb)
         pid_r, pid_h, lo, hi, num_tiles = _item_range(
-            item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
+            item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
         if it > 0:
             _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
     else:
         pid_r, pid_h, lo, hi, num_tiles = _item_range(
-            item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
+            item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
         _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
     return lo, hi, num_tiles
@@ -333,7 +346,8 @@ def _producer(
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
-    PUBLISHED: gl.constexpr = True,
+    PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
+    lsepart_ptr=None,
 ):  # fmt: skip
     if SMALL:
         _prefetch_ids(idx_ptr, nnz)
@@ -343,7 +357,7 @@ def _producer(
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         lo, hi, num_tiles = _begin_item(
             item, it, num_hb, q_desc, q_smem, bars, indptr_ptr, nnz, num_heads, BLOCK_H,
-            ids_per_row, SMALL, DENSE_IDS,
+            ids_per_row, SMALL, DENSE_IDS, NUM_SPLITS,
         )  # fmt: skip
 
         num_pairs = (num_tiles + 1) // 2
@@ -502,32 +516,59 @@ def _bar_sync(bar_id: gl.constexpr):
 @gluon.jit
 def _epilogue(
     acc, m_i, l_i, l_mine, l_other, col0, pid_r, pid_h, sink_ptr, out_desc, stage, num_heads,
+    pid_s=0, opart_ptr=None, lsepart_ptr=None, NUM_SPLITS: gl.constexpr = 1,
 ):  # fmt: skip
     """Add the two partial sums, fold in the sink, normalise and write this O half (TMA,
     through ``stage``). The sums' slots alternate by item: a consumer writes an item's slot
     only after the barrier of the item before, which the other passes only after reading the
-    slot two items back."""
+    slot two items back. ``NUM_SPLITS`` > 1: the split's partial instead (:func:`_partial`)."""
     l_mine.store(l_i)
     _bar_sync(NB_L)
     l_tot = l_i + l_other.load(ROW_S)
-    den = l_tot + gl.exp2(_load_sink(sink_ptr, pid_h, num_heads) - m_i)
-    # A head with no valid slot gets zeros, whatever its sink.
-    inv = gl.where(l_tot > 0.0, 1.0 / den, 0.0)
-    o = (acc * gl.convert_layout(inv, ROW_O)[:, None]).to(stage.dtype)
-    # Four [64, 64] column blocks (reshapes and splits of the registers, no data movement), each
-    # through ``stage`` (this consumer's P buffer, which the other consumer has finished
-    # reading: it passed NB_L after its last PV) by TMA. Rows past num_heads are clipped by
-    # the descriptor's shape.
-    lo_half, hi_half = o.reshape([BLOCK_H, 2, HALF // 2]).permute((0, 2, 1)).split()
-    c0, c1 = lo_half.reshape([BLOCK_H, 2, HALF // 4]).permute((0, 2, 1)).split()
-    c2, c3 = hi_half.reshape([BLOCK_H, 2, HALF // 4]).permute((0, 2, 1)).split()
-    row = pid_r.to(gl.int32)
-    h0 = pid_h * BLOCK_H
-    _tma_block(c0, stage, out_desc, row, h0, col0)
-    _tma_block(c1, stage, out_desc, row, h0, col0 + OUT_BLOCK)
-    _tma_block(c2, stage, out_desc, row, h0, col0 + 2 * OUT_BLOCK)
-    _tma_block(c3, stage, out_desc, row, h0, col0 + 3 * OUT_BLOCK)
-    tma.store_wait(0)  # the P buffer is written again in the next item
+    if NUM_SPLITS > 1:
+        _partial(acc, m_i, l_tot, col0, pid_r * NUM_SPLITS + pid_s, pid_h, opart_ptr,
+                 lsepart_ptr, num_heads)  # fmt: skip
+    else:
+        den = l_tot + gl.exp2(_load_sink(sink_ptr, pid_h, num_heads) - m_i)
+        # A head with no valid slot gets zeros, whatever its sink.
+        inv = gl.where(l_tot > 0.0, 1.0 / den, 0.0)
+        o = (acc * gl.convert_layout(inv, ROW_O)[:, None]).to(stage.dtype)
+        # Four [64, 64] column blocks (reshapes and splits of the registers, no data
+        # movement), each through ``stage`` (this consumer's P buffer, which the other
+        # consumer has finished reading: it passed NB_L after its last PV) by TMA. Rows past
+        # num_heads are clipped by the descriptor's shape.
+        lo_half, hi_half = o.reshape([BLOCK_H, 2, HALF // 2]).permute((0, 2, 1)).split()
+        c0, c1 = lo_half.reshape([BLOCK_H, 2, HALF // 4]).permute((0, 2, 1)).split()
+        c2, c3 = hi_half.reshape([BLOCK_H, 2, HALF // 4]).permute((0, 2, 1)).split()
+        row = pid_r.to(gl.int32)
+        h0 = pid_h * BLOCK_H
+        _tma_block(c0, stage, out_desc, row, h0, col0)
+        _tma_block(c1, stage, out_desc, row, h0, col0 + OUT_BLOCK)
+        _tma_block(c2, stage, out_desc, row, h0, col0 + 2 * OUT_BLOCK)
+        _tma_block(c3, stage, out_desc, row, h0, col0 + 3 * OUT_BLOCK)
+        tma.store_wait(0)  # the P buffer is written again in the next item
+
+
+@gluon.jit
+def _partial(acc, m_i, l_tot, col0, part, pid_h, opart_ptr, lsepart_ptr, num_heads):
+    """A split's partial, as the shared algorithm stores it for ``_mla_reduce_kernel``: this
+    O half normalised by the split's own sum (no sink: the reduce folds it in once) into
+    opart [R, NUM_SPLITS, H, 512] fp32 at row ``part`` (token x NUM_SPLITS + split), and
+    (consumer 0) the base-2 log-sum-exp m + log2(l) of each head into lsepart [R, NUM_SPLITS,
+    H] (-inf for a head with no valid slot, whose O is 0). Straight from the accumulator's
+    registers: each thread's column pairs fill whole 32-byte sectors."""
+    inv = gl.where(l_tot > 0.0, 1.0 / l_tot, 0.0)
+    o = acc * gl.convert_layout(inv, ROW_O)[:, None]
+    offs_h = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_O)
+    offs_d = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, MMA_O))
+    rows = part.to(gl.int64) * num_heads + offs_h
+    gl.store(opart_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], o,
+             mask=(offs_h < num_heads)[:, None])  # fmt: skip
+    if col0 == 0:
+        offs_l = pid_h * BLOCK_H + gl.arange(0, BLOCK_H, layout=ROW_S)
+        lse2 = gl.where(l_tot > 0.0, m_i + gl.log2(gl.maximum(l_tot, 1e-30)), float("-inf"))
+        gl.store(lsepart_ptr + part.to(gl.int64) * num_heads + offs_l, lse2,
+                 mask=offs_l < num_heads)  # fmt: skip
 
 
 @gluon.jit
@@ -647,10 +688,13 @@ def _rescale_o(acc, alpha):
 
 
 @gluon.jit
-def _consumer_item(item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS: gl.constexpr):
+def _consumer_item(
+    item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS: gl.constexpr,
+    NUM_SPLITS: gl.constexpr = 1,
+):  # fmt: skip
     """A consumer's start of a work item: its range, pairs of tiles and fresh softmax state."""
     pid_r, pid_h, lo, hi, num_tiles = _item_range(
-        item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS
+        item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS, NUM_SPLITS
     )
     m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
@@ -664,7 +708,8 @@ def _consumer0(
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
-    PUBLISHED: gl.constexpr = True,
+    PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
+    lsepart_ptr=None,
 ):  # fmt: skip
     """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair."""
     dtype: gl.constexpr = q_desc.dtype
@@ -672,7 +717,7 @@ def _consumer0(
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
-            item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS
+            item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
         # S of the first pair's tile; each iteration issues the next one's behind its last PV.
@@ -731,6 +776,7 @@ def _consumer0(
         _epilogue(
             acc, m_i, l_i, l_smem.index(2 * (it & 1)), l_smem.index(1 + 2 * (it & 1)), 0,
             pid_r, pid_h, sink_ptr, out_desc, p0_smem.index(0), num_heads,
+            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,
         )  # fmt: skip
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
@@ -741,7 +787,8 @@ def _consumer1(
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
-    PUBLISHED: gl.constexpr = True,
+    PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
+    lsepart_ptr=None,
 ):  # fmt: skip
     """Odd tiles' S, O[:, 256:512]."""
     dtype: gl.constexpr = q_desc.dtype
@@ -749,7 +796,7 @@ def _consumer1(
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
-            item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS
+            item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
         if num_pairs == 0:
@@ -786,6 +833,7 @@ def _consumer1(
         _epilogue(
             acc, m_i, l_i, l_smem.index(1 + 2 * (it & 1)), l_smem.index(2 * (it & 1)),
             HALF, pid_r, pid_h, sink_ptr, out_desc, p1_smem.index(0), num_heads,
+            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,
         )  # fmt: skip
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
@@ -904,29 +952,47 @@ def _prefill_ws_kernel(
     num_kv,
     nnz,  # kv_indices.numel(): each item's CSR range is clamped to [0, nnz]
     qk_scale,  # sm_scale * log2(e)
-    num_items,  # R * cdiv(H, 64) work items (token, head block)
+    num_items,  # R * cdiv(H, 64) * NUM_SPLITS work items (token, head block[, split])
     ids_per_row,  # DENSE_IDS: K of the dense [R, K] ids (CSR: 0, unused)
+    opart_ptr,  # NUM_SPLITS > 1: [R, NUM_SPLITS, H, 512] fp32 partials (else unused)
+    lsepart_ptr,  # NUM_SPLITS > 1: [R, NUM_SPLITS, H] fp32 base-2 LSE partials
     SMALL: gl.constexpr = False,  # small_call(nnz, programs): the small-call order
     CONSUMER_REGS: gl.constexpr = None,  # consumer 1's registers (None: CONSUMER_REGS)
     PRODUCER_REGS: gl.constexpr = None,  # the producer's registers (None: PRODUCER_REGS)
     DENSE_IDS: gl.constexpr = False,  # kv_indices is dense [R, ids_per_row]; no kv_indptr
     POS_SCALE: gl.constexpr = False,  # qk_scale > 0: the scale folds into the exponent
+    NUM_SPLITS: gl.constexpr = 1,  # > 1: each list in pieces, partials for _mla_reduce_kernel
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
-    (consumer 0) + 8 in the worker partitions."""
+    (consumer 0) + 8 in the worker partitions. ``num_items``: R * cdiv(H, 64) * NUM_SPLITS."""
     q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids = _shared_state(
         q_desc.dtype,
         128,  # READY: the producer's 128 lanes arrive, via cp.async
         1,  # and a tile's first half once more: its slot ids (_producer)
     )
-    args = (
-        q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
-        stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
-        num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem,
-        bars, tile_ids, SMALL, DENSE_IDS, POS_SCALE,
-    )  # fmt: skip
+    # The partitions' arguments written out in each call: a tuple assigned to a name first
+    # would turn its constexprs (SMALL, ..., NUM_SPLITS) into tensors.
     gl.warp_specialize(
-        [(_consumer0, args), (_consumer1, args), (_producer, args)],
+        [
+        (_consumer0, (
+            q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
+            stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
+            kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr,
+        )),
+        (_consumer1, (
+            q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
+            stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
+            kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr,
+        )),
+        (_producer, (
+            q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
+            stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
+            kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr,
+        )),
+        ],
         [4, 4],
         _worker_regs(CONSUMER_REGS, PRODUCER_REGS),
-    )
+    )  # fmt: skip

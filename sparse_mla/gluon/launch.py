@@ -23,7 +23,7 @@ from .. import fastlaunch, runtime
 from .._consts import LOG2E as _LOG2E
 from ..validation import _dense_launch_csr, _shares_memory, validate_inputs
 from . import cdna4, hopper, hopper_prefill, hopper_ws, hopper_ws_small
-from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
+from .algorithm import _mla_fwd_kernel, _mla_reduce_cols_kernel, _mla_reduce_kernel
 from .hopper_prefill import _prefill_wgmma_kernel
 from .hopper_ws import _prefill_ws_kernel
 from .hopper_ws_small import _prefill_ws_small_kernel
@@ -231,8 +231,10 @@ def _why_not_ws(cfg, target, *, has_pe, num_splits, write_lse, config_type=WSCon
         return f"needs sm90 (wgmma, warp specialisation), the target is {target.name}"
     if has_pe:
         return "serves the sparse prefill only (no RoPE part)"
-    if num_splits != 1 or write_lse:
-        return "runs one KV split and writes no LSE"
+    if write_lse:
+        return "writes no LSE"
+    if num_splits != 1 and config_type is not WSConfig:
+        return "runs one KV split"
     if not isinstance(cfg, config_type):
         return f"takes a {config_type.__name__}, got {type(cfg).__name__}"
     return None
@@ -321,8 +323,9 @@ KERNELS: dict[str, GluonKernel] = {
         GluonKernel(
             "gluon_ws",
             "sm90 warp-specialised sparse prefill (hopper_ws.py): 64 heads on wgmma's M (head "
-            "blocks clipped at H), one producer and two consumers, persistent",
-            ("prefill",), ("sm90",), WSConfig, lambda h, t: WSConfig(), _why_not_ws, False,
+            "blocks clipped at H), one producer and two consumers, persistent; a call of few "
+            "items splits each list into pieces of whole tile pairs, with a reduce step",
+            ("prefill",), ("sm90",), WSConfig, lambda h, t: WSConfig(), _why_not_ws, True,
             {"CONSUMER_REGS": (200, 208, 216, 224), "PRODUCER_REGS": (24, 32, 40, 48, 56)},
             dense_ids=True,
         ),
@@ -419,6 +422,33 @@ def programs_per_sm(cfg: GluonConfig, target: Target) -> int | None:
     return max(1, 8 // cfg.num_warps)
 
 
+# gluon_ws splits a call's lists only while its (token, head block) items are at most
+# 1 / WS_SPLIT_FILL of the SMs, and only into pieces at least WS_SPLIT_MIN_SAVED tiles shorter
+# than the whole list: a split pays ~7-8 us (its fp32 partials and the reduce launch) and a
+# tile costs ~1.5 us (H200; PERF_NOTES "No cliffs" step 19).
+WS_SPLIT_FILL = 2
+WS_SPLIT_MIN_SAVED = 6
+
+
+def ws_num_splits(rows: int, num_heads: int, nnz: int, num_units: int) -> int:
+    """``gluon_ws``'s KV splits for a call of ``rows`` rows, H heads and ``nnz`` slots (no
+    host sync): 1 while its items (rows x cdiv(H, 64)) fill more than 1 / :data:`WS_SPLIT_FILL`
+    of the ``num_units`` SMs; else as many as fit the SMs in one wave, each at least one pair
+    of 64-slot tiles of the average list (nnz / rows), at most :data:`MAX_SPLITS`, then as many
+    as the pieces of whole pairs that count makes (no empty piece on average lists), and 1
+    unless a piece is at least :data:`WS_SPLIT_MIN_SAVED` tiles shorter than the list."""
+    items = rows * runtime.cdiv(num_heads, hopper_ws.BLOCK_H.value)
+    if items == 0 or items * WS_SPLIT_FILL > num_units:
+        return 1
+    pair = 2 * hopper_ws.BLOCK_K.value
+    pairs = runtime.cdiv(max(nnz // rows, 1), pair)
+    splits = max(1, min(num_units // items, pairs, MAX_SPLITS))
+    per_piece = runtime.cdiv(pairs, splits)
+    if 2 * (pairs - per_piece) < WS_SPLIT_MIN_SAVED:
+        return 1
+    return runtime.cdiv(pairs, per_piece)
+
+
 def split_plan(
     name: str, cfg: GluonConfig, rows: int, num_heads: int, nnz: int, target: Target,
     num_units: int, *, own_launch: bool, has_pe: bool = False,
@@ -432,7 +462,9 @@ def split_plan(
     (they split too) and, for 64-head defaults, while there are at most
     :data:`SPLIT_TRADE_PROGRAMS` of them (where they fill the GPU, 4x the row gathers cost more
     than the second launch saved: H200, T = 64 H128). One function for the run and for what
-    the benchmark records."""
+    the benchmark records. ``gluon_ws``: ``cfg`` with :func:`ws_num_splits`' count."""
+    if name == "gluon_ws":
+        return cfg, ws_num_splits(rows, num_heads, nnz, num_units)
     splits = choose_num_splits(rows, num_heads, nnz, cfg, num_units, programs_per_sm(cfg, target))
     if (
         splits > 1 and own_launch and not has_pe and name == "gluon_mma"
@@ -659,7 +691,11 @@ def compile_args(
             **out_sig, "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
             "num_items": "i32", "ids_per_row": "i32",
         }  # fmt: skip
+        if name == "gluon_ws":  # the split partials' pointers (unused at one split)
+            signature.update({"opart_ptr": "*fp32", "lsepart_ptr": "*fp32"})
         constexprs = _ws_constexprs(cfg)
+        if name == "gluon_ws":  # (the run passes it only when > 1: the default is 1)
+            constexprs["NUM_SPLITS"] = num_splits
         if shape.get("dense", False):
             constexprs["DENSE_IDS"] = True  # only when set: a CSR launch passes none
         if hasattr(module, "small_call"):
@@ -727,6 +763,11 @@ def _ws_constexprs(cfg) -> dict[str, Any]:
     if isinstance(cfg, WSConfig):
         return {"CONSUMER_REGS": cfg.CONSUMER_REGS, "PRODUCER_REGS": cfg.PRODUCER_REGS}
     return {}
+
+
+def _ws_split_constexprs(cfg, splits: int) -> dict[str, Any]:
+    """:func:`_ws_constexprs` of a ``gluon_ws`` launch that splits its lists ``splits`` ways."""
+    return {**_ws_constexprs(cfg), "NUM_SPLITS": splits}
 
 
 def _heads_per_item(name: str, cfg) -> int:
@@ -955,13 +996,29 @@ def run_validated(
 
     if name in _WS:
         ws_kernel, module = _WS[name]
+        splits, extra_args, cx = 1, (), _ws_constexprs(cfg)
+        if name == "gluon_ws":
+            splits = num_kv_splits or ws_num_splits(
+                R, H, kv_indices.numel(), _num_compute_units(dev)
+            )
+            if splits > 1:
+                opart = torch.empty(R, splits, H, HEAD_DIM, dtype=torch.float32,
+                                    device=q_nope.device)  # fmt: skip
+                lsepart = torch.empty(R, splits, H, dtype=torch.float32, device=q_nope.device)
+                extra_args = (opart, lsepart)
+                cx = _cached(_ws_split_constexprs)(cfg, splits)
+            else:
+                extra_args = (_unused(q_nope.device),) * 2
         _launch_persistent(ws_kernel, _heads_per_item(name, cfg), q_nope, kv2, kv_indices,
                            kv_indptr, attn_sink, out, sm_scale, dev,
                            out_tma=getattr(module, "OUT_BY_TMA", False),
                            q_tma=getattr(module, "Q_BY_TMA", False),
-                           constexprs=_ws_constexprs(cfg),
+                           constexprs=cx,
                            small_call=getattr(module, "small_call", None),
-                           pos_scale=getattr(module, "FOLDS_SCALE", False))  # fmt: skip
+                           pos_scale=getattr(module, "FOLDS_SCALE", False),
+                           extra_args=extra_args, splits=splits)  # fmt: skip
+        if splits > 1:
+            _reduce_cols(opart, lsepart, attn_sink, out, H, splits, tgt)
         return out
     units = _num_compute_units(dev)
     if num_kv_splits:
@@ -1011,13 +1068,45 @@ def run_validated(
             write_lse=return_lse, use_buffer=_use_buffer(tgt, *pools), fused=fused,
         )  # fmt: skip
     if splits > 1 and not fused:
-        rcx = _cached(_reduce_constexprs)(H, splits, attn_sink is not None, return_lse, tgt)
-        fastlaunch.launcher(_mla_reduce_kernel)(
-            (R, runtime.cdiv(H, rcx["BLOCK_H"])),
-            (opart, lsepart, sink, out, lse_arg, out.stride(0), out.stride(1), H),
-            fastlaunch.merged(rcx, num_warps=4),
-        )  # fmt: skip
+        _reduce(opart, lsepart, attn_sink, out, lse_arg, H, splits, tgt, return_lse)
     return (out, lse) if return_lse else out
+
+
+# Columns a program of gluon_ws's reduce combines (_mla_reduce_cols_kernel): 4 programs a
+# (row, 16-head block), so a one-token call's reduce runs on 32 SMs at 128 heads, not 8.
+REDUCE_COLS = 128
+
+
+def _reduce_cols(opart, lsepart, attn_sink, out, num_heads, splits, tgt):
+    """``gluon_ws``'s reduce step: ``out`` from its [R, splits, H, 512] partials and their
+    base-2 LSEs, sink folded, one program per (row, 16-head block, 128 columns)."""
+    R = out.shape[0]
+    sink = attn_sink.contiguous() if attn_sink is not None else _unused(out.device)
+    rcx = _cached(_reduce_cols_constexprs)(num_heads, splits, attn_sink is not None, tgt)
+    fastlaunch.launcher(_mla_reduce_cols_kernel)(
+        (R, runtime.cdiv(num_heads, rcx["BLOCK_H"]), HEAD_DIM // REDUCE_COLS),
+        (opart, lsepart, sink, out, out.stride(0), out.stride(1), num_heads),
+        fastlaunch.merged(rcx, num_warps=4),
+    )  # fmt: skip
+
+
+def _reduce_cols_constexprs(num_heads, num_splits, has_sink, target):
+    cx = _reduce_constexprs(num_heads, num_splits, has_sink, False, target)
+    del cx["WRITE_LSE"]
+    return {**cx, "COLS": REDUCE_COLS}
+
+
+def _reduce(opart, lsepart, attn_sink, out, lse_arg, num_heads, splits, tgt, write_lse=False):
+    """The split launches' reduce step (``_mla_reduce_kernel``): ``out`` (and the LSE under
+    ``write_lse``) from the [R, splits, H, 512] partials and their base-2 LSEs, sink folded."""
+    R = out.shape[0]
+    sink = attn_sink.contiguous() if attn_sink is not None else _unused(out.device)
+    rcx = _cached(_reduce_constexprs)(num_heads, splits, attn_sink is not None, write_lse, tgt)
+    fastlaunch.launcher(_mla_reduce_kernel)(
+        (R, runtime.cdiv(num_heads, rcx["BLOCK_H"])),
+        (opart, lsepart, sink, out, lse_arg, out.stride(0), out.stride(1), num_heads),
+        fastlaunch.merged(rcx, num_warps=4),
+    )  # fmt: skip
 
 
 # (kernel, config, heads, target, has_pe, return_lse, splits) -> the resolved, checked launch.
@@ -1068,7 +1157,7 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
     *, out_tma=False, q_tma=False, constexprs=None, small_call=None, num_kv=None,
-    stride_kvn=None, extra_args=(), pos_scale=False,
+    stride_kvn=None, extra_args=(), pos_scale=False, splits=1,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -1085,7 +1174,9 @@ def _launch_persistent(
     ``num_kv`` / ``stride_kvn``: the pool's rows and row stride when ``kv2`` is not a [N, D]
     pool (an FP8 cache's bytes: its slots and block stride, :mod:`launch_fp8`);
     ``extra_args``: the kernel's arguments after ``ids_per_row``. ``pos_scale``: the kernel has
-    a ``POS_SCALE`` constexpr (``hopper_ws``'s consumers), set when ``sm_scale`` > 0."""
+    a ``POS_SCALE`` constexpr (``hopper_ws``'s consumers), set when ``sm_scale`` > 0.
+    ``splits`` > 1: each (token, head block) is that many items (``hopper_ws``'s NUM_SPLITS,
+    in ``constexprs``), which write partials (in ``extra_args``), not ``out``."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     qs0, qs1, _ = q.stride()
@@ -1094,7 +1185,7 @@ def _launch_persistent(
         qs0, qs1, _ = q.stride()
     # No sink: logits of -inf add 2^-inf = 0 to the denominator.
     sink = _no_sink(H, q.device) if attn_sink is None else attn_sink.contiguous()
-    items = R * runtime.cdiv(H, heads_per_item)
+    items = R * runtime.cdiv(H, heads_per_item) * splits
     grid = (min(items, _num_compute_units(dev)),)
     extra = {} if small_call is None else {"SMALL": small_call(kv_indices.numel(), grid[0])}
     per_row = 0
@@ -1127,7 +1218,7 @@ def _launch_persistent(
         dst, (1, heads_per_item, hopper_ws.OUT_BLOCK.value), hopper_ws.OUT_SMEM.value
     )
     launch(grid, (*common, desc, qs0, qs1, stride, *tail), kwargs)
-    if dst is not out:
+    if dst is not out and splits == 1:  # a split launch writes partials, never dst
         out.copy_(dst)
 
 
