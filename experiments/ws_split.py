@@ -16,9 +16,8 @@ no gain where the items already fill a quarter of the SMs.
 
 from __future__ import annotations
 
-import sys
-
 import torch
+from turns import add_flashmla, in_turns, main
 
 from sparse_mla import bench, reference, runtime
 from sparse_mla.gluon import launch, mla_gluon
@@ -58,36 +57,10 @@ def point(T: int, H: int, dev: torch.device, peers: bench.Peers) -> str:
         scratch = torch.empty_like(q)
         fns.append(lambda run=run, scratch=scratch: run(scratch))
         names.append(name)
-    try:
-        fm = bench._provider("flashmla", w, dev, peers)
-        _res, timer = bench._check_and_time(fm, w, dev, 256, False, budget_ms=40.0, defer=True,
-                                           out=torch.empty_like(q))  # fmt: skip
-        if timer is not None:
-            fns.append(timer)
-            names.append(fm.name)
-    except bench.Unavailable as e:
-        print(f"  flashmla: {e}", flush=True)
-    ms = bench.time_interleaved(fns, 40.0, rounds=8)
-    us = dict(zip(names, (m * 1e3 for m in ms), strict=True))
+    add_flashmla(w, dev, peers, q, fns, names)
     items = T * runtime.cdiv(H, 64)
-    line = (f"T={T:5d} H={H:3d} ({items} items, rule x{rule}): "
-            + "  ".join(f"{n} {v:.2f}" for n, v in us.items()) + " us")  # fmt: skip
-    fl = next((v for n, v in us.items() if n.startswith("flashmla")), None)
-    if fl:
-        line += "  /flashmla: " + " ".join(
-            f"{n} {v / fl:.3f}" for n, v in us.items() if not n.startswith("flashmla"))  # fmt: skip
-    return line
-
-
-def main() -> None:
-    dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton "
-          f"{runtime.triton_version()}", flush=True)  # fmt: skip
-    peers = bench.Peers()
-    pts = POINTS if len(sys.argv) < 2 else [tuple(map(int, a.split("x"))) for a in sys.argv[1:]]
-    for T, H in pts:
-        print(point(T, H, dev, peers), flush=True)
+    return in_turns(f"T={T:5d} H={H:3d} ({items} items, rule x{rule})", fns, names, lambda n: True)
 
 
 if __name__ == "__main__":
-    main()
+    main(point, POINTS)

@@ -19,9 +19,8 @@ T = 64 H128 (128 items already) no gain at S = 2 (two waves).
 
 from __future__ import annotations
 
-import sys
-
 import torch
+from turns import add_flashmla, in_turns, main
 
 from sparse_mla import bench, reference, runtime
 from sparse_mla.gluon import mla_gluon
@@ -70,36 +69,11 @@ def point(T: int, H: int, S: int, dev: torch.device, peers: bench.Peers) -> str:
         names.append(name)
     fns.append(lambda: q.repeat_interleave(S, dim=0))
     names.append("q_repeat")
-    try:
-        fm = bench._provider("flashmla", w, dev, peers)
-        _res, timer = bench._check_and_time(fm, w, dev, 256, False, budget_ms=40.0, defer=True,
-                                           out=torch.empty_like(q))  # fmt: skip
-        if timer is not None:
-            fns.append(timer)
-            names.append(fm.name)
-    except bench.Unavailable as e:
-        print(f"  flashmla: {e}", flush=True)
-    ms = bench.time_interleaved(fns, 40.0, rounds=8)
-    us = dict(zip(names, (m * 1e3 for m in ms), strict=True))
+    add_flashmla(w, dev, peers, q, fns, names)
     items = T * runtime.cdiv(H, 64)
-    line = (f"T={T:5d} H={H:3d} S={S} ({items} -> {items * S} items): "
-            + "  ".join(f"{n} {v:.2f}" for n, v in us.items()) + " us")  # fmt: skip
-    fl = next((v for n, v in us.items() if n.startswith("flashmla")), None)
-    if fl:
-        line += "  /flashmla: " + " ".join(
-            f"{n} {v / fl:.3f}" for n, v in us.items() if n.startswith("ws"))  # fmt: skip
-    return line
-
-
-def main() -> None:
-    dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton "
-          f"{runtime.triton_version()}", flush=True)  # fmt: skip
-    peers = bench.Peers()
-    pts = POINTS if len(sys.argv) < 2 else [tuple(map(int, a.split("x"))) for a in sys.argv[1:]]
-    for T, H, S in pts:
-        print(point(T, H, S, dev, peers), flush=True)
+    head = f"T={T:5d} H={H:3d} S={S} ({items} -> {items * S} items)"
+    return in_turns(head, fns, names, lambda n: n.startswith("ws"))
 
 
 if __name__ == "__main__":
-    main()
+    main(point, POINTS)
