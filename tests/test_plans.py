@@ -611,7 +611,7 @@ def test_a_plan_keeps_no_input_alive(standin, name):
     assert [r() is None for r in refs] == [True] * 6
 
 
-@pytest.mark.parametrize("name", [*DENSE, "gluon_mma split", "gluon_wgmma split"])
+@pytest.mark.parametrize("name", [*DENSE, "gluon_mma split", "gluon_wgmma split", "gluon_ws split"])
 def test_replay_passes_addresses(standin, name):
     """A replay hands Triton's launcher each tensor argument as its address (no data_ptr()
     call and driver pointer query per tensor there): the same values the tensors give it, for
@@ -642,6 +642,8 @@ def _split_launches(name, H):
     ``launch.SPLIT_CONFIG``), else a second launch (the partials)."""
     from sparse_mla.gluon import launch
 
+    if name == "gluon_ws":  # its splits, then the column-block reduce (the partials)
+        return (2, 2)
     sm90 = launch.get_target("sm90")
     cfg = launch.SPLIT_CONFIG if name == "gluon_mma" else launch.resolve_launch(name, None, H, sm90)
     return (1, 3) if launch.fused_reduce(2, sm90, cfg.BLOCK_H) else (2, 2)
@@ -715,10 +717,11 @@ def test_gluon_mma_prefill_calls_that_split_take_16_head_blocks(standin, monkeyp
 
 
 def _split_case(name, standin, seed=20, H=64):
-    """A gluon_mma / gluon_wgmma layout at T=4 that runs KV splits (:func:`_split_launches`),
+    """A gluon_mma / gluon_wgmma / gluon_ws layout at T=4 that runs KV splits
+    (:func:`_split_launches`; gluon_ws's rule wants lists of 6 pairs of tiles and more),
     planned; returns (case, run)."""
-    c = make_case(4, H, 512, N=2000, max_slots=700, dtype=torch.bfloat16, seed=seed,
-                  empty_rows=False)  # fmt: skip
+    c = make_case(4, H, 512, N=2000, max_slots=3000 if name == "gluon_ws" else 700,
+                  dtype=torch.bfloat16, seed=seed, empty_rows=False)  # fmt: skip
     cfg = dispatch.Choice(name)
 
     def run(q, kv, idx, ptr, sink, out):
@@ -753,7 +756,9 @@ def _kept_ids():
     return {id(t) for t in got}
 
 
-@pytest.mark.parametrize("name, H", [("gluon_mma", 64), ("gluon_wgmma", 64), ("gluon_mma", 16)])
+@pytest.mark.parametrize(
+    "name, H", [("gluon_mma", 64), ("gluon_wgmma", 64), ("gluon_mma", 16), ("gluon_ws", 64)]
+)
 def test_split_partials_are_lent_to_the_next_replay_on_the_stream(standin, monkeypatch, name, H):
     """A replay of a split layout takes the partials the last replay on the same stream and
     thread kept (no torch.empty), and its launches are still the full path's (the partials by
@@ -948,7 +953,7 @@ def test_generated_replay_guard_answers_as_the_loop(standin, name):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("name", ["gluon_mma", "gluon_wgmma"])
+@pytest.mark.parametrize("name", ["gluon_mma", "gluon_wgmma", "gluon_ws"])
 @pytest.mark.parametrize("H", [16, 64, 128])
 def test_gpu_kept_partials_back_to_back_streams_and_graphs(name, H):
     """The KV splits' partials lent from replay to replay (fastlaunch.Scratch): five replays
@@ -957,8 +962,9 @@ def test_gpu_kept_partials_back_to_back_streams_and_graphs(name, H):
     path (plans off) bit for bit."""
     op._PLANS.clear()
     fastlaunch.clear_scratch()
-    c = make_case(4, H, 512, N=4000, max_slots=900, device="cuda", seed=30 + H,
-                  empty_rows=False)  # fmt: skip
+    long = name == "gluon_ws"  # its rule splits lists of 6 pairs of tiles and more
+    c = make_case(4, H, 512, N=4000, max_slots=3000 if long else 900, device="cuda",
+                  seed=30 + H, empty_rows=False)  # fmt: skip
     cfg = dispatch.Choice(name)
     call = dispatch.Call(runtime.arch(), H, 512, c.q.dtype, c.kv, 4)
     if dispatch.kernel(name).unavailable(call):
