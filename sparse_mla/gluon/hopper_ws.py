@@ -50,6 +50,12 @@ calls keep the steady-state order (each item's range loads first, in flight whil
 consumers finish the previous item): the small-call order measured 1-2% slower at T = 16384,
 H128. The consumers are the same in both (they take ``SMALL`` only because the partitions
 share one argument list).
+Calls of few items (``NUM_SPLITS`` > 1, chosen on the host by ``launch.ws_num_splits``): each
+(token, head block) is NUM_SPLITS items, each a piece of the token's list in whole pairs of
+tiles; a piece's consumers store their O half normalised by the piece's own sum (fp32, from the
+accumulator registers) and its base-2 log-sum-exp, and a reduce launch combines the pieces
+with the sink (``algorithm._mla_reduce_cols_kernel``). At one split the kernel is the one
+without it (PTX diffed).
 The kernel is FlashMLA's sm90 sparse-prefill schedule (DeepSeek, csrc/sm90/prefill/sparse)
 re-derived in Gluon (read, not copied), with a different exchange of the running max and a
 different epilogue; docs/PERF_NOTES.md says what each step bought.
