@@ -761,13 +761,11 @@ def _package_kernel(name: str, w, device: torch.device) -> Prepared:
     cfg = choice.launch_dict()
     if "num_kv_splits" in k.per_call_keys and device.type == "cuda":
         try:  # what the launcher computes per call (recorded, not passed)
-            from .gluon.launch import _default_mma, get_target, split_plan
+            from .gluon.launch import call_splits, get_target
 
-            tgt = get_target(call_info.arch)
             sms = torch.cuda.get_device_properties(device.index or 0).multi_processor_count
-            own = choice.launch is _default_mma(H, tgt)  # the kernel's own, as resolved
-            ran, splits = split_plan(name, choice.launch, q.shape[0], H, idx.numel(), tgt, sms,
-                                     own_launch=own)  # fmt: skip
+            ran, splits = call_splits(name, choice.launch, q.shape[0], H, idx.numel(),
+                                      get_target(call_info.arch), sms)  # fmt: skip
             cfg["num_kv_splits"] = splits
             if ran is not choice.launch:  # gluon_mma's 16-head trade: the blocks that ran
                 cfg["split_BLOCK_H"] = ran.BLOCK_H

@@ -858,12 +858,37 @@ def _cmd_which(args: argparse.Namespace) -> int:
         return 0
     if args.slots and not args.tokens:
         raise UsageError("--slots goes with --tokens (slots per token of a call of T tokens)")
+    if args.sms is not None and not (args.tokens and args.slots):
+        raise UsageError("--sms goes with --tokens and --slots (the split counts need the lists)")
+    if args.sms is not None and args.sms < 1:
+        raise UsageError(f"--sms must be >= 1, got {args.sms}")
     for H in args.heads:
         for T in args.tokens or [None]:
             for S in args.slots or [None]:
                 print(dispatch.describe(arch, H, args.head_dim, num_tokens=T, verbose=args.verbose,
                                         slots_per_token=S))  # fmt: skip
+                if args.sms is not None:
+                    print("  " + _splits_line(arch, H, args.head_dim, T, S, args.sms))
     return 0
+
+
+def _splits_line(arch, num_heads: int, head_dim: int, T: int, slots: int, sms: int) -> str:
+    """How the kernel config=None picks for the shape splits its lists on ``sms`` SMs / CUs."""
+    from . import dispatch
+
+    c = dispatch.choose(dispatch.Call.of_shape(arch, num_heads, head_dim, num_tokens=T,
+                                               slots_per_token=slots))  # fmt: skip
+    k = dispatch.kernel(c.kernel)
+    if "num_kv_splits" not in k.per_call_keys:
+        return f"{c.kernel} runs each list whole (no KV splits)"
+    from .gluon.launch import call_splits, get_target
+
+    ran, splits = call_splits(c.kernel, c.launch, T, num_heads, T * slots, get_target(arch), sms)
+    if splits == 1:
+        return f"{c.kernel} runs each list whole on {sms} SMs (launch.split_plan)"
+    blocks = "" if ran is c.launch else f", in {ran.BLOCK_H}-head blocks"
+    return (f"{c.kernel} splits each list {splits} ways on {sms} SMs{blocks}, then combines "
+            "(launch.split_plan)")  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1195,6 +1220,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--table", action="store_true",
         help="one table a head count: the kernel at each token count (rows, --tokens; default "
         "1 4 16 64 256 1024 16384) and list length (columns, --slots; default 8 384 640 1152)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sms", type=int, default=None,
+        help="with --tokens and --slots: also say how many KV splits the kernel runs on a GPU "
+        "of this many SMs / CUs (132: H100 / H200)",
     )  # fmt: skip
     p.set_defaults(func=_cmd_which)
 

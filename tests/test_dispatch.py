@@ -415,6 +415,20 @@ def test_cli_exports_several_runs_and_says_which_kernel_by_list_length(
     assert lines[1].startswith("sm90 H=16 D=512 T=4 slots/token=640: gluon_mma (recorded")
     assert cli.main(["which", "--arch", "sm90", "--heads", "16", "--slots", "3"]) == 2
     assert "--slots goes with --tokens" in capsys.readouterr().err
+    # --sms: the split count the chosen kernel runs with there (launch.call_splits)
+    from sparse_mla.gluon import launch
+
+    assert cli.main([*argv, "--sms", "132"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == f"  {FAKE} runs each list whole (no KV splits)", lines
+    chosen = dispatch.choose(dispatch.Call.of_shape("sm90", 16, 512, num_tokens=4,
+                                                    slots_per_token=640)).launch  # fmt: skip
+    _, n = launch.call_splits("gluon_mma", chosen, 4, 16, 4 * 640, launch.get_target("sm90"), 132)
+    assert n > 1 and lines[3] == (f"  gluon_mma splits each list {n} ways on 132 SMs, then "
+                                  "combines (launch.split_plan)")  # fmt: skip
+    assert cli.main(["which", "--arch", "sm90", "--heads", "16", "--tokens", "4",
+                     "--sms", "132"]) == 2  # fmt: skip
+    assert "--sms goes with --tokens and --slots" in capsys.readouterr().err
     # --table: the same choices, a row per token count and a column per list length
     argv = ["which", "--arch", "sm90", "--heads", "16", "--table", "--tokens", "4", "100",
             "--slots", "3", "640"]  # fmt: skip

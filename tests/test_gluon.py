@@ -414,6 +414,17 @@ def test_split_plan_trades_gluon_mma_own_blocks_only_while_16_head_programs_are_
     # gluon_ws: its own launch with ws_num_splits' count
     ws = launch.resolve_launch("gluon_ws", None, 64, sm90)
     assert launch.split_plan("gluon_ws", ws, 4, 64, 4 * 640, sm90, 132, own_launch=True) == (ws, 5)
+    # call_splits: the same from a choice's launch (None or the default object: the kernel's
+    # own, which gluon_mma may trade; a config given keeps its blocks); 1 for a kernel that
+    # never splits
+    sm = launch.call_splits
+    assert sm("gluon_mma", None, 4, 64, 4 * 640, sm90, 132)[0] is launch.SPLIT_CONFIG
+    assert sm("gluon_mma", own64, 4, 64, 4 * 640, sm90, 132)[0] is launch.SPLIT_CONFIG
+    given = launch.GluonConfig(BLOCK_H=64, BLOCK_K=32, num_warps=8)
+    assert sm("gluon_mma", given, 4, 64, 4 * 640, sm90, 132)[0] is given
+    assert sm("gluon_ws", ws, 4, 64, 4 * 640, sm90, 132) == (ws, 5)
+    small = launch.resolve_launch("gluon_ws_small", None, 16, sm90)
+    assert sm("gluon_ws_small", small, 4, 16, 4 * 640, sm90, 132) == (small, 1)
 
 
 @pytest.mark.parametrize("name, heads", [("gluon_mma", 1), ("gluon_mma", 32), ("gluon_mma", 64),

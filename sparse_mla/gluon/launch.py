@@ -480,6 +480,22 @@ def split_plan(
     return cfg, splits
 
 
+def call_splits(
+    name: str, cfg: Any, rows: int, num_heads: int, nnz: int, target: Target, num_units: int
+) -> tuple[Any, int]:  # fmt: skip
+    """The launch and KV split count of a call ``config=Choice(name, cfg)`` of ``rows`` rows,
+    H heads and ``nnz`` slots runs on ``num_units`` SMs / CUs (:func:`split_plan`, with
+    ``cfg`` as the dispatch resolved it: None or the kernel's own default object is its own
+    launch, which ``gluon_mma`` may trade); ``(cfg, 1)`` for a kernel that does not split. What
+    the bench's ``num_kv_splits`` column and ``sparse-mla which --sms`` say."""
+    if not gluon_kernel(name).splits:
+        return cfg, 1
+    own = cfg is None or cfg is _default_mma(num_heads, target)
+    if cfg is None:
+        cfg = resolve_launch(name, None, num_heads, target)
+    return split_plan(name, cfg, rows, num_heads, nnz, target, num_units, own_launch=own)
+
+
 def _layouts(cfg: GluonConfig, target: Target) -> dict[str, Any]:
     ws = target.warp_size
     nw = cfg.num_warps
