@@ -24,8 +24,9 @@
 # *_list_length_verify_waves_6e30932.log.) Open: waves again at 1ecab7b or later (the split
 # gluon_ws, PERF_NOTES "No cliffs" step 19: whole lists re-measured and exported; cut short
 # at 73056b4 by the device time), and tests/test_plans.py's
-# test_gpu_kept_partials_back_to_back_streams_and_graphs with gluon_ws (added at 0f3595e, not
-# run yet; `suite` runs it). (Formerly
+# test_gpu_kept_partials_back_to_back_streams_and_graphs with gluon_ws (added at 0f3595e) and
+# tests/test_bench_grid.py's test_gpu_bench_records_the_split_launch_that_ran after the bench
+# took launch.call_splits (c52adb1), neither run yet (`suite` runs both). (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
