@@ -707,11 +707,10 @@ def compile_args(
             **out_sig, "num_heads": "i32", "num_kv": "i32", "nnz": "i32", "qk_scale": "fp32",
             "num_items": "i32", "ids_per_row": "i32",
         }  # fmt: skip
-        if name == "gluon_ws":  # the split partials' pointers (unused at one split)
-            signature.update({"opart_ptr": "*fp32", "lsepart_ptr": "*fp32"})
         constexprs = _ws_constexprs(cfg)
-        if name == "gluon_ws":  # (the run passes it only when > 1: the default is 1)
-            constexprs["NUM_SPLITS"] = num_splits
+        if name == "gluon_ws":  # the split partials' pointers (unused at one split) and count
+            signature.update({"opart_ptr": "*fp32", "lsepart_ptr": "*fp32"})
+            constexprs["NUM_SPLITS"] = num_splits  # (the run passes it only when > 1)
         if shape.get("dense", False):
             constexprs["DENSE_IDS"] = True  # only when set: a CSR launch passes none
         if hasattr(module, "small_call"):
@@ -1014,9 +1013,10 @@ def run_validated(
         ws_kernel, module = _WS[name]
         splits, extra_args, cx = 1, (), _ws_constexprs(cfg)
         if name == "gluon_ws":
-            splits = num_kv_splits or ws_num_splits(
-                R, H, kv_indices.numel(), _num_compute_units(dev)
-            )
+            splits = num_kv_splits
+            if not splits:  # the rule the bench records too (split_plan: ws_num_splits)
+                _, splits = split_plan(name, cfg, R, H, kv_indices.numel(), tgt,
+                                       _num_compute_units(dev), own_launch=False)  # fmt: skip
             if splits > 1:
                 opart = torch.empty(R, splits, H, HEAD_DIM, dtype=torch.float32,
                                     device=q_nope.device)  # fmt: skip
