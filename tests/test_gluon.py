@@ -990,10 +990,11 @@ def test_ws_split_build_writes_partials_not_out():
     # its reduce: one program per (row, 16 heads, 128 columns), no spills at 16 splits
     from sparse_mla import inspect
 
-    sig = {"opart_ptr": "*fp32", "lsepart_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16"}
+    sig = {"opart_ptr": "*fp32", "lsepart_ptr": "*fp32", "sink_ptr": "*fp32",
+           "out_ptr": "*bf16", "lse_ptr": "*fp32"}  # fmt: skip
     for splits, has_sink in ((4, True), (16, False)):
         cx = launch._reduce_cols_constexprs(64, splits, has_sink, launch.get_target("sm90"))
-        res = inspect.compile(launch._mla_reduce_cols_kernel, "sm90", cx, {"num_warps": 4}, sig)
+        res = inspect.compile(launch._mla_reduce_kernel, "sm90", cx, {"num_warps": 4}, sig)
         assert res.resources.spill_bytes == 0 and res.resources.occupancy >= 1
 
 
@@ -1011,6 +1012,10 @@ def test_split_reduce_kernel_cross_compiles(target):
         cx = _reduce_constexprs(64, 4, has_sink, False, get_target(target))
         res = inspect.compile(_mla_reduce_kernel, target, cx, {"num_warps": 4}, sig)
         assert res.resources.spill_bytes == 0 and res.resources.occupancy >= 1
+    # column blocks (gluon_ws's reduce) leave the LSE to whole-row programs: refused at compile
+    cx = {**_reduce_constexprs(64, 4, True, True, get_target(target)), "COLS": 128}
+    with pytest.raises(inspect.CompileFailed, match="whole-row"):
+        inspect.compile(_mla_reduce_kernel, target, cx, {"num_warps": 4}, sig)
 
 
 @pytest.mark.parametrize("kernel, mode, H", [

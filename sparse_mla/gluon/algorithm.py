@@ -501,42 +501,23 @@ def _mla_reduce_kernel(
     HAS_SINK: gl.constexpr,
     WRITE_LSE: gl.constexpr,
     LAYOUT: gl.constexpr,
+    COLS: gl.constexpr = 0,
 ):
     """The reduce step as its own launch (without ``FUSED_REDUCE``): one program per (row,
-    head block) combines the split partials (:func:`_combine`)."""
+    head block), or with ``COLS`` > 0 per (row, head block, block of COLS columns), grid
+    (R, cdiv(H, BLOCK_H), HEAD_DIM // COLS), combines the split partials (:func:`_combine`).
+    Column blocks spread a call of one or two rows over more SMs (``gluon_ws``'s splits); the
+    LSE goes with whole rows only."""
+    gl.static_assert(not (WRITE_LSE and COLS > 0), "the LSE is written by whole-row programs")
     pid_r = gl.program_id(0).to(gl.int64)
     pid_h = gl.program_id(1)
+    CHUNK: gl.constexpr = HEAD_DIM if COLS == 0 else COLS
+    if COLS > 0:
+        col0 = gl.program_id(2) * COLS
+        opart_ptr += col0
+        out_ptr += col0
     _combine(
-        opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r, pid_h * BLOCK_H, stride_or,
-        stride_oh, num_heads, BLOCK_H, HEAD_DIM, HEAD_DIM, NUM_SPLITS, HAS_SINK, WRITE_LSE,
-        LAYOUT, "",
-    )  # fmt: skip
-
-
-@gluon.jit
-def _mla_reduce_cols_kernel(
-    opart_ptr,  # [R, NUM_SPLITS, H, HEAD_DIM] fp32, each split normalised by its own sum
-    lsepart_ptr,  # [R, NUM_SPLITS, H] fp32, base-2 log-sum-exp of each split (-inf: empty)
-    sink_ptr,  # [H] fp32
-    out_ptr,  # [R, H, HEAD_DIM]
-    stride_or,
-    stride_oh,
-    num_heads,
-    BLOCK_H: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    COLS: gl.constexpr,
-    NUM_SPLITS: gl.constexpr,
-    HAS_SINK: gl.constexpr,
-    LAYOUT: gl.constexpr,
-):
-    """The reduce step of a call with few rows (``gluon_ws``'s splits): one program per (row,
-    head block, block of COLS columns), grid (R, cdiv(H, BLOCK_H), HEAD_DIM // COLS), so a
-    call of one or two rows still spreads its partials' loads over many SMs. No LSE output."""
-    pid_r = gl.program_id(0).to(gl.int64)
-    pid_h = gl.program_id(1)
-    col0 = gl.program_id(2) * COLS
-    _combine(
-        opart_ptr + col0, lsepart_ptr, sink_ptr, out_ptr + col0, lsepart_ptr, pid_r,
-        pid_h * BLOCK_H, stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, COLS, NUM_SPLITS,
-        HAS_SINK, False, LAYOUT, "", COLS,
+        opart_ptr, lsepart_ptr, sink_ptr, out_ptr, lse_ptr, pid_r, pid_h * BLOCK_H,
+        stride_or, stride_oh, num_heads, BLOCK_H, HEAD_DIM, CHUNK, NUM_SPLITS, HAS_SINK,
+        WRITE_LSE, LAYOUT, "", COLS,
     )  # fmt: skip

@@ -54,8 +54,8 @@ Calls of few items (``NUM_SPLITS`` > 1, chosen on the host by ``launch.ws_num_sp
 (token, head block) is NUM_SPLITS items, each a piece of the token's list in whole pairs of
 tiles; a piece's consumers store their O half normalised by the piece's own sum (fp32, from the
 accumulator registers) and its base-2 log-sum-exp, and a reduce launch combines the pieces
-with the sink (``algorithm._mla_reduce_cols_kernel``). At one split the kernel is the one
-without it (PTX diffed).
+with the sink (``algorithm._mla_reduce_kernel`` by column blocks). At one split the kernel is
+the one without it (PTX diffed).
 The kernel is FlashMLA's sm90 sparse-prefill schedule (DeepSeek, csrc/sm90/prefill/sparse)
 re-derived in Gluon (read, not copied), with a different exchange of the running max and a
 different epilogue; docs/PERF_NOTES.md says what each step bought.

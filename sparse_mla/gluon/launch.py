@@ -23,7 +23,7 @@ from .. import fastlaunch, runtime
 from .._consts import LOG2E as _LOG2E
 from ..validation import _dense_launch_csr, _shares_memory, validate_inputs
 from . import cdna4, hopper, hopper_prefill, hopper_ws, hopper_ws_small
-from .algorithm import _mla_fwd_kernel, _mla_reduce_cols_kernel, _mla_reduce_kernel
+from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
 from .hopper_prefill import _prefill_wgmma_kernel
 from .hopper_ws import _prefill_ws_kernel
 from .hopper_ws_small import _prefill_ws_small_kernel
@@ -1088,7 +1088,7 @@ def run_validated(
     return (out, lse) if return_lse else out
 
 
-# Columns a program of gluon_ws's reduce combines (_mla_reduce_cols_kernel): 4 programs a
+# Columns a program of gluon_ws's reduce combines (_mla_reduce_kernel's COLS): 4 programs a
 # (row, 16-head block), so a one-token call's reduce runs on 32 SMs at 128 heads, not 8.
 REDUCE_COLS = 128
 
@@ -1099,17 +1099,16 @@ def _reduce_cols(opart, lsepart, attn_sink, out, num_heads, splits, tgt):
     R = out.shape[0]
     sink = attn_sink.contiguous() if attn_sink is not None else _unused(out.device)
     rcx = _cached(_reduce_cols_constexprs)(num_heads, splits, attn_sink is not None, tgt)
-    fastlaunch.launcher(_mla_reduce_cols_kernel)(
+    fastlaunch.launcher(_mla_reduce_kernel)(
         (R, runtime.cdiv(num_heads, rcx["BLOCK_H"]), HEAD_DIM // REDUCE_COLS),
-        (opart, lsepart, sink, out, out.stride(0), out.stride(1), num_heads),
+        (opart, lsepart, sink, out, lsepart, out.stride(0), out.stride(1), num_heads),
         fastlaunch.merged(rcx, num_warps=4),
     )  # fmt: skip
 
 
 def _reduce_cols_constexprs(num_heads, num_splits, has_sink, target):
-    cx = _reduce_constexprs(num_heads, num_splits, has_sink, False, target)
-    del cx["WRITE_LSE"]
-    return {**cx, "COLS": REDUCE_COLS}
+    return {**_reduce_constexprs(num_heads, num_splits, has_sink, False, target),
+            "COLS": REDUCE_COLS}  # fmt: skip
 
 
 def _reduce(opart, lsepart, attn_sink, out, lse_arg, num_heads, splits, tgt, write_lse=False):
