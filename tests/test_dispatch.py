@@ -555,7 +555,9 @@ def test_recorded_choices_run_the_launch_the_bench_timed():
             if c.name == "gluon_mma":
                 assert got.launch is gluon_launch.default_config(H, tgt), (key, c.tokens)
             checked.add(c.name)
-    assert {"gluon_mma", "gluon_wgmma", "gluon_ws", "gluon_ws_small"} <= checked
+    # gluon_wgmma has no recorded choice since the whole lists' export with gluon_ws's splits
+    # (run 07:53:09): the split gluon_ws took its points (T = 8-32 at 96-128 heads)
+    assert {"gluon_mma", "gluon_ws", "gluon_ws_small"} <= checked
 
 
 def _package_imports(path: Path, *, module_level: bool = False) -> set[str]:
