@@ -21,16 +21,15 @@
 # gpu_suite_57d8cc1.log, gpu_tests_default_kernel_98a1af7.log; the split rule's one-wave
 # change on aa517c6 and f28832c: data/bench/*split_waves*, gpu_tests_splits_*; waves in the
 # twenty-first on 6e30932: data/bench/*_split_waves_grid_6e30932.log, the whole-list check
-# *_list_length_verify_waves_6e30932.log.) Open: waves again at 1ecab7b or later (the split
-# gluon_ws, PERF_NOTES "No cliffs" step 19: whole lists re-measured and exported; cut short
-# at 73056b4 by the device time), and tests/test_plans.py's
-# test_gpu_kept_partials_back_to_back_streams_and_graphs with gluon_ws (added at 0f3595e) and
-# tests/test_bench_grid.py's test_gpu_bench_records_the_split_launch_that_ran after the bench
-# took launch.call_splits (c52adb1), neither run yet (`suite` runs both). (Formerly
+# *_list_length_verify_waves_6e30932.log; waves, grid, lists and suite in the twenty-third on
+# 22da721 and c682036: *_ws_split_waves_grid_22da721.log, *_grid_c682036.log,
+# *_list_length_verify_c682036.log, gpu_suite_c682036.log, the middling lists' run
+# *_grid_ctx1024_c682036.log.) Open: `verify`, a check of the middling lists' re-export
+# (a319800) and of the whole lists' (c682036) at every grid head, never run. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -93,6 +92,11 @@
 #             earlier whole-list runs (14:39:34, 15:04:00); the file and the CSV come back in
 #             $OUT (under 8 minutes). Predicted: gluon_wgmma chosen at T = 16 with 96-128 heads
 #             (0.92 of FlashMLA at H128), the other choices as before
+#   verify    config=None with the shipped choice on whole lists (--context 65536, T 1/4/16/64)
+#             and middling lists (--context 1024, T 1/4/16) at every grid head, against the
+#             kernels and FlashMLA padded (the twenty-third session's two exports, checked at 9
+#             heads for whole lists only); predicted: within 1.02 of the fastest package kernel
+#             at every point; under 4 minutes with FlashMLA's build
 #   lists     config=None with the shipped choice by list length, against the kernels and
 #             FlashMLA padded, at the steps of long requests (--context 65536, T 1-16, the
 #             heads of ca4e873's verify run) and at middling lists (--context 1024); predicted:
@@ -283,8 +287,10 @@ d = sys.argv[1]
 def runs(name):
     with open(f"{d}_{name}.csv", newline="") as f:
         return sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("T")})
-out = ["2026-12-02T12:41:51+00:00", runs("grid_ctx65536")[-1]]
-for name in ("grid_ctx64", "grid_ctx256", "grid_ctx1024", "grid_small_t"):
+# the latest whole-list and middling-list runs (each covers every grid head at T 1/4/16 and
+# more; the twenty-third session's middling run, 08:11:08, replaced the five before it)
+out = ["2026-12-02T12:41:51+00:00", runs("grid_ctx65536")[-1], runs("grid_ctx1024")[-1]]
+for name in ("grid_ctx64", "grid_ctx256", "grid_small_t"):
     out += runs(name)
 print(" ".join(f"--run {r}" for r in out))
 PYEOF
@@ -305,6 +311,20 @@ if want lists; then
       --heads 1,2,12,16,20,40,64,80,128 --tokens 1,4,16 --commit "${COMMIT:0:7}" \
       --out "$OUT/list_length_check.csv" >> "$OUT/list_length_check_${COMMIT:0:7}.log" 2>&1
     echo "lists ctx $c: rc=$?"
+  done
+  PYTHONPATH=$PWD python3 -c "from sparse_mla import bench; from sparse_mla.lab.grid import \
+grid_summary; r = bench.read_rows('$OUT/list_length_check.csv'); \
+[print(grid_summary(r, t)) for t in sorted({x['timestamp'] for x in r})]"
+fi
+if want verify; then
+  P=gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla
+  for a in "65536 1,4,16,64" "1024 1,4,16"; do
+    set -- $a
+    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 170 \
+      python3 -m sparse_mla.cli bench --grid --no-ceilings --context $1 --tokens $2 --providers $P \
+      --time-limit 150 --commit "${COMMIT:0:7}" --out "$OUT/list_length_check.csv" \
+      >> "$OUT/list_length_verify_${COMMIT:0:7}.log" 2>&1
+    echo "verify ctx $1: rc=$?"
   done
   PYTHONPATH=$PWD python3 -c "from sparse_mla import bench; from sparse_mla.lab.grid import \
 grid_summary; r = bench.read_rows('$OUT/list_length_check.csv'); \
