@@ -25,11 +25,12 @@
 # 22da721 and c682036: *_ws_split_waves_grid_22da721.log, *_grid_c682036.log,
 # *_list_length_verify_c682036.log, gpu_suite_c682036.log, the middling lists' run
 # *_grid_ctx1024_c682036.log.) Open: `verify`, a check of the middling lists' re-export
-# (a319800) and of the whole lists' (c682036) at every grid head, never run. (Formerly
+# (a319800) and of the whole lists' (c682036) at every grid head, never run; `prefetch`,
+# step 20's patch (gluon_ws's TMA descriptors prefetched), CPU-checked only. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -97,6 +98,12 @@
 #             kernels and FlashMLA padded (the twenty-third session's two exports, checked at 9
 #             heads for whole lists only); predicted: within 1.02 of the fastest package kernel
 #             at every point; under 4 minutes with FlashMLA's build
+#   prefetch  PERF_NOTES "No cliffs" step 20, a patch (experiments/patches/ws_desc_prefetch.diff):
+#             gluon_ws prefetches q's and out's TMA descriptors at the kernel's start
+#             (prefetch.tensormap, as CUTLASS kernels do); applied to the copy here, then the GPU
+#             tests of every gluon_ws path and gluon_ws_fp8 and ws_bars_ab.py against the
+#             unpatched file (under 9 minutes). Predicted: T = 64 H128 0..-0.3 us, T = 16384
+#             within noise
 #   lists     config=None with the shipped choice by list length, against the kernels and
 #             FlashMLA padded, at the steps of long requests (--context 65536, T 1-16, the
 #             heads of ca4e873's verify run) and at middling lists (--context 1024); predicted:
@@ -150,6 +157,7 @@ ws_ab() {
     > "$OUT/ws_$1_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "$1 ab: rc=$?"; cat "$OUT/ws_$1_ab_h200_${COMMIT:0:7}.log"
 }
+apply_patch() { git apply "$1" 2> /dev/null || patch -p1 -s < "$1"; }  # the device has no .git
 want() { [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && case $1 in profile|smem) true;; *) false;; esac; }; }
 if want plans; then
   timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_plans_fp8.py \
@@ -315,6 +323,12 @@ if want lists; then
   PYTHONPATH=$PWD python3 -c "from sparse_mla import bench; from sparse_mla.lab.grid import \
 grid_summary; r = bench.read_rows('$OUT/list_length_check.csv'); \
 [print(grid_summary(r, t)) for t in sorted({x['timestamp'] for x in r})]"
+fi
+if want prefetch; then  # twenty-third session: step 20, the TMA descriptors prefetched (a patch)
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  apply_patch experiments/patches/ws_desc_prefetch.diff || { echo "prefetch: patch failed"; exit 1; }
+  ws_gpu_tests prefetch
+  ws_ab prefetch
 fi
 if want verify; then
   P=gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla
