@@ -26,11 +26,12 @@
 # *_list_length_verify_c682036.log, gpu_suite_c682036.log, the middling lists' run
 # *_grid_ctx1024_c682036.log.) Open: `verify`, a check of the middling lists' re-export
 # (a319800) and of the whole lists' (c682036) at every grid head, never run; `prefetch`,
-# step 20's patch (gluon_ws's TMA descriptors prefetched), CPU-checked only. (Formerly
+# step 20's patch (gluon_ws's TMA descriptors prefetched), CPU-checked only; `t32`, T = 32 at
+# every list length and middling lists at 64 / 256, measured and exported. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -104,6 +105,16 @@
 #             tests of every gluon_ws path and gluon_ws_fp8 and ws_bars_ab.py against the
 #             unpatched file (under 9 minutes). Predicted: T = 64 H128 0..-0.3 us, T = 16384
 #             within noise
+#   t32       chunk sizes between the measured token counts (twenty-third session): whole
+#             lists and whole short prompts at T = 32, middling lists (context 1024) at T = 32,
+#             64 and 256, every grid head, appended to the committed CSVs, then the sm90 export
+#             with them (the latest two ctx65536 and ctx1024 runs, every short-list run); the
+#             file, the three CSVs and the log come back (under 5 minutes). Why: at T = 32 on
+#             middling lists config=None is 1.04-1.10x the fastest package kernel at H 1-4 and
+#             80-128 (run 08:11:08, nvidia-h200_grid_ctx1024_unpaired.csv): no choice was
+#             measured there. After the export, compare choose() at every committed grid point
+#             before and after (a changed point must not pick a kernel its grid run timed
+#             slower)
 #   lists     config=None with the shipped choice by list length, against the kernels and
 #             FlashMLA padded, at the steps of long requests (--context 65536, T 1-16, the
 #             heads of ca4e873's verify run) and at middling lists (--context 1024); predicted:
@@ -329,6 +340,38 @@ if want prefetch; then  # twenty-third session: step 20, the TMA descriptors pre
   apply_patch experiments/patches/ws_desc_prefetch.diff || { echo "prefetch: patch failed"; exit 1; }
   ws_gpu_tests prefetch
   ws_ab prefetch
+fi
+if want t32; then  # twenty-third session: T = 32 at every list length, middling lists at 64/256
+  D=data/bench/nvidia-h200
+  t32_run() {
+    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
+      python3 -m sparse_mla.cli bench --grid --no-ceilings --time-limit 180 \
+      --providers gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla \
+      --commit "${COMMIT:0:7}" "$@" >> "$OUT/t32_${COMMIT:0:7}.log" 2>&1
+    echo "t32 $*: rc=$?"
+  }
+  t32_run --context 65536 --tokens 32 --out ${D}_grid_ctx65536.csv
+  t32_run --context 1024 --tokens 32,64,256 --out ${D}_grid_ctx1024.csv
+  t32_run --no-glm --tokens 32 --out ${D}_grid_small_t.csv
+  RUNS=$(PYTHONPATH=$PWD python3 - $D <<'PYEOF'
+import csv, sys
+d = sys.argv[1]
+def runs(name):
+    with open(f"{d}_{name}.csv", newline="") as f:
+        return sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("T")})
+out = ["2026-12-02T12:41:51+00:00", *runs("grid_ctx65536")[-2:], *runs("grid_ctx1024")[-2:]]
+for name in ("grid_ctx64", "grid_ctx256", "grid_small_t"):
+    out += runs(name)
+print(" ".join(f"--run {r}" for r in out))
+PYEOF
+)
+  echo "t32 export: $RUNS"
+  PYTHONPATH=$PWD python3 -m sparse_mla.cli export ${D}_grid.csv ${D}_grid_ctx65536.csv \
+    ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv \
+    --arch sm90 --root sparse_mla/tuned --kernel-choice $RUNS > /dev/null 2>> "$OUT/t32_${COMMIT:0:7}.log"
+  echo "t32 export: rc=$?"
+  cp sparse_mla/tuned/sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json "$OUT/sm90_DEFAULT.json"
+  cp ${D}_grid_ctx65536.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv "$OUT/"
 fi
 if want verify; then
   P=gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla
