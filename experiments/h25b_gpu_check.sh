@@ -9,7 +9,7 @@
 #
 # Run from the repository root, with .peers in the device's carry and the commit passed in
 # (the device's copy has no .git):
-#   COMMIT=$(git rev-parse HEAD) OUT=$OUT bash experiments/h25b_gpu_check.sh
+#   COMMIT=<sha> OUT=$OUT bash experiments/h25b_gpu_check.sh   (the sha of `git rev-parse HEAD` here)
 # Writes under $OUT: nvidia-h200_fp8.csv (commit it as data/bench/nvidia-h200_fp8.csv) and
 # nvidia-h200_fp8_<sha7>.log (commit it beside the CSV).
 # Expected wall time: ~15 s ceilings + ~40 s FlashMLA build (fresh /tmp/flashmla_build) + the
@@ -17,7 +17,7 @@
 set -u
 export PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/h25b_gpu_check}
-COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+COMMIT=${COMMIT:?"give COMMIT=<sha> (the device has no .git; a stale HEAD would label the rows)"}
 mkdir -p "$OUT"
 LOG="$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log"
 t0=$(date +%s)

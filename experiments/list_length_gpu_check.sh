@@ -22,7 +22,7 @@
 # runs to take with --run.
 set -u
 export PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build PYTHONUNBUFFERED=1
-C=${COMMIT:-unknown}
+C=${COMMIT:?"give COMMIT=<sha> (the device has no .git)"}
 D=data/bench/nvidia-h200
 MISSING=${MISSING:-2,12,20,40,80,112}
 LISTS=${LISTS:-long middling short}
