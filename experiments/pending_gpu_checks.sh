@@ -169,6 +169,31 @@ ws_ab() {
   echo "$1 ab: rc=$?"; cat "$OUT/ws_$1_ab_h200_${COMMIT:0:7}.log"
 }
 apply_patch() { git apply "$1" 2> /dev/null || patch -p1 -s < "$1"; }  # the device has no .git
+# The shipped sm90 choice exported from the committed runs: the grid of 391741a, the latest $1
+# runs of the whole-list (ctx65536) and middling-list (ctx1024) files (each run covers every
+# grid head; the twenty-third session's middling run, 08:11:08, replaced the five before it),
+# every short-list run; the export's stderr appended to $2, the file copied to $OUT.
+sm90_export() {
+  local D=data/bench/nvidia-h200 runs
+  runs=$(PYTHONPATH=$PWD python3 - $D "$1" <<'PYEOF'
+import csv, sys
+d, n = sys.argv[1], int(sys.argv[2])
+def runs(name):
+    with open(f"{d}_{name}.csv", newline="") as f:
+        return sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("T")})
+out = ["2026-12-02T12:41:51+00:00", *runs("grid_ctx65536")[-n:], *runs("grid_ctx1024")[-n:]]
+for name in ("grid_ctx64", "grid_ctx256", "grid_small_t"):
+    out += runs(name)
+print(" ".join(f"--run {r}" for r in out))
+PYEOF
+)
+  echo "export: $runs"
+  PYTHONPATH=$PWD python3 -m sparse_mla.cli export ${D}_grid.csv ${D}_grid_ctx65536.csv \
+    ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv \
+    --arch sm90 --root sparse_mla/tuned --kernel-choice $runs > /dev/null 2>> "$2"
+  echo "export: rc=$?"
+  cp sparse_mla/tuned/sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json "$OUT/sm90_DEFAULT.json"
+}
 want() { [ "$STEP" = "$1" ] || { [ "$STEP" = all ] && case $1 in profile|smem) true;; *) false;; esac; }; }
 if want plans; then
   timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_plans_fp8.py \
@@ -299,27 +324,7 @@ if want waves; then  # twentieth session: whole lists under the one-wave split r
     --tokens 1,4,16,64,256,1024 --time-limit 430 --commit "${COMMIT:0:7}" \
     --out ${D}_grid_ctx65536.csv > "$OUT/waves_grid_${COMMIT:0:7}.log" 2>&1
   echo "waves grid: rc=$?"; tail -n 2 "$OUT/waves_grid_${COMMIT:0:7}.log"
-  # the grid of 391741a, this run in place of the earlier whole-list runs, every other list run
-  RUNS=$(PYTHONPATH=$PWD python3 - $D <<'PYEOF'
-import csv, sys
-d = sys.argv[1]
-def runs(name):
-    with open(f"{d}_{name}.csv", newline="") as f:
-        return sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("T")})
-# the latest whole-list and middling-list runs (each covers every grid head at T 1/4/16 and
-# more; the twenty-third session's middling run, 08:11:08, replaced the five before it)
-out = ["2026-12-02T12:41:51+00:00", runs("grid_ctx65536")[-1], runs("grid_ctx1024")[-1]]
-for name in ("grid_ctx64", "grid_ctx256", "grid_small_t"):
-    out += runs(name)
-print(" ".join(f"--run {r}" for r in out))
-PYEOF
-)
-  echo "waves export: $RUNS"
-  PYTHONPATH=$PWD python3 -m sparse_mla.cli export ${D}_grid.csv ${D}_grid_ctx65536.csv \
-    ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv \
-    --arch sm90 --root sparse_mla/tuned --kernel-choice $RUNS > /dev/null 2> "$OUT/waves_export.log"
-  echo "waves export: rc=$?"
-  cp sparse_mla/tuned/sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json "$OUT/sm90_DEFAULT.json"
+  sm90_export 1 "$OUT/waves_export.log"  # this run in place of the earlier whole-list runs
   cp ${D}_grid_ctx65536.csv "$OUT/"
 fi
 if want lists; then
@@ -353,24 +358,7 @@ if want t32; then  # twenty-third session: T = 32 at every list length, middling
   t32_run --context 65536 --tokens 32 --out ${D}_grid_ctx65536.csv
   t32_run --context 1024 --tokens 32,64,256 --out ${D}_grid_ctx1024.csv
   t32_run --no-glm --tokens 32 --out ${D}_grid_small_t.csv
-  RUNS=$(PYTHONPATH=$PWD python3 - $D <<'PYEOF'
-import csv, sys
-d = sys.argv[1]
-def runs(name):
-    with open(f"{d}_{name}.csv", newline="") as f:
-        return sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("T")})
-out = ["2026-12-02T12:41:51+00:00", *runs("grid_ctx65536")[-2:], *runs("grid_ctx1024")[-2:]]
-for name in ("grid_ctx64", "grid_ctx256", "grid_small_t"):
-    out += runs(name)
-print(" ".join(f"--run {r}" for r in out))
-PYEOF
-)
-  echo "t32 export: $RUNS"
-  PYTHONPATH=$PWD python3 -m sparse_mla.cli export ${D}_grid.csv ${D}_grid_ctx65536.csv \
-    ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv \
-    --arch sm90 --root sparse_mla/tuned --kernel-choice $RUNS > /dev/null 2>> "$OUT/t32_${COMMIT:0:7}.log"
-  echo "t32 export: rc=$?"
-  cp sparse_mla/tuned/sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json "$OUT/sm90_DEFAULT.json"
+  sm90_export 2 "$OUT/t32_${COMMIT:0:7}.log"  # the T = 32 runs beside the ones before them
   cp ${D}_grid_ctx65536.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv "$OUT/"
 fi
 if want verify; then
