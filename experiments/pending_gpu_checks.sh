@@ -112,9 +112,8 @@
 #             file, the three CSVs and the log come back (under 5 minutes). Why: at T = 32 on
 #             middling lists config=None is 1.04-1.10x the fastest package kernel at H 1-4 and
 #             80-128 (run 08:11:08, nvidia-h200_grid_ctx1024_unpaired.csv): no choice was
-#             measured there. After the export, compare choose() at every committed grid point
-#             before and after (a changed point must not pick a kernel its grid run timed
-#             slower)
+#             measured there. After the export: `python experiments/choice_diff.py` here (every
+#             committed point the export moves, none may go to a kernel its run timed slower)
 #   lists     config=None with the shipped choice by list length, against the kernels and
 #             FlashMLA padded, at the steps of long requests (--context 65536, T 1-16, the
 #             heads of ca4e873's verify run) and at middling lists (--context 1024); predicted:
