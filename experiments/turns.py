@@ -1,5 +1,6 @@
-"""What the split probes (``ws_split_premise.py``, ``ws_split.py``) share: FlashMLA padded
-timed in turns beside their calls, a line of times and ratios, and the loop over points."""
+"""What the split probes (``ws_split_premise.py``, ``ws_split.py``, ``ws_small_split.py``)
+share: their calls checked, FlashMLA padded timed in turns beside them, a line of times and
+ratios, and the loop over points."""
 
 from __future__ import annotations
 
@@ -8,22 +9,40 @@ from collections.abc import Callable
 
 import torch
 
-from sparse_mla import bench, runtime
+from sparse_mla import bench, reference, runtime
 
 
 def add_flashmla(w, dev: torch.device, peers: bench.Peers, q: torch.Tensor, fns: list,
-                 names: list) -> None:  # fmt: skip
+                 names: list, *, refs=None, out: torch.Tensor | None = None) -> None:  # fmt: skip
     """Append FlashMLA padded's checked, timed call of workload ``w`` to ``fns`` / ``names``
-    (a line saying why not when it is unavailable)."""
+    (a line saying why not when it is unavailable); ``refs``: the workload's references if the
+    caller has them, ``out``: the buffer its timed calls write (None: one of its own)."""
     try:
         fm = bench._provider("flashmla", w, dev, peers)
-        _res, timer = bench._check_and_time(fm, w, dev, 256, False, budget_ms=40.0, defer=True,
-                                           out=torch.empty_like(q))  # fmt: skip
+        out = torch.empty_like(q) if out is None else out
+        _res, timer = bench._check_and_time(fm, w, dev, 256, False, refs=refs, budget_ms=40.0,
+                                           defer=True, out=out)  # fmt: skip
         if timer is not None:
             fns.append(timer)
             names.append(fm.name)
     except bench.Unavailable as e:
         print(f"  flashmla: {e}", flush=True)
+
+
+def add_checked(name: str, run: Callable, args: tuple, attn_sink, fns: list,
+                names: list) -> str | None:  # fmt: skip
+    """Check ``run(out)`` (into a NaN-poisoned output) against the fp32 reference of ``args``
+    (q, kv, kv_indices, kv_indptr, scale) and, if right, append its timed call (into a buffer of
+    its own) to ``fns`` / ``names``; the failed check's report otherwise."""
+    q = args[0]
+    got = run(torch.full_like(q, float("nan")))
+    rep = reference.check_against_reference(got, *args, attn_sink=attn_sink)
+    if not rep.ok:
+        return str(rep)
+    scratch = torch.empty_like(q)
+    fns.append(lambda: run(scratch))
+    names.append(name)
+    return None
 
 
 def in_turns(head: str, fns: list, names: list, ratio: Callable[[str], bool]) -> str:

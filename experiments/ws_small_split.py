@@ -26,8 +26,6 @@ the package's ``gluon_ws_small`` and FlashMLA padded:
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -38,8 +36,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from turns import add_flashmla, in_turns, main
 
-from sparse_mla import bench, runtime
+from sparse_mla import bench
 from sparse_mla.gluon import mla_gluon
 from sparse_mla.gluon.algorithm import _combine
 from sparse_mla.gluon.hopper_ws import (
@@ -303,34 +302,9 @@ def point(T: int, H: int, dev: torch.device, peers: bench.Peers, splits=(2, 3)) 
             return f"T={T:5d} H={H:3d}: {name} NOT REPEATABLE"
         fns.append(lambda run=run: run(out))
         names.append(name)
-    try:
-        fm = bench._provider("flashmla", w, dev, peers)
-        _res, timer = bench._check_and_time(fm, w, dev, 256, False, refs=refs, budget_ms=40.0,
-                                           defer=True, out=out)  # fmt: skip
-        if timer is not None:
-            fns.append(timer)
-            names.append(fm.name)
-    except bench.Unavailable as e:
-        print(f"  flashmla: {e}", flush=True)
-    ms = bench.time_interleaved(fns, 40.0, rounds=8)
-    us = dict(zip(names, (m * 1e3 for m in ms), strict=True))
-    line = f"T={T:5d} H={H:3d}: " + "  ".join(f"{n} {v:.2f}" for n, v in us.items()) + " us"
-    fl = next((v for n, v in us.items() if n.startswith("flashmla")), None)
-    if fl:
-        line += "  /flashmla: " + " ".join(
-            f"{n} {v / fl:.3f}" for n, v in us.items() if not n.startswith("flashmla"))  # fmt: skip
-    return line
-
-
-def main() -> None:
-    dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton "
-          f"{runtime.triton_version()}", flush=True)  # fmt: skip
-    peers = bench.Peers()
-    pts = POINTS if len(sys.argv) < 2 else [tuple(map(int, a.split("x"))) for a in sys.argv[1:]]
-    for T, H in pts:
-        print(point(T, H, dev, peers), flush=True)
+    add_flashmla(w, dev, peers, q, fns, names, refs=refs, out=out)
+    return in_turns(f"T={T:5d} H={H:3d}", fns, names, lambda n: True)
 
 
 if __name__ == "__main__":
-    main()
+    main(point, POINTS)

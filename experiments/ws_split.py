@@ -17,9 +17,9 @@ no gain where the items already fill a quarter of the SMs.
 from __future__ import annotations
 
 import torch
-from turns import add_flashmla, in_turns, main
+from turns import add_checked, add_flashmla, in_turns, main
 
-from sparse_mla import bench, reference, runtime
+from sparse_mla import bench, runtime
 from sparse_mla.gluon import launch, mla_gluon
 from sparse_mla.prefill import sparse_mla_prefill
 
@@ -49,14 +49,9 @@ def point(T: int, H: int, dev: torch.device, peers: bench.Peers) -> str:
     calls = {f"ws_x{s}": (lambda o, s=s: gluon_ws(o, s)) for s in counts}
     calls["default"] = default
     for name, run in calls.items():
-        got = run(torch.full_like(q, float("nan")))
-        rep = reference.check_against_reference(got, q, kv, idx, indptr, scale,
-                                                attn_sink=w.attn_sink)  # fmt: skip
-        if not rep.ok:
-            return f"T={T:5d} H={H:3d}: {name} WRONG ({rep})"
-        scratch = torch.empty_like(q)
-        fns.append(lambda run=run, scratch=scratch: run(scratch))
-        names.append(name)
+        bad = add_checked(name, run, (q, kv, idx, indptr, scale), w.attn_sink, fns, names)
+        if bad:
+            return f"T={T:5d} H={H:3d}: {name} WRONG ({bad})"
     add_flashmla(w, dev, peers, q, fns, names)
     items = T * runtime.cdiv(H, 64)
     return in_turns(f"T={T:5d} H={H:3d} ({items} items, rule x{rule})", fns, names, lambda n: True)

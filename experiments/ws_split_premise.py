@@ -20,9 +20,9 @@ T = 64 H128 (128 items already) no gain at S = 2 (two waves).
 from __future__ import annotations
 
 import torch
-from turns import add_flashmla, in_turns, main
+from turns import add_checked, add_flashmla, in_turns, main
 
-from sparse_mla import bench, reference, runtime
+from sparse_mla import bench, runtime
 from sparse_mla.gluon import mla_gluon
 
 POINTS = [(64, 64, 2), (16, 64, 4), (16, 64, 8), (16, 128, 4), (64, 128, 2), (4, 64, 8)]
@@ -59,14 +59,9 @@ def point(T: int, H: int, S: int, dev: torch.device, peers: bench.Peers) -> str:
             return mla_gluon(qq, None, kv, None, idx, ptr, scale, has_pe=False,
                              attn_sink=w.attn_sink, out=o, kernel="gluon_ws")  # fmt: skip
 
-        got = run(torch.full_like(qq, float("nan")))
-        rep = reference.check_against_reference(got, qq, kv, idx, ptr, scale,
-                                                attn_sink=w.attn_sink)  # fmt: skip
-        if not rep.ok:
-            return f"T={T:5d} H={H:3d} S={S}: {name} WRONG ({rep})"
-        scratch = torch.empty_like(qq)
-        fns.append(lambda run=run, scratch=scratch: run(scratch))
-        names.append(name)
+        bad = add_checked(name, run, (qq, kv, idx, ptr, scale), w.attn_sink, fns, names)
+        if bad:
+            return f"T={T:5d} H={H:3d} S={S}: {name} WRONG ({bad})"
     fns.append(lambda: q.repeat_interleave(S, dim=0))
     names.append("q_repeat")
     add_flashmla(w, dev, peers, q, fns, names)
