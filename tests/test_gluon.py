@@ -993,7 +993,8 @@ def test_ws_split_build_writes_partials_not_out():
     sig = {"opart_ptr": "*fp32", "lsepart_ptr": "*fp32", "sink_ptr": "*fp32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32"}  # fmt: skip
     for splits, has_sink in ((4, True), (16, False)):
-        cx = launch._reduce_cols_constexprs(64, splits, has_sink, launch.get_target("sm90"))
+        cx = launch._reduce_constexprs(64, splits, has_sink, False, launch.get_target("sm90"),
+                                       cols=launch.REDUCE_COLS)  # fmt: skip
         res = inspect.compile(launch._mla_reduce_kernel, "sm90", cx, {"num_warps": 4}, sig)
         assert res.resources.spill_bytes == 0 and res.resources.occupancy >= 1
 

@@ -605,7 +605,9 @@ def _fused_reduce(num_splits: int, target: Target, cfg, fused) -> dict[str, Any]
     return {"FUSED_REDUCE": fused, "RED": red, "COMBINERS": combiners(cfg.BLOCK_H) if fused else 0}
 
 
-def _reduce_constexprs(num_heads, num_splits, has_sink, write_lse, target, num_warps=4):
+def _reduce_constexprs(num_heads, num_splits, has_sink, write_lse, target, num_warps=4, cols=0):
+    """``_mla_reduce_kernel``'s constexprs; ``cols`` > 0: one program per block of that many
+    columns (its ``COLS``; none passed for whole rows)."""
     return {
         "BLOCK_H": 16 if num_heads >= 16 else triton.next_power_of_2(num_heads),
         "HEAD_DIM": HEAD_DIM,
@@ -613,6 +615,7 @@ def _reduce_constexprs(num_heads, num_splits, has_sink, write_lse, target, num_w
         "HAS_SINK": has_sink,
         "WRITE_LSE": write_lse,
         "LAYOUT": gl.BlockedLayout([1, 4], [1, target.warp_size], [num_warps, 1], [1, 0]),
+        **({"COLS": cols} if cols else {}),
     }
 
 
@@ -1034,7 +1037,7 @@ def run_validated(
                            pos_scale=getattr(module, "FOLDS_SCALE", False),
                            extra_args=extra_args, splits=splits)  # fmt: skip
         if splits > 1:
-            _reduce_cols(opart, lsepart, attn_sink, out, H, splits, tgt)
+            _reduce(opart, lsepart, attn_sink, out, lsepart, H, splits, tgt, cols=REDUCE_COLS)
         return out
     units = _num_compute_units(dev)
     if num_kv_splits:
@@ -1093,32 +1096,20 @@ def run_validated(
 REDUCE_COLS = 128
 
 
-def _reduce_cols(opart, lsepart, attn_sink, out, num_heads, splits, tgt):
-    """``gluon_ws``'s reduce step: ``out`` from its [R, splits, H, 512] partials and their
-    base-2 LSEs, sink folded, one program per (row, 16-head block, 128 columns)."""
-    R = out.shape[0]
-    sink = attn_sink.contiguous() if attn_sink is not None else _unused(out.device)
-    rcx = _cached(_reduce_cols_constexprs)(num_heads, splits, attn_sink is not None, tgt)
-    fastlaunch.launcher(_mla_reduce_kernel)(
-        (R, runtime.cdiv(num_heads, rcx["BLOCK_H"]), HEAD_DIM // REDUCE_COLS),
-        (opart, lsepart, sink, out, lsepart, out.stride(0), out.stride(1), num_heads),
-        fastlaunch.merged(rcx, num_warps=4),
-    )  # fmt: skip
-
-
-def _reduce_cols_constexprs(num_heads, num_splits, has_sink, target):
-    return {**_reduce_constexprs(num_heads, num_splits, has_sink, False, target),
-            "COLS": REDUCE_COLS}  # fmt: skip
-
-
-def _reduce(opart, lsepart, attn_sink, out, lse_arg, num_heads, splits, tgt, write_lse=False):
+def _reduce(
+    opart, lsepart, attn_sink, out, lse_arg, num_heads, splits, tgt, write_lse=False, cols=0
+):  # fmt: skip
     """The split launches' reduce step (``_mla_reduce_kernel``): ``out`` (and the LSE under
-    ``write_lse``) from the [R, splits, H, 512] partials and their base-2 LSEs, sink folded."""
+    ``write_lse``) from the [R, splits, H, 512] partials and their base-2 LSEs, sink folded;
+    one program per (row, 16-head block), or per (row, 16-head block, ``cols`` columns)
+    (``gluon_ws``'s, :data:`REDUCE_COLS`)."""
     R = out.shape[0]
     sink = attn_sink.contiguous() if attn_sink is not None else _unused(out.device)
-    rcx = _cached(_reduce_constexprs)(num_heads, splits, attn_sink is not None, write_lse, tgt)
+    rcx = _cached(_reduce_constexprs)(num_heads, splits, attn_sink is not None, write_lse, tgt,
+                                      cols=cols)  # fmt: skip
+    grid = (R, runtime.cdiv(num_heads, rcx["BLOCK_H"]))
     fastlaunch.launcher(_mla_reduce_kernel)(
-        (R, runtime.cdiv(num_heads, rcx["BLOCK_H"])),
+        (*grid, HEAD_DIM // cols) if cols else grid,
         (opart, lsepart, sink, out, lse_arg, out.stride(0), out.stride(1), num_heads),
         fastlaunch.merged(rcx, num_warps=4),
     )  # fmt: skip
