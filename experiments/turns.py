@@ -1,6 +1,6 @@
 """What the split probes (``ws_split_premise.py``, ``ws_split.py``, ``ws_small_split.py``)
-share: their calls checked, FlashMLA padded timed in turns beside them, a line of times and
-ratios, and the loop over points."""
+share: their calls checked, FlashMLA padded timed in turns beside them (``ws_small_call.py``
+takes that too), a line of times and ratios, and the loop over points."""
 
 from __future__ import annotations
 

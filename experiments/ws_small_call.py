@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from turns import add_flashmla
 
 from sparse_mla import bench
 from sparse_mla.gluon import hopper_ws, hopper_ws_small, mla_gluon
@@ -53,15 +54,7 @@ def point(T: int, H: int, dev: torch.device, peers: bench.Peers) -> str:
             raise SystemExit(f"T={T} H={H} small={small}: wrong ({note})")
         fns.append(lambda run=run: run(out))
         names.append("small" if small else "large")
-    try:
-        fm = bench._provider("flashmla", w, dev, peers)
-        _res, timer = bench._check_and_time(fm, w, dev, 256, False, refs=refs, budget_ms=40.0,
-                                           defer=True, out=out)  # fmt: skip
-        if timer is not None:
-            fns.append(timer)
-            names.append(fm.name)
-    except bench.Unavailable as e:
-        print(f"  flashmla: {e}", flush=True)
+    add_flashmla(w, dev, peers, q, fns, names, refs=refs, out=out)
     ms = bench.time_interleaved(fns, 40.0, rounds=8)
     hopper_ws_small.small_call = hopper_ws.small_call
     us = dict(zip(names, (m * 1e3 for m in ms), strict=True))
