@@ -94,11 +94,12 @@
 #             earlier whole-list runs (14:39:34, 15:04:00); the file and the CSV come back in
 #             $OUT (under 8 minutes). Predicted: gluon_wgmma chosen at T = 16 with 96-128 heads
 #             (0.92 of FlashMLA at H128), the other choices as before
-#   verify    config=None with the shipped choice on whole lists (--context 65536, T 1/4/16/64)
-#             and middling lists (--context 1024, T 1/4/16) at every grid head, against the
+#   verify    config=None with the shipped choice on whole lists (--context 65536, T 1/4/16/32/64)
+#             and middling lists (--context 1024, T 1/4/16/32/64) at every grid head, against the
 #             kernels and FlashMLA padded (the twenty-third session's two exports, checked at 9
-#             heads for whole lists only); predicted: within 1.02 of the fastest package kernel
-#             at every point; under 4 minutes with FlashMLA's build
+#             heads for whole lists only, and the twenty-fourth's T = 32 export); predicted:
+#             within 1.02 of the fastest package kernel at every point; under 6 minutes with
+#             FlashMLA's build
 #   prefetch  PERF_NOTES "No cliffs" step 20, a patch (experiments/patches/ws_desc_prefetch.diff):
 #             gluon_ws prefetches q's and out's TMA descriptors at the kernel's start
 #             (prefetch.tensormap, as CUTLASS kernels do); applied to the copy here, then the GPU
@@ -362,7 +363,7 @@ if want t32; then  # twenty-third session: T = 32 at every list length, middling
 fi
 if want verify; then
   P=gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla
-  for a in "65536 1,4,16,64" "1024 1,4,16"; do
+  for a in "65536 1,4,16,32,64" "1024 1,4,16,32,64"; do
     set -- $a
     PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 170 \
       python3 -m sparse_mla.cli bench --grid --no-ceilings --context $1 --tokens $2 --providers $P \
