@@ -24,14 +24,14 @@
 # *_list_length_verify_waves_6e30932.log; waves, grid, lists and suite in the twenty-third on
 # 22da721 and c682036: *_ws_split_waves_grid_22da721.log, *_grid_c682036.log,
 # *_list_length_verify_c682036.log, gpu_suite_c682036.log, the middling lists' run
-# *_grid_ctx1024_c682036.log.) Open: `verify`, a check of the middling lists' re-export
-# (a319800) and of the whole lists' (c682036) at every grid head, never run; `prefetch`,
-# step 20's patch (gluon_ws's TMA descriptors prefetched), CPU-checked only; `t32`, T = 32 at
-# every list length and middling lists at 64 / 256, measured and exported. (Formerly
+# *_grid_ctx1024_c682036.log; t32, prefetch, verify and suite in the twenty-fourth on 994416d
+# and 9aecea0: *_t32_994416d.log, *ws_prefetch_*_994416d.log, *_list_length_verify*_9aecea0.log,
+# gpu_suite_9aecea0.log.) Open: `tilerate`, Nsight Compute on gluon_ws and FlashMLA where
+# FlashMLA's tile is shorter (PERF_NOTES "No cliffs" step 21), never run. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tilerate|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -106,6 +106,11 @@
 #             tests of every gluon_ws path and gluon_ws_fp8 and ws_bars_ab.py against the
 #             unpatched file (under 9 minutes). Predicted: T = 64 H128 0..-0.3 us, T = 16384
 #             within noise
+#   tilerate  PERF_NOTES "No cliffs" step 21 (twenty-fourth session): Nsight Compute's full set
+#             and warp-stall samples of gluon_ws and FlashMLA at whole lists, T = 64, H128 (one
+#             wave of 128 items of 1152 slots, where FlashMLA's tile is 6% shorter), side by side
+#             (experiments/tile_rate_ncu.py; the details and raw pages come back as CSV; under
+#             8 minutes with FlashMLA's build). Read before any kernel change for that gap
 #   t32       chunk sizes between the measured token counts (twenty-third session): whole
 #             lists and whole short prompts at T = 32, middling lists (context 1024) at T = 32,
 #             64 and 256, every grid head, appended to the committed CSVs, then the sm90 export
@@ -360,6 +365,16 @@ if want t32; then  # twenty-third session: T = 32 at every list length, middling
   t32_run --no-glm --tokens 32 --out ${D}_grid_small_t.csv
   sm90_export 2 "$OUT/t32_${COMMIT:0:7}.log"  # the T = 32 runs beside the ones before them
   cp ${D}_grid_ctx65536.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv "$OUT/"
+fi
+if want tilerate; then  # twenty-fourth session: PERF_NOTES "No cliffs" step 21's probe
+  # FlashMLA's stand-in is built on import: build it before ncu watches the process
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
+    python3 -c "from sparse_mla import bench; bench.Peers().flash_mla()" > "$OUT/tile_rate_build.log" 2>&1
+  echo "tilerate build: rc=$?"
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 420 \
+    python3 experiments/tile_rate_ncu.py --out /tmp/tile_rate > "$OUT/tile_rate_${COMMIT:0:7}.log" 2>&1
+  echo "tilerate: rc=$?"; cp /tmp/tile_rate/tile_rate_*.csv "$OUT/" 2>/dev/null
+  tail -n 60 "$OUT/tile_rate_${COMMIT:0:7}.log"
 fi
 if want verify; then
   P=gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla
