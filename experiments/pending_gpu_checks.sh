@@ -26,12 +26,13 @@
 # *_list_length_verify_c682036.log, gpu_suite_c682036.log, the middling lists' run
 # *_grid_ctx1024_c682036.log; t32, prefetch, verify and suite in the twenty-fourth on 994416d
 # and 9aecea0: *_t32_994416d.log, *ws_prefetch_*_994416d.log, *_list_length_verify*_9aecea0.log,
-# gpu_suite_9aecea0.log.) Open: `tilerate`, Nsight Compute on gluon_ws and FlashMLA where
-# FlashMLA's tile is shorter (PERF_NOTES "No cliffs" step 21), never run. (Formerly
+# gpu_suite_9aecea0.log; tilerate's probe on c435418, by hand with shorter caps:
+# data/bench/ncu_tile_rate_h200_c435418/.) Open: `l2rows`, step 22's patch (the next pair's
+# KV rows prefetched into L2), CPU-checked only. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tilerate|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tilerate|l2rows|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -106,6 +107,13 @@
 #             tests of every gluon_ws path and gluon_ws_fp8 and ws_bars_ab.py against the
 #             unpatched file (under 9 minutes). Predicted: T = 64 H128 0..-0.3 us, T = 16384
 #             within noise
+#   l2rows    PERF_NOTES "No cliffs" step 22, a patch (experiments/patches/ws_l2_rows.diff):
+#             gluon_ws's producer asks L2 for the next pair's KV rows (one 1 KiB bulk prefetch a
+#             row); applied to the copy here, then the GPU tests of every gluon_ws path and
+#             ws_bars_ab.py against the unpatched file at whole lists (T = 64 H128 / H96, T = 4
+#             H128 split, T = 16 H64 split), the grid's T = 64 H128, T = 16384 H128 and GLM H64
+#             (under 6 minutes). Predicted: whole lists T = 64 H128 43.0 -> about 41.3 us (the
+#             tile 1.67 -> 1.57 us, FlashMLA's), T = 16384 and the grid's T = 64 within noise
 #   tilerate  PERF_NOTES "No cliffs" step 21 (twenty-fourth session): Nsight Compute's full set
 #             and warp-stall samples of gluon_ws and FlashMLA at whole lists, T = 64, H128 (one
 #             wave of 128 items of 1152 slots, where FlashMLA's tile is 6% shorter), side by side
@@ -365,6 +373,17 @@ if want t32; then  # twenty-third session: T = 32 at every list length, middling
   t32_run --no-glm --tokens 32 --out ${D}_grid_small_t.csv
   sm90_export 2 "$OUT/t32_${COMMIT:0:7}.log"  # the T = 32 runs beside the ones before them
   cp ${D}_grid_ctx65536.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv "$OUT/"
+fi
+if want l2rows; then  # twenty-fourth session: step 22, the next pair's KV rows into L2 (a patch)
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  apply_patch experiments/patches/ws_l2_rows.diff || { echo "l2rows: patch failed"; exit 1; }
+  ws_gpu_tests l2rows
+  TRITON_CACHE_DIR=/tmp/l2rows_triton_cache PYTHONPATH=$PWD timeout 300 \
+    python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py --repeat 2 \
+    --points ctx65536:64:128:1024 ctx65536:64:96:1024 ctx65536:4:128:1024 ctx65536:16:64:512 \
+    64:128:1024 16384:128:1024 glm:16384:64:2048 \
+    > "$OUT/ws_l2rows_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "l2rows ab: rc=$?"; cat "$OUT/ws_l2rows_ab_h200_${COMMIT:0:7}.log"
 fi
 if want tilerate; then  # twenty-fourth session: PERF_NOTES "No cliffs" step 21's probe
   # FlashMLA's stand-in is built on import: build it before ncu watches the process

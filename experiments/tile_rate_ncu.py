@@ -71,8 +71,10 @@ def side_by_side(details: str) -> str:
         return f"(unexpected header: {head})"
     kernels: dict[str, str] = {}
     table: dict[tuple[str, str, str], dict[str, str]] = {}
+    last = max(col.values())
     for r in rows[1:]:
-        if len(r) != len(head):
+        # metric rows stop after the value (no rule columns); rule rows name no metric
+        if len(r) <= last or not r[col["Metric Name"]].strip():
             continue
         kid = r[col["ID"]]
         kernels.setdefault(kid, r[col["Kernel Name"]][:40])

@@ -39,7 +39,18 @@ from sparse_mla.gluon import launch
 from sparse_mla.prefill import sparse_mla_prefill
 
 FROZEN = fastlaunch.frozen
-POINTS = (("dsv4_csa", 64, 128, 1024), ("dsv4_csa", 16384, 128, 1024))
+POINTS = (("dsv4_csa", 64, 128, 1024, 0), ("dsv4_csa", 16384, 128, 1024, 0))
+
+
+def parse_point(p: str) -> tuple[str, int, int, int, int]:
+    """``[glm:|ctx<N>:]T:H:TOPK`` as (kind, T, H, top-k, context)."""
+    if p.startswith("glm:"):
+        return ("glm_full_topk", *map(int, p[4:].split(":")), 0)
+    context = 0
+    if p.startswith("ctx"):
+        head, p = p.split(":", 1)
+        context = int(head[3:])
+    return ("dsv4_csa", *map(int, p.split(":")), context)
 
 
 def load_before(path: str):
@@ -61,8 +72,8 @@ def only_known(kernel):
     return lambda **kw: FROZEN(**{k: v for k, v in kw.items() if k in known})
 
 
-def point(kind, T, H, topk, before, dev) -> str:
-    w = bench.GridPoint(kind, T, H, topk).build(dev, seed=0, sink=True, big_buffer=True)
+def point(kind, T, H, topk, context, before, dev) -> str:
+    w = bench.GridPoint(kind, T, H, topk, context).build(dev, seed=0, sink=True, big_buffer=True)
     q, kv, idx, indptr, scale = w.args()
     refs = bench._References(w, 256)
     after_entry = launch._WS["gluon_ws"]
@@ -85,7 +96,8 @@ def point(kind, T, H, topk, before, dev) -> str:
         out = torch.empty_like(q)
         fns.append(lambda run=run, out=out: run(out))
     ms = bench.time_interleaved(fns, 300.0 if T <= 1024 else 600.0, rounds=8)
-    return (f"{kind} T={T} H={H} top-k {topk}: after {ms[0] * 1e3:.2f} us, before "
+    where = f" context {context}" if context else ""
+    return (f"{kind} T={T} H={H} top-k {topk}{where}: after {ms[0] * 1e3:.2f} us, before "
             f"{ms[1] * 1e3:.2f} us, after / before {ms[0] / ms[1]:.4f}")  # fmt: skip
 
 
@@ -96,27 +108,23 @@ def main() -> None:
         "--points",
         nargs="*",
         default=None,
-        metavar="[glm:]T:H:TOPK",
-        help="dsv4_csa points, glm_full_topk ones with the glm: prefix (default: T = 64 and "
-        "16384 at H128, top-k 1024)",
+        metavar="[glm:|ctx<N>:]T:H:TOPK",
+        help="dsv4_csa points, glm_full_topk ones with the glm: prefix, CSA steps of a long "
+        "request (N tokens cached before the call: whole lists) with ctx<N>: (default: T = 64 "
+        "and 16384 at H128, top-k 1024)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="measure each point this many times")
     args = ap.parse_args()
     points = POINTS
     if args.points:
-        points = tuple(
-            ("glm_full_topk", *map(int, p[4:].split(":")))
-            if p.startswith("glm:")
-            else ("dsv4_csa", *map(int, p.split(":")))
-            for p in args.points
-        )
+        points = tuple(parse_point(p) for p in args.points)
     before = load_before(args.before)
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     op.set_plans_enabled(False)
-    for kind, T, H, topk in points:
+    for kind, T, H, topk, context in points:
         for _ in range(args.repeat):
-            print(point(kind, T, H, topk, before, dev), flush=True)
+            print(point(kind, T, H, topk, context, before, dev), flush=True)
         torch.cuda.empty_cache()
     op.set_plans_enabled(True)
 
