@@ -16,8 +16,6 @@ pages as CSV under --out. Run from the repository root on the H200, FlashMLA fro
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import subprocess
@@ -54,14 +52,11 @@ def child(args: dict) -> None:
         torch.cuda.nvtx.range_pop()
 
 
-def rows_of(text: str) -> list[list[str]]:
-    body = "\n".join(ln for ln in text.splitlines() if ln.strip() and not ln.startswith("=="))
-    return [r for r in csv.reader(io.StringIO(body)) if any(c.strip() for c in r)]
-
-
 def side_by_side(details: str) -> str:
     """The details page's metrics, one row each, a column per profiled kernel launch."""
-    rows = rows_of(details)
+    from sparse_mla import profile as prof
+
+    rows = prof._csv_rows(details)
     if not rows:
         return "(no details rows)"
     head = [c.strip() for c in rows[0]]
@@ -92,7 +87,7 @@ def stalls(raw: str) -> str:
     """Each launch's warp-stall samples by reason, largest first (the raw page's rows)."""
     from sparse_mla import profile as prof
 
-    rows = rows_of(raw)
+    rows = prof._csv_rows(raw)
     at = next((i for i, r in enumerate(rows) if any(prof._stall_reason(c) for c in r)), None)
     if at is None:
         return "(no stall samples)"
