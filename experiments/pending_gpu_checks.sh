@@ -28,7 +28,8 @@
 # and 9aecea0: *_t32_994416d.log, *ws_prefetch_*_994416d.log, *_list_length_verify*_9aecea0.log,
 # gpu_suite_9aecea0.log; tilerate's probe on c435418, by hand with shorter caps:
 # data/bench/ncu_tile_rate_h200_c435418/.) Open: `l2rows`, step 22's patch (the next pair's
-# KV rows prefetched into L2), CPU-checked only. (Formerly
+# KV rows prefetched into L2), CPU-checked only; `tilerate` at the grid's T = 64 H128
+# (TILERATE_CONTEXTS=0), never run. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
@@ -117,8 +118,10 @@
 #   tilerate  PERF_NOTES "No cliffs" step 21 (twenty-fourth session): Nsight Compute's full set
 #             and warp-stall samples of gluon_ws and FlashMLA at whole lists, T = 64, H128 (one
 #             wave of 128 items of 1152 slots, where FlashMLA's tile is 6% shorter), side by side
-#             (experiments/tile_rate_ncu.py; the details and raw pages come back as CSV; under
-#             8 minutes with FlashMLA's build). Read before any kernel change for that gap
+#             (experiments/tile_rate_ncu.py; the details and raw pages come back as CSV; about
+#             75 s a point with FlashMLA's build), then the same at the grid's T = 64 H128 (short
+#             lists, the grid's one point at parity); TILERATE_CONTEXTS picks (default "0 65536";
+#             65536 ran on c435418: data/bench/ncu_tile_rate_h200_c435418/)
 #   t32       chunk sizes between the measured token counts (twenty-third session): whole
 #             lists and whole short prompts at T = 32, middling lists (context 1024) at T = 32,
 #             64 and 256, every grid head, appended to the committed CSVs, then the sm90 export
@@ -388,10 +391,14 @@ fi
 if want tilerate; then  # twenty-fourth session: PERF_NOTES "No cliffs" step 21's probe
   # FlashMLA's stand-in builds on its first call, under ncu (38 s at c435418; outside the
   # profiled NVTX ranges)
-  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 420 \
-    python3 experiments/tile_rate_ncu.py --out /tmp/tile_rate > "$OUT/tile_rate_${COMMIT:0:7}.log" 2>&1
-  echo "tilerate: rc=$?"; cp /tmp/tile_rate/tile_rate_*.csv "$OUT/" 2>/dev/null
-  tail -n 60 "$OUT/tile_rate_${COMMIT:0:7}.log"
+  for c in ${TILERATE_CONTEXTS:-0 65536}; do  # 0: the grid's T = 64 H128 (short lists)
+    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 240 \
+      python3 experiments/tile_rate_ncu.py --out /tmp/tile_rate_$c --context $c \
+      > "$OUT/tile_rate_ctx${c}_${COMMIT:0:7}.log" 2>&1
+    echo "tilerate ctx $c: rc=$?"
+    for f in /tmp/tile_rate_$c/tile_rate_*.csv; do cp "$f" "$OUT/ctx${c}_$(basename "$f")"; done
+    tail -n 3 "$OUT/tile_rate_ctx${c}_${COMMIT:0:7}.log"
+  done
 fi
 if want verify; then
   P=gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla
