@@ -28,12 +28,13 @@
 # and 9aecea0: *_t32_994416d.log, *ws_prefetch_*_994416d.log, *_list_length_verify*_9aecea0.log,
 # gpu_suite_9aecea0.log; tilerate's probe on c435418, by hand with shorter caps:
 # data/bench/ncu_tile_rate_h200_c435418/.) Open: `l2rows`, step 22's patch (the next pair's
-# KV rows prefetched into L2), CPU-checked only; `tilerate` at the grid's T = 64 H128
+# KV rows prefetched into L2) and `l2small` (the same in gluon_ws_small), CPU-checked only;
+# `tilerate` at the grid's T = 64 H128
 # (TILERATE_CONTEXTS=0), never run. (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tilerate|l2rows|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tilerate|l2rows|l2small|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -115,6 +116,13 @@
 #             H128 split, T = 16 H64 split), the grid's T = 64 H128, T = 16384 H128 and GLM H64
 #             (under 6 minutes). Predicted: whole lists T = 64 H128 43.0 -> about 41.3 us (the
 #             tile 1.67 -> 1.57 us, FlashMLA's), T = 16384 and the grid's T = 64 within noise
+#   l2small   step 22 for gluon_ws_small (experiments/patches/ws_small_l2_rows.diff, on top of
+#             ws_l2_rows.diff): its producer asks L2 for the rows of the tiles two and three
+#             ahead (every other tile); the GPU tests of gluon_ws_small and ws_bars_ab.py
+#             --kernel gluon_ws_small against the file with only the first patch, on whole lists
+#             (T = 64 H16 / H64, T = 256 H32, T = 1024 H16) and the grid's T = 64 / 16384 H16
+#             (under 7 minutes). Predicted: whole lists -1..-4% (its 3-stage ring already keeps
+#             more bytes in flight than gluon_ws's one pair), the grid's points within noise
 #   tilerate  PERF_NOTES "No cliffs" step 21 (twenty-fourth session): Nsight Compute's full set
 #             and warp-stall samples of gluon_ws and FlashMLA at whole lists, T = 64, H128 (one
 #             wave of 128 items of 1152 slots, where FlashMLA's tile is 6% shorter), side by side
@@ -387,6 +395,23 @@ if want l2rows; then  # twenty-fourth session: step 22, the next pair's KV rows 
     64:128:1024 16384:128:1024 glm:16384:64:2048 \
     > "$OUT/ws_l2rows_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "l2rows ab: rc=$?"; cat "$OUT/ws_l2rows_ab_h200_${COMMIT:0:7}.log"
+fi
+if want l2small; then  # twenty-fourth session: step 22 for gluon_ws_small (two patches, a second)
+  apply_patch experiments/patches/ws_l2_rows.diff || { echo "l2small: patch 1 failed"; exit 1; }
+  cp sparse_mla/gluon/hopper_ws_small.py /tmp/hopper_ws_small_before.py
+  apply_patch experiments/patches/ws_small_l2_rows.diff || { echo "l2small: patch 2 failed"; exit 1; }
+  xdist
+  PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_ws_small_groups.py tests/test_kernels_gpu.py tests/test_dense_ids.py \
+    tests/test_gluon.py -k "ws_small and not fp8" > "$OUT/gpu_tests_ws_small_l2_${COMMIT:0:7}.log" 2>&1
+  echo "l2small tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_small_l2_${COMMIT:0:7}.log"
+  TRITON_CACHE_DIR=/tmp/l2small_triton_cache PYTHONPATH=$PWD timeout 300 \
+    python3 experiments/ws_bars_ab.py --kernel gluon_ws_small \
+    --before /tmp/hopper_ws_small_before.py --repeat 2 \
+    --points ctx65536:64:16:512 ctx65536:64:64:512 ctx65536:256:32:512 ctx65536:1024:16:512 \
+    64:16:512 16384:16:512 \
+    > "$OUT/ws_small_l2rows_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "l2small ab: rc=$?"; cat "$OUT/ws_small_l2rows_ab_h200_${COMMIT:0:7}.log"
 fi
 if want tilerate; then  # twenty-fourth session: PERF_NOTES "No cliffs" step 21's probe
   # FlashMLA's stand-in builds on its first call, under ncu (38 s at c435418; outside the

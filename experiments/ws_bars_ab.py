@@ -1,4 +1,5 @@
-"""``gluon_ws`` against another version of its kernel file (``--before``), in turns.
+"""``gluon_ws`` (or ``--kernel gluon_ws_small``) against another version of its kernel file
+(``--before``), in turns.
 
 Written for step 11 (below: mbarriers by role) and used again for steps 12-13 (consumer 1's
 mask under its S; the softmax scale folded into the exponent: seventeenth session,
@@ -53,6 +54,10 @@ def parse_point(p: str) -> tuple[str, int, int, int, int]:
     return ("dsv4_csa", *map(int, p.split(":")), context)
 
 
+# Each kernel's jitted function, by the name its file defines it under
+KERNEL_FN = {"gluon_ws": "_prefill_ws_kernel", "gluon_ws_small": "_prefill_ws_small_kernel"}
+
+
 def load_before(path: str):
     """The file at ``path`` as module ``sparse_mla.gluon.hopper_ws_before`` (its relative
     imports resolve in the package)."""
@@ -72,23 +77,23 @@ def only_known(kernel):
     return lambda **kw: FROZEN(**{k: v for k, v in kw.items() if k in known})
 
 
-def point(kind, T, H, topk, context, before, dev) -> str:
+def point(kind, T, H, topk, context, before, dev, kernel="gluon_ws") -> str:
     w = bench.GridPoint(kind, T, H, topk, context).build(dev, seed=0, sink=True, big_buffer=True)
     q, kv, idx, indptr, scale = w.args()
     refs = bench._References(w, 256)
-    after_entry = launch._WS["gluon_ws"]
-    before_entry = (before._prefill_ws_kernel, after_entry[1])
+    after_entry = launch._WS[kernel]
+    before_entry = (getattr(before, KERNEL_FN[kernel]), after_entry[1])
     fns = []
     for label, entry in (("after", after_entry), ("before", before_entry)):
         frozen = FROZEN if label == "after" else only_known(entry[0])
 
         def run(o, entry=entry, frozen=frozen):
-            launch._WS["gluon_ws"], fastlaunch.frozen = entry, frozen
+            launch._WS[kernel], fastlaunch.frozen = entry, frozen
             try:
                 return sparse_mla_prefill(q, kv, idx, indptr, scale, attn_sink=w.attn_sink,
-                                          out=o, config=dispatch.Choice("gluon_ws"))  # fmt: skip
+                                          out=o, config=dispatch.Choice(kernel))  # fmt: skip
             finally:
-                launch._WS["gluon_ws"], fastlaunch.frozen = after_entry, FROZEN
+                launch._WS[kernel], fastlaunch.frozen = after_entry, FROZEN
 
         ok, _rel, note = bench._check(run, w, 256, refs)
         if not ok:
@@ -103,7 +108,8 @@ def point(kind, T, H, topk, context, before, dev) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", required=True, help="hopper_ws.py before the change")
+    ap.add_argument("--before", required=True, help="the kernel's file before the change")
+    ap.add_argument("--kernel", default="gluon_ws", choices=sorted(KERNEL_FN))
     ap.add_argument(
         "--points",
         nargs="*",
@@ -120,11 +126,11 @@ def main() -> None:
         points = tuple(parse_point(p) for p in args.points)
     before = load_before(args.before)
     dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.kernel}", flush=True)
     op.set_plans_enabled(False)
     for kind, T, H, topk, context in points:
         for _ in range(args.repeat):
-            print(point(kind, T, H, topk, context, before, dev), flush=True)
+            print(point(kind, T, H, topk, context, before, dev, args.kernel), flush=True)
         torch.cuda.empty_cache()
     op.set_plans_enabled(True)
 
