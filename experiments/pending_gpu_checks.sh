@@ -30,11 +30,12 @@
 # data/bench/ncu_tile_rate_h200_c435418/.) Open: `l2rows`, step 22's patch (the next pair's
 # KV rows prefetched into L2) and `l2small` (the same in gluon_ws_small), CPU-checked only;
 # `tilerate` at the grid's T = 64 H128
-# (TILERATE_CONTEXTS=0), never run. (Formerly
+# (TILERATE_CONTEXTS=0) and `tmid` (T 128 / 512 / 2048 at every list length), never run.
+# (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tilerate|l2rows|l2small|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -116,6 +117,15 @@
 #             H128 split, T = 16 H64 split), the grid's T = 64 H128, T = 16384 H128 and GLM H64
 #             (under 6 minutes). Predicted: whole lists T = 64 H128 43.0 -> about 41.3 us (the
 #             tile 1.67 -> 1.57 us, FlashMLA's), T = 16384 and the grid's T = 64 within noise
+#   tmid      token counts between the grid's (twenty-fourth session; MID_TOKENS, default
+#             128,512,2048): whole lists, middling lists and whole prompts (the last into a CSV
+#             of their own, nvidia-h200_grid_mid_t.csv) at every grid head, then the sm90 export
+#             with them (the latest three whole-list and middling runs: T 1-1024 / 1-16, T = 32,
+#             these); the file, the three CSVs and the log come back (under 9 minutes). Why: T = 32
+#             was unmeasured until the twenty-fourth session and its export moved 28 points by
+#             3-14%; between 64 and 256 (33-64 heads: gluon_ws_small at 64, gluon_ws at 256),
+#             256 and 1024, 1024 and 4096 the choice is a bucket boundary no run has checked.
+#             After it: experiments/choice_diff.py, and copy the CSVs and the file in
 #   l2small   step 22 for gluon_ws_small (experiments/patches/ws_small_l2_rows.diff, on top of
 #             ws_l2_rows.diff): its producer asks L2 for the rows of the tiles two and three
 #             ahead (every other tile); the GPU tests of gluon_ws_small and ws_bars_ab.py
@@ -203,17 +213,21 @@ sm90_export() {
 import csv, sys
 d, n = sys.argv[1], int(sys.argv[2])
 def runs(name):
-    with open(f"{d}_{name}.csv", newline="") as f:
-        return sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("T")})
+    try:
+        with open(f"{d}_{name}.csv", newline="") as f:
+            return sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("T")})
+    except FileNotFoundError:  # grid_mid_t: none before the first tmid run
+        return []
 out = ["2026-12-02T12:41:51+00:00", *runs("grid_ctx65536")[-n:], *runs("grid_ctx1024")[-n:]]
-for name in ("grid_ctx64", "grid_ctx256", "grid_small_t"):
+for name in ("grid_ctx64", "grid_ctx256", "grid_small_t", "grid_mid_t"):
     out += runs(name)
 print(" ".join(f"--run {r}" for r in out))
 PYEOF
 )
   echo "export: $runs"
+  local mid=""; [ -f ${D}_grid_mid_t.csv ] && mid=${D}_grid_mid_t.csv
   PYTHONPATH=$PWD python3 -m sparse_mla.cli export ${D}_grid.csv ${D}_grid_ctx65536.csv \
-    ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv \
+    ${D}_grid_ctx64.csv ${D}_grid_ctx256.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv $mid \
     --arch sm90 --root sparse_mla/tuned --kernel-choice $runs > /dev/null 2>> "$2"
   echo "export: rc=$?"
   cp sparse_mla/tuned/sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json "$OUT/sm90_DEFAULT.json"
@@ -370,20 +384,32 @@ if want prefetch; then  # twenty-third session: step 20, the TMA descriptors pre
   ws_gpu_tests prefetch
   ws_ab prefetch
 fi
+# One grid run of the package kernels, default and FlashMLA, appended to the CSV its arguments
+# name (--out), its log to $OUT/$1_<commit>.log
+grid_run() {
+  local name=$1; shift
+  local limit=${GRID_LIMIT:-180}  # seconds a run may time points (the bench's --time-limit)
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout $((limit + 20)) \
+    python3 -m sparse_mla.cli bench --grid --no-ceilings --time-limit $limit \
+    --providers gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla \
+    --commit "${COMMIT:0:7}" "$@" >> "$OUT/${name}_${COMMIT:0:7}.log" 2>&1
+  echo "$name $*: rc=$?"
+}
 if want t32; then  # twenty-third session: T = 32 at every list length, middling lists at 64/256
   D=data/bench/nvidia-h200
-  t32_run() {
-    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
-      python3 -m sparse_mla.cli bench --grid --no-ceilings --time-limit 180 \
-      --providers gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla \
-      --commit "${COMMIT:0:7}" "$@" >> "$OUT/t32_${COMMIT:0:7}.log" 2>&1
-    echo "t32 $*: rc=$?"
-  }
-  t32_run --context 65536 --tokens 32 --out ${D}_grid_ctx65536.csv
-  t32_run --context 1024 --tokens 32,64,256 --out ${D}_grid_ctx1024.csv
-  t32_run --no-glm --tokens 32 --out ${D}_grid_small_t.csv
+  grid_run t32 --context 65536 --tokens 32 --out ${D}_grid_ctx65536.csv
+  grid_run t32 --context 1024 --tokens 32,64,256 --out ${D}_grid_ctx1024.csv
+  grid_run t32 --no-glm --tokens 32 --out ${D}_grid_small_t.csv
   sm90_export 2 "$OUT/t32_${COMMIT:0:7}.log"  # the T = 32 runs beside the ones before them
   cp ${D}_grid_ctx65536.csv ${D}_grid_ctx1024.csv ${D}_grid_small_t.csv "$OUT/"
+fi
+if want tmid; then  # twenty-fourth session: T between the grid's at every list length
+  D=data/bench/nvidia-h200 MID=${MID_TOKENS:-128,512,2048} GRID_LIMIT=150  # 3 x 170 s at most
+  grid_run tmid --context 65536 --tokens $MID --out ${D}_grid_ctx65536.csv
+  grid_run tmid --context 1024 --tokens $MID --out ${D}_grid_ctx1024.csv
+  grid_run tmid --no-glm --tokens $MID --out ${D}_grid_mid_t.csv
+  sm90_export 3 "$OUT/tmid_${COMMIT:0:7}.log"  # with the whole-list runs at T 1-1024 and 32
+  cp ${D}_grid_ctx65536.csv ${D}_grid_ctx1024.csv ${D}_grid_mid_t.csv "$OUT/"
 fi
 if want l2rows; then  # twenty-fourth session: step 22, the next pair's KV rows into L2 (a patch)
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
