@@ -22,7 +22,7 @@ from sparse_mla import bench, configs, dispatch
 ROOT = Path(__file__).resolve().parent.parent
 FILE = "sm90/triton/attention/sparse_attention_dsv4/DEFAULT.json"
 CSVS = ("grid", "grid_ctx65536", "grid_ctx1024", "grid_ctx256", "grid_ctx64", "grid_small_t",
-        "list_length_verify")  # fmt: skip
+        "grid_mid_t", "list_length_verify")  # fmt: skip
 
 
 def latest_points(paths) -> dict[tuple, dict[str, float]]:
