@@ -95,7 +95,7 @@ def stalls(raw: str) -> str:
     name_col = head.index("Kernel Name") if "Kernel Name" in head else None
     out = []
     for r in rows[at + 1 :]:
-        if len(r) != len(head) or prof._number(r[head.index(head[-1])]) is None:
+        if len(r) != len(head) or prof._number(r[-1]) is None:  # the units row: no number
             continue
         counts = {}
         for i, c in enumerate(head):
