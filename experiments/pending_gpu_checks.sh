@@ -195,12 +195,32 @@ ws_gpu_tests() {
 }
 # experiments/ws_bars_ab.py against /tmp/hopper_ws_before.py at the heavy and the latency
 # points, twice each, in a Triton cache of its own (see bars); log ws_$1_ab_h200_<commit>.log
+# ($1: the step's name; any further arguments replace the default --before and --points)
 ws_ab() {
-  TRITON_CACHE_DIR=/tmp/$1_triton_cache PYTHONPATH=$PWD timeout 300 \
-    python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py --repeat 2 \
-    --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048 \
-    > "$OUT/ws_$1_ab_h200_${COMMIT:0:7}.log" 2>&1
-  echo "$1 ab: rc=$?"; cat "$OUT/ws_$1_ab_h200_${COMMIT:0:7}.log"
+  local name=$1; shift
+  [ $# -gt 0 ] || set -- --before /tmp/hopper_ws_before.py \
+    --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048
+  TRITON_CACHE_DIR=/tmp/${name}_triton_cache PYTHONPATH=$PWD timeout 300 \
+    python3 experiments/ws_bars_ab.py --repeat 2 "$@" \
+    > "$OUT/ws_${name}_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "$name ab: rc=$?"; cat "$OUT/ws_${name}_ab_h200_${COMMIT:0:7}.log"
+}
+# One grid run of the package kernels, default and FlashMLA, appended to the CSV its arguments
+# name (--out), its log to $OUT/$1_<commit>.log
+grid_run() {
+  local name=$1; shift
+  local limit=${GRID_LIMIT:-180}  # seconds a run may time points (the bench's --time-limit)
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout $((limit + 20)) \
+    python3 -m sparse_mla.cli bench --grid --no-ceilings --time-limit $limit \
+    --providers gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla \
+    --commit "${COMMIT:0:7}" "$@" >> "$OUT/${name}_${COMMIT:0:7}.log" 2>&1
+  echo "$name $*: rc=$?"
+}
+# Each run's summary (lab.grid.grid_summary) of the bench CSV $1
+run_summary() {
+  PYTHONPATH=$PWD python3 -c "from sparse_mla import bench; from sparse_mla.lab.grid import \
+grid_summary; r = bench.read_rows('$1'); \
+[print(grid_summary(r, t)) for t in sorted({x['timestamp'] for x in r})]"
 }
 apply_patch() { git apply "$1" 2> /dev/null || patch -p1 -s < "$1"; }  # the device has no .git
 # The shipped sm90 choice exported from the committed runs: the grid of 391741a, the latest $1
@@ -374,9 +394,7 @@ if want lists; then
       --out "$OUT/list_length_check.csv" >> "$OUT/list_length_check_${COMMIT:0:7}.log" 2>&1
     echo "lists ctx $c: rc=$?"
   done
-  PYTHONPATH=$PWD python3 -c "from sparse_mla import bench; from sparse_mla.lab.grid import \
-grid_summary; r = bench.read_rows('$OUT/list_length_check.csv'); \
-[print(grid_summary(r, t)) for t in sorted({x['timestamp'] for x in r})]"
+  run_summary "$OUT/list_length_check.csv"
 fi
 if want prefetch; then  # twenty-third session: step 20, the TMA descriptors prefetched (a patch)
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
@@ -384,17 +402,6 @@ if want prefetch; then  # twenty-third session: step 20, the TMA descriptors pre
   ws_gpu_tests prefetch
   ws_ab prefetch
 fi
-# One grid run of the package kernels, default and FlashMLA, appended to the CSV its arguments
-# name (--out), its log to $OUT/$1_<commit>.log
-grid_run() {
-  local name=$1; shift
-  local limit=${GRID_LIMIT:-180}  # seconds a run may time points (the bench's --time-limit)
-  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout $((limit + 20)) \
-    python3 -m sparse_mla.cli bench --grid --no-ceilings --time-limit $limit \
-    --providers gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla \
-    --commit "${COMMIT:0:7}" "$@" >> "$OUT/${name}_${COMMIT:0:7}.log" 2>&1
-  echo "$name $*: rc=$?"
-}
 if want t32; then  # twenty-third session: T = 32 at every list length, middling lists at 64/256
   D=data/bench/nvidia-h200
   grid_run t32 --context 65536 --tokens 32 --out ${D}_grid_ctx65536.csv
@@ -415,12 +422,9 @@ if want l2rows; then  # twenty-fourth session: step 22, the next pair's KV rows 
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
   apply_patch experiments/patches/ws_l2_rows.diff || { echo "l2rows: patch failed"; exit 1; }
   ws_gpu_tests l2rows
-  TRITON_CACHE_DIR=/tmp/l2rows_triton_cache PYTHONPATH=$PWD timeout 300 \
-    python3 experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py --repeat 2 \
+  ws_ab l2rows --before /tmp/hopper_ws_before.py \
     --points ctx65536:64:128:1024 ctx65536:64:96:1024 ctx65536:4:128:1024 ctx65536:16:64:512 \
-    64:128:1024 16384:128:1024 glm:16384:64:2048 \
-    > "$OUT/ws_l2rows_ab_h200_${COMMIT:0:7}.log" 2>&1
-  echo "l2rows ab: rc=$?"; cat "$OUT/ws_l2rows_ab_h200_${COMMIT:0:7}.log"
+    64:128:1024 16384:128:1024 glm:16384:64:2048
 fi
 if want l2small; then  # twenty-fourth session: step 22 for gluon_ws_small (two patches, a second)
   apply_patch experiments/patches/ws_l2_rows.diff || { echo "l2small: patch 1 failed"; exit 1; }
@@ -431,13 +435,9 @@ if want l2small; then  # twenty-fourth session: step 22 for gluon_ws_small (two 
     tests/test_ws_small_groups.py tests/test_kernels_gpu.py tests/test_dense_ids.py \
     tests/test_gluon.py -k "ws_small and not fp8" > "$OUT/gpu_tests_ws_small_l2_${COMMIT:0:7}.log" 2>&1
   echo "l2small tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_small_l2_${COMMIT:0:7}.log"
-  TRITON_CACHE_DIR=/tmp/l2small_triton_cache PYTHONPATH=$PWD timeout 300 \
-    python3 experiments/ws_bars_ab.py --kernel gluon_ws_small \
-    --before /tmp/hopper_ws_small_before.py --repeat 2 \
+  ws_ab small_l2rows --kernel gluon_ws_small --before /tmp/hopper_ws_small_before.py \
     --points ctx65536:64:16:512 ctx65536:64:64:512 ctx65536:256:32:512 ctx65536:1024:16:512 \
-    64:16:512 16384:16:512 \
-    > "$OUT/ws_small_l2rows_ab_h200_${COMMIT:0:7}.log" 2>&1
-  echo "l2small ab: rc=$?"; cat "$OUT/ws_small_l2rows_ab_h200_${COMMIT:0:7}.log"
+    64:16:512 16384:16:512
 fi
 if want tilerate; then  # twenty-fourth session: PERF_NOTES "No cliffs" step 21's probe
   # FlashMLA's stand-in builds on its first call, under ncu (38 s at c435418; outside the
@@ -452,18 +452,12 @@ if want tilerate; then  # twenty-fourth session: PERF_NOTES "No cliffs" step 21'
   done
 fi
 if want verify; then
-  P=gluon_mma,gluon_wgmma,gluon_ws_small,gluon_ws,default,flashmla
+  GRID_LIMIT=150
   for a in "65536 1,4,16,32,64" "1024 1,4,16,32,64"; do
     set -- $a
-    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 170 \
-      python3 -m sparse_mla.cli bench --grid --no-ceilings --context $1 --tokens $2 --providers $P \
-      --time-limit 150 --commit "${COMMIT:0:7}" --out "$OUT/list_length_check.csv" \
-      >> "$OUT/list_length_verify_${COMMIT:0:7}.log" 2>&1
-    echo "verify ctx $1: rc=$?"
+    grid_run list_length_verify --context $1 --tokens $2 --out "$OUT/list_length_check.csv"
   done
-  PYTHONPATH=$PWD python3 -c "from sparse_mla import bench; from sparse_mla.lab.grid import \
-grid_summary; r = bench.read_rows('$OUT/list_length_check.csv'); \
-[print(grid_summary(r, t)) for t in sorted({x['timestamp'] for x in r})]"
+  run_summary "$OUT/list_length_check.csv"
 fi
 if want abstail; then
   PYTHONPATH=$PWD timeout 150 python3 experiments/max_abs_tail.py \
