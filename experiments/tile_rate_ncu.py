@@ -87,26 +87,11 @@ def stalls(raw: str) -> str:
     """Each launch's warp-stall samples by reason, largest first (the raw page's rows)."""
     from sparse_mla import profile as prof
 
-    rows = prof._csv_rows(raw)
-    at = next((i for i, r in enumerate(rows) if any(prof._stall_reason(c) for c in r)), None)
-    if at is None:
-        return "(no stall samples)"
-    head = [c.strip() for c in rows[at]]
-    name_col = head.index("Kernel Name") if "Kernel Name" in head else None
     out = []
-    for r in rows[at + 1 :]:
-        if len(r) != len(head) or prof._number(r[-1]) is None:  # the units row: no number
-            continue
-        counts = {}
-        for i, c in enumerate(head):
-            reason = prof._stall_reason(c)
-            v = prof._number(r[i]) if reason else None
-            if v:
-                counts[reason] = counts.get(reason, 0.0) + v
-        total = sum(counts.values()) or 1.0
+    for name, counts in prof.stalls_by_launch(raw):
+        total = sum(counts.values())
         top = sorted(counts.items(), key=lambda kv: -kv[1])[:12]
-        name = r[name_col][:40] if name_col is not None else "?"
-        out.append(f"{name}: {int(total)} samples; " + ", ".join(
+        out.append(f"{name[:40] or '?'}: {int(total)} samples; " + ", ".join(
             f"{k} {100 * v / total:.1f}%" for k, v in top))  # fmt: skip
     return "\n".join(out) or "(no stall rows)"
 

@@ -43,6 +43,7 @@ __all__ = [
     "parse_source_csv",
     "profile",
     "profile_table",
+    "stalls_by_launch",
     "stalls_of_lines",
     "unavailable",
 ]
@@ -266,25 +267,40 @@ def _stall_reason(name: str) -> str | None:
     return None
 
 
-def parse_raw_csv(text: str) -> dict[str, float]:
-    """The kernel's warp-stall samples by reason from ``ncu --page raw --csv`` (summed over
-    the profiled launches), largest first; reasons with no sample are dropped. The header is
-    the first row naming a stall metric (``smsp__pcsamp_warps_issue_stalled_<reason>``, with or
-    without a ``.sum``-like suffix); a units row and rows of another width are skipped."""
+def stalls_by_launch(text: str) -> list[tuple[str, dict[str, float]]]:
+    """Each profiled launch's warp-stall samples by reason from ``ncu --page raw --csv``: (its
+    kernel name, "" without that column; {reason: samples}), one per row of the header's width
+    that carries samples (a units row carries none). The header is the first row naming a stall
+    metric (``smsp__pcsamp_warps_issue_stalled_<reason>``, with or without a ``.sum``-like
+    suffix); reasons with no sample are dropped."""
     rows = _csv_rows(text)
     at = next((i for i, r in enumerate(rows) if any(_stall_reason(c) for c in r)), None)
     if at is None:
-        return {}
+        return []
     header = [c.strip() for c in rows[at]]
     cols = [(i, reason) for i, c in enumerate(header) if (reason := _stall_reason(c))]
-    out: dict[str, float] = {}
+    name_col = header.index("Kernel Name") if "Kernel Name" in header else None
+    out: list[tuple[str, dict[str, float]]] = []
     for r in rows[at + 1 :]:
         if len(r) != len(header):
             continue
+        counts: dict[str, float] = {}
         for i, reason in cols:
             v = _number(r[i])
             if v:
-                out[reason] = out.get(reason, 0.0) + v
+                counts[reason] = counts.get(reason, 0.0) + v
+        if counts:
+            out.append((r[name_col].strip() if name_col is not None else "", counts))
+    return out
+
+
+def parse_raw_csv(text: str) -> dict[str, float]:
+    """The kernel's warp-stall samples by reason from ``ncu --page raw --csv``, summed over the
+    profiled launches (:func:`stalls_by_launch`), largest first."""
+    out: dict[str, float] = {}
+    for _name, counts in stalls_by_launch(text):
+        for reason, v in counts.items():
+            out[reason] = out.get(reason, 0.0) + v
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 

@@ -161,6 +161,18 @@ def test_source_csv_of_the_sass_view_and_raw_csv_with_units():
     assert prof.parse_raw_csv("") == {} and prof.parse_source_csv("") == []
 
 
+def test_raw_csv_by_launch():
+    """Two launches in one raw page (a units row between header and rows): each keeps its own
+    samples under its kernel name, and parse_raw_csv is their sum."""
+    raw = RAW_UNITS_CSV + '"1","4242","other_kernel","6","4","9","n/a"\n'
+    assert prof.stalls_by_launch(raw) == [
+        ("_prefill_ws_kernel", {"long_scoreboard": 1234.0, "wait": 56.0}),
+        ("other_kernel", {"long_scoreboard": 6.0, "wait": 4.0}),
+    ]
+    assert prof.parse_raw_csv(raw) == {"long_scoreboard": 1240.0, "wait": 60.0}
+    assert prof.stalls_by_launch("") == []
+
+
 @pytest.mark.parametrize("cell,want", [("1,520", 1520.0), ('"12.5%"', 12.5), ("1\u00a0234", 1234.0),
                                        ("-", None), ("n/a", None), ("", None), ("0.5", 0.5),
                                        ("1,234,567", 1234567.0), ("abc", None)])  # fmt: skip
