@@ -27,15 +27,15 @@
 # *_grid_ctx1024_c682036.log; t32, prefetch, verify and suite in the twenty-fourth on 994416d
 # and 9aecea0: *_t32_994416d.log, *ws_prefetch_*_994416d.log, *_list_length_verify*_9aecea0.log,
 # gpu_suite_9aecea0.log; tilerate's probe on c435418, by hand with shorter caps:
-# data/bench/ncu_tile_rate_h200_c435418/.) Open: `l2rows`, step 22's patch (the next pair's
-# KV rows prefetched into L2) and `l2small` (the same in gluon_ws_small), CPU-checked only;
-# `tilerate` at the grid's T = 64 H128
-# (TILERATE_CONTEXTS=0) and `tmid` (T 128 / 512 / 2048 at every list length), never run.
+# data/bench/ncu_tile_rate_h200_c435418/; l2rows, l2small and tmid in the twenty-fifth on
+# b1f7a7a: data/bench/*l2rows*b1f7a7a*, *small_l2*b1f7a7a*, *_tmid_b1f7a7a.log.) Open: `l2gate`
+# (step 22's prefetch in the package, on for calls of one wave only), `tilerate` at the grid's
+# T = 64 H128 (TILERATE_CONTEXTS=0).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -133,6 +133,14 @@
 #             (T = 64 H16 / H64, T = 256 H32, T = 1024 H16) and the grid's T = 64 / 16384 H16
 #             (under 7 minutes). Predicted: whole lists -1..-4% (its 3-stage ring already keeps
 #             more bytes in flight than gluon_ws's one pair), the grid's points within noise
+#   l2gate    step 22 in the package (twenty-fifth session): gluon_ws's L2_ROWS, set when every
+#             item has a program of its own (hopper_ws.l2_rows); the GPU tests of every gluon_ws
+#             path, then the grid's T = 64 / 128 (short lists) and whole lists at T 4 / 64 / 128,
+#             every grid head, with FlashMLA, into l2gate_grid.csv (under 8 minutes). Predicted
+#             from l2rows's A/B: gluon_ws -1..-2% at T = 64 with 96-128 heads (the grid's
+#             T = 64 H128 from 1.012 of FlashMLA to about 0.995), -0.5..-1% on whole lists at
+#             T = 64, -1.5..-2.5% at T = 4 H128 (split); T = 128 with 65+ heads unchanged (256+
+#             items: off)
 #   tilerate  PERF_NOTES "No cliffs" step 21 (twenty-fourth session): Nsight Compute's full set
 #             and warp-stall samples of gluon_ws and FlashMLA at whole lists, T = 64, H128 (one
 #             wave of 128 items of 1152 slots, where FlashMLA's tile is 6% shorter), side by side
@@ -438,6 +446,13 @@ if want l2small; then  # twenty-fourth session: step 22 for gluon_ws_small (two 
   ws_ab small_l2rows --kernel gluon_ws_small --before /tmp/hopper_ws_small_before.py \
     --points ctx65536:64:16:512 ctx65536:64:64:512 ctx65536:256:32:512 ctx65536:1024:16:512 \
     64:16:512 16384:16:512
+fi
+if want l2gate; then  # twenty-fifth session: step 22 in the package, for calls of one wave
+  ws_gpu_tests l2gate
+  GRID_LIMIT=120
+  grid_run l2gate --no-glm --tokens 64,128 --out "$OUT/l2gate_grid.csv"
+  grid_run l2gate --context 65536 --tokens 4,64,128 --out "$OUT/l2gate_grid.csv"
+  run_summary "$OUT/l2gate_grid.csv"
 fi
 if want tilerate; then  # twenty-fourth session: PERF_NOTES "No cliffs" step 21's probe
   # FlashMLA's stand-in builds on its first call, under ncu (38 s at c435418; outside the

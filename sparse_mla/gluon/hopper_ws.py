@@ -205,6 +205,16 @@ def small_call(nnz: int, programs: int) -> bool:
     return 0 < nnz <= SMALL_IDS * programs
 
 
+def l2_rows(items: int, programs: int) -> bool:
+    """Whether a call of ``items`` work items over ``programs`` persistent programs has its
+    producer ask L2 for the next pair's KV rows (``L2_ROWS``, :func:`_prefetch_rows`): only when
+    every item is in its own program's one wave (``items`` <= ``programs``), where the gathers
+    wait on DRAM with nothing else to hide it (H200: -0.5..-2.5% at T = 4-64, 96-128 heads);
+    with many items a program the pool's rows are in L2 already and the prefetches cost 3-5%
+    (T = 16384; data/bench/ws_l2rows_ab_h200_b1f7a7a.log, PERF_NOTES "No cliffs" step 22)."""
+    return 0 < items <= programs
+
+
 @gluon.jit
 def _item_range(
     item, indptr_ptr, nnz, num_heads, HEADS: gl.constexpr, ids_per_row, DENSE_IDS: gl.constexpr,
@@ -307,6 +317,25 @@ def _prefetch_ids(idx_ptr, nnz):
 
 
 @gluon.jit
+def _prefetch_rows(kv_ptr, idx_ptr, pos0, hi, num_kv, stride_kvn):
+    """Ask L2 for the KV rows of the pair of tiles at CSR positions pos0 .. pos0 + 127 (past the
+    list, absent or out-of-range ids: nothing), one 1 KiB bulk prefetch a row, a row a lane:
+    their gathers, a pair later, then find them in L2 rather than wait on DRAM for each 16-byte
+    piece (FlashMLA's gather asks L2 for 256-byte blocks, which Triton 3.6 cannot say)."""
+    offs = pos0 + gl.arange(0, 2 * BLOCK_K, layout=LANE)
+    in_list = offs < hi
+    slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
+    ok = in_list & (slot >= 0) & (slot < num_kv)
+    addr = (kv_ptr + gl.where(ok, slot, 0) * stride_kvn).to(gl.int64, bitcast=True)
+    gl.inline_asm_elementwise(
+        # 1024: a row's bytes (HEAD_DIM 16-bit elements)
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0;\n"
+        " @p cp.async.bulk.prefetch.L2.global [$1], 1024;\n mov.b32 $0, 0; }",
+        "=r,l,r", [addr, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
 def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h):
     """Q [64, 512] of head block ``pid_h`` of token ``pid_r`` (rows past num_heads zero-filled
     by the descriptor), once both consumers are past their last QK^T of the previous item: by
@@ -353,7 +382,7 @@ def _producer(
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
     PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
-    lsepart_ptr=None,
+    lsepart_ptr=None, L2_ROWS: gl.constexpr = False,
 ):  # fmt: skip
     if SMALL:
         _prefetch_ids(idx_ptr, nnz)
@@ -372,6 +401,8 @@ def _producer(
             # Both tiles' ids first: their load latency hides behind the wait for a buffer.
             slot0 = _slots(idx_ptr, lo + (2 * j) * BLOCK_K, hi, num_kv)
             slot1 = _slots(idx_ptr, lo + (2 * j + 1) * BLOCK_K, hi, num_kv)
+            if L2_ROWS:  # the next pair's rows into L2 while this one waits for its buffers
+                _prefetch_rows(kv_ptr, idx_ptr, lo + (2 * j + 2) * BLOCK_K, hi, num_kv, stride_kvn)
             # In the order the consumers release them: 0L (consumer 0's own PV), 1R (consumer
             # 1's own PV), 0R (consumer 1's PV with P0), 1L (consumer 0's PV with P1).
             # A tile's first half also publishes its slot ids (-1: absent) for its consumer's
@@ -968,6 +999,7 @@ def _prefill_ws_kernel(
     DENSE_IDS: gl.constexpr = False,  # kv_indices is dense [R, ids_per_row]; no kv_indptr
     POS_SCALE: gl.constexpr = False,  # qk_scale > 0: the scale folds into the exponent
     NUM_SPLITS: gl.constexpr = 1,  # > 1: each list in pieces, partials for _mla_reduce_kernel
+    L2_ROWS: gl.constexpr = False,  # l2_rows(items, programs): the next pair's rows into L2
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions. ``num_items``: R * cdiv(H, 64) * NUM_SPLITS."""
@@ -996,7 +1028,7 @@ def _prefill_ws_kernel(
             q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
             stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
-            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, L2_ROWS,
         )),
         ],
         [4, 4],

@@ -655,7 +655,9 @@ def compile_args(
             (True: pool below 2 GiB), config (the kernel's launch; default its own default),
             small (``gluon_ws``, ``gluon_ws_small``: the small-call order,
             ``hopper_ws.small_call``; False), dense (``gluon_ws``, ``gluon_ws_small``: dense
-            [R, K] ids, ``DENSE_IDS``; False), fused_reduce (``gluon_mma``, ``gluon_wgmma``
+            [R, K] ids, ``DENSE_IDS``; False), l2_rows (``gluon_ws``: the producer asks L2
+            for the next pair's rows, ``L2_ROWS``, as a call of one wave runs,
+            ``hopper_ws.l2_rows``; False), fused_reduce (``gluon_mma``, ``gluon_wgmma``
             with num_splits > 1: the reduce in the same launch; None: :func:`fused_reduce`).
 
     Returns:
@@ -668,7 +670,7 @@ def compile_args(
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
     target = get_target(target_name)
     known = {"num_heads", "dtype", "index_dtype", "has_sink", "num_splits", "return_lse",
-             "use_buffer", "config", "small", "dense", "fused_reduce"}  # fmt: skip
+             "use_buffer", "config", "small", "dense", "fused_reduce", "l2_rows"}  # fmt: skip
     unknown = sorted(set(shape) - known)
     if unknown:
         raise ValueError(f"compile_args: unknown shape key(s) {unknown}; expected {sorted(known)}")
@@ -716,6 +718,8 @@ def compile_args(
             constexprs["NUM_SPLITS"] = num_splits  # (the run passes it only when > 1)
         if shape.get("dense", False):
             constexprs["DENSE_IDS"] = True  # only when set: a CSR launch passes none
+        if name == "gluon_ws" and shape.get("l2_rows", False):
+            constexprs["L2_ROWS"] = True  # only when set, as the run (hopper_ws.l2_rows)
         if hasattr(module, "small_call"):
             # The small-call order (hopper_ws.small_call): shape key ``small`` (default: the
             # large-call kernel, the one every long prefill runs).
@@ -1035,7 +1039,8 @@ def run_validated(
                            constexprs=cx,
                            small_call=getattr(module, "small_call", None),
                            pos_scale=getattr(module, "FOLDS_SCALE", False),
-                           extra_args=extra_args, splits=splits)  # fmt: skip
+                           extra_args=extra_args, splits=splits,
+                           l2_rows=hopper_ws.l2_rows if name == "gluon_ws" else None)  # fmt: skip
         if splits > 1:
             _reduce(opart, lsepart, attn_sink, out, lsepart, H, splits, tgt, cols=REDUCE_COLS)
         return out
@@ -1163,7 +1168,7 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
     *, out_tma=False, q_tma=False, constexprs=None, small_call=None, num_kv=None,
-    stride_kvn=None, extra_args=(), pos_scale=False, splits=1,
+    stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=None,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -1182,7 +1187,8 @@ def _launch_persistent(
     ``extra_args``: the kernel's arguments after ``ids_per_row``. ``pos_scale``: the kernel has
     a ``POS_SCALE`` constexpr (``hopper_ws``'s consumers), set when ``sm_scale`` > 0.
     ``splits`` > 1: each (token, head block) is that many items (``hopper_ws``'s NUM_SPLITS,
-    in ``constexprs``), which write partials (in ``extra_args``), not ``out``."""
+    in ``constexprs``), which write partials (in ``extra_args``), not ``out``. ``l2_rows(items,
+    programs)``: the kernel has an ``L2_ROWS`` constexpr, set from it (``hopper_ws.l2_rows``)."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     qs0, qs1, _ = q.stride()
@@ -1200,6 +1206,8 @@ def _launch_persistent(
         kv_indptr, per_row = kv_indices, kv_indices.shape[1]
     if pos_scale and sm_scale > 0:  # passed only when set, like DENSE_IDS
         extra["POS_SCALE"] = True
+    if l2_rows is not None and l2_rows(items, grid[0]):  # passed only when set, like DENSE_IDS
+        extra["L2_ROWS"] = True
     # One dict per (constexprs, SMALL): the direct launch keys on its identity.
     kwargs = fastlaunch.frozen(**(constexprs or {}), **extra, num_warps=4, num_stages=1)
     # TMA descriptors as TmaArg: built (TensorDescriptor) only when kernel[grid] runs; the
