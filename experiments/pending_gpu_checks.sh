@@ -28,9 +28,9 @@
 # and 9aecea0: *_t32_994416d.log, *ws_prefetch_*_994416d.log, *_list_length_verify*_9aecea0.log,
 # gpu_suite_9aecea0.log; tilerate's probe on c435418, by hand with shorter caps:
 # data/bench/ncu_tile_rate_h200_c435418/; l2rows, l2small and tmid in the twenty-fifth on
-# b1f7a7a: data/bench/*l2rows*b1f7a7a*, *small_l2*b1f7a7a*, *_tmid_b1f7a7a.log.) Open: `l2gate`
-# (step 22's prefetch in the package, on for calls of one wave only), `tilerate` at the grid's
-# T = 64 H128 (TILERATE_CONTEXTS=0).
+# b1f7a7a, l2gate on 1f8b501 (then one wave's rule, narrowed to split calls after its A/B):
+# data/bench/*l2rows*b1f7a7a*, *small_l2*b1f7a7a*, *_tmid_b1f7a7a.log, *l2gate*1f8b501*.) Open:
+# `tilerate` at the grid's T = 64 H128 (TILERATE_CONTEXTS=0).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
@@ -133,8 +133,8 @@
 #             (T = 64 H16 / H64, T = 256 H32, T = 1024 H16) and the grid's T = 64 / 16384 H16
 #             (under 7 minutes). Predicted: whole lists -1..-4% (its 3-stage ring already keeps
 #             more bytes in flight than gluon_ws's one pair), the grid's points within noise
-#   l2gate    step 22 in the package (twenty-fifth session): gluon_ws's L2_ROWS, set when every
-#             item has a program of its own (hopper_ws.l2_rows); the GPU tests of every gluon_ws
+#   l2gate    step 22 in the package (twenty-fifth session): gluon_ws's L2_ROWS, set (at 1f8b501)
+#             when every item has a program of its own (hopper_ws.l2_rows); the GPU tests of every gluon_ws
 #             path, then the grid's T = 64 / 128 (short lists) and whole lists at T 4 / 64 / 128,
 #             every grid head, with FlashMLA, into l2gate_grid.csv (under 8 minutes). Predicted
 #             from l2rows's A/B: gluon_ws -1..-2% at T = 64 with 96-128 heads (the grid's

@@ -205,14 +205,16 @@ def small_call(nnz: int, programs: int) -> bool:
     return 0 < nnz <= SMALL_IDS * programs
 
 
-def l2_rows(items: int, programs: int) -> bool:
-    """Whether a call of ``items`` work items over ``programs`` persistent programs has its
-    producer ask L2 for the next pair's KV rows (``L2_ROWS``, :func:`_prefetch_rows`): only when
-    every item is in its own program's one wave (``items`` <= ``programs``), where the gathers
-    wait on DRAM with nothing else to hide it (H200: -0.5..-2.5% at T = 4-64, 96-128 heads);
-    with many items a program the pool's rows are in L2 already and the prefetches cost 3-5%
-    (T = 16384; data/bench/ws_l2rows_ab_h200_b1f7a7a.log, PERF_NOTES "No cliffs" step 22)."""
-    return 0 < items <= programs
+def l2_rows(splits: int) -> bool:
+    """Whether a call whose lists run in ``splits`` pieces has its producer ask L2 for the next
+    pair's KV rows (``L2_ROWS``, :func:`_prefetch_rows`): only split calls, where each program
+    has a short piece of a list and no steady state to hide DRAM behind (H200, in turns against
+    the same kernel without it: T = 4 H128 whole lists -2.1..-2.4%, T = 16 H64 -1.3%). Unsplit
+    calls lost: 128 items of 640-slot lists +2.7..+4.2% (T = 128 H40 / H64, whole lists),
+    T = 16384 +3..+5%; whole lists at T = 64 H128 gained 0.7-1.1% (data/bench/
+    ws_l2rows_ab_h200_b1f7a7a.log, ws_l2gate_ab_h200_1f8b501.log; PERF_NOTES "No cliffs"
+    step 22)."""
+    return splits > 1
 
 
 @gluon.jit
@@ -999,7 +1001,7 @@ def _prefill_ws_kernel(
     DENSE_IDS: gl.constexpr = False,  # kv_indices is dense [R, ids_per_row]; no kv_indptr
     POS_SCALE: gl.constexpr = False,  # qk_scale > 0: the scale folds into the exponent
     NUM_SPLITS: gl.constexpr = 1,  # > 1: each list in pieces, partials for _mla_reduce_kernel
-    L2_ROWS: gl.constexpr = False,  # l2_rows(items, programs): the next pair's rows into L2
+    L2_ROWS: gl.constexpr = False,  # l2_rows(NUM_SPLITS): the next pair's rows into L2
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions. ``num_items``: R * cdiv(H, 64) * NUM_SPLITS."""

@@ -656,7 +656,7 @@ def compile_args(
             small (``gluon_ws``, ``gluon_ws_small``: the small-call order,
             ``hopper_ws.small_call``; False), dense (``gluon_ws``, ``gluon_ws_small``: dense
             [R, K] ids, ``DENSE_IDS``; False), l2_rows (``gluon_ws``: the producer asks L2
-            for the next pair's rows, ``L2_ROWS``, as a call of one wave runs,
+            for the next pair's rows, ``L2_ROWS``, as a split call runs,
             ``hopper_ws.l2_rows``; False), fused_reduce (``gluon_mma``, ``gluon_wgmma``
             with num_splits > 1: the reduce in the same launch; None: :func:`fused_reduce`).
 
@@ -1040,7 +1040,7 @@ def run_validated(
                            small_call=getattr(module, "small_call", None),
                            pos_scale=getattr(module, "FOLDS_SCALE", False),
                            extra_args=extra_args, splits=splits,
-                           l2_rows=hopper_ws.l2_rows if name == "gluon_ws" else None)  # fmt: skip
+                           l2_rows=name == "gluon_ws" and hopper_ws.l2_rows(splits))  # fmt: skip
         if splits > 1:
             _reduce(opart, lsepart, attn_sink, out, lsepart, H, splits, tgt, cols=REDUCE_COLS)
         return out
@@ -1168,7 +1168,7 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
     *, out_tma=False, q_tma=False, constexprs=None, small_call=None, num_kv=None,
-    stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=None,
+    stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -1187,8 +1187,8 @@ def _launch_persistent(
     ``extra_args``: the kernel's arguments after ``ids_per_row``. ``pos_scale``: the kernel has
     a ``POS_SCALE`` constexpr (``hopper_ws``'s consumers), set when ``sm_scale`` > 0.
     ``splits`` > 1: each (token, head block) is that many items (``hopper_ws``'s NUM_SPLITS,
-    in ``constexprs``), which write partials (in ``extra_args``), not ``out``. ``l2_rows(items,
-    programs)``: the kernel has an ``L2_ROWS`` constexpr, set from it (``hopper_ws.l2_rows``)."""
+    in ``constexprs``), which write partials (in ``extra_args``), not ``out``. ``l2_rows``: pass
+    ``L2_ROWS`` (``hopper_ws``'s producer prefetches rows into L2; ``hopper_ws.l2_rows``)."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     qs0, qs1, _ = q.stride()
@@ -1206,7 +1206,7 @@ def _launch_persistent(
         kv_indptr, per_row = kv_indices, kv_indices.shape[1]
     if pos_scale and sm_scale > 0:  # passed only when set, like DENSE_IDS
         extra["POS_SCALE"] = True
-    if l2_rows is not None and l2_rows(items, grid[0]):  # passed only when set, like DENSE_IDS
+    if l2_rows:  # passed only when set, like DENSE_IDS
         extra["L2_ROWS"] = True
     # One dict per (constexprs, SMALL): the direct launch keys on its identity.
     kwargs = fastlaunch.frozen(**(constexprs or {}), **extra, num_warps=4, num_stages=1)
