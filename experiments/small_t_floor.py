@@ -1,0 +1,100 @@
+"""What a small call's time is made of (issue 22's moonshot at T <= 256): at the grid's short
+prompts, in turns, with the bench's timing (L2 flushed before each call, calls queued behind a
+GPU sleep, one event pair a call), per point:
+
+- ``empty``: a Triton kernel of as many programs as the default's kernel runs that stores one
+  value each: the launch and event floor of any kernel timed this way;
+- ``default``: ``config=None`` on the workload;
+- ``default_no_slots``: the same call with every token's list empty (kv_indptr all zero): the
+  kernel's fixed cost (Q, sink, O, the programs' start) without the ids' chain and the gather;
+- ``flashmla``: FlashMLA padded as in the grid (``flashmla_pad64`` below 64 heads).
+
+The moonshot needs ``default`` <= 0.75 x ``flashmla``: at T = 64 H <= 16 the grid of c682036 has
+0.77-0.78 (9.6-9.8 us against 12.4-12.5), at H 20-48 0.89-0.95. This says how much of ours is
+the floor, how much the fixed cost and how much the lists. On an H200 with `.peers` on
+PYTHONPATH, ~60 s:
+
+    PYTHONPATH=$PWD:$PWD/.peers python experiments/small_t_floor.py --points 64:1 64:16 64:48 256:48
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+
+from sparse_mla import bench, op
+from sparse_mla.prefill import sparse_mla_prefill
+
+
+@triton.jit
+def _store_one(out_ptr):
+    tl.store(out_ptr + tl.program_id(0), 1.0)
+
+
+def programs_of(w, device) -> tuple[int, str]:
+    """The programs of the default's kernel launch, min(items, SMs) for the persistent kernels
+    (items: tokens x head blocks of 64 heads for ``gluon_ws``, 16 or 32 for ``gluon_ws_small``;
+    unsplit), and the kernel's name."""
+    kernel = bench._entry_choice(bench._dispatch_call(w, device)).kernel
+    heads = 64 if kernel != "gluon_ws_small" else (16 if w.q.shape[1] <= 16 else 32)
+    items = w.q.shape[0] * triton.cdiv(w.q.shape[1], heads)
+    return min(items, torch.cuda.get_device_properties(device).multi_processor_count), kernel
+
+
+def point(T: int, H: int, dev, peers) -> str:
+    topk = 1024 if H >= 96 else 512
+    w = bench.GridPoint("dsv4_csa", T, H, topk, 0).build(dev, seed=0, sink=True, big_buffer=True)
+    q, kv, idx, indptr, scale = w.args()
+    refs = bench._References(w, 256)
+    fns, names = [], []
+    programs, kernel = programs_of(w, dev)
+    flag = torch.empty(programs, device=dev)
+    fns.append(lambda: _store_one[(programs,)](flag))
+    names.append(f"empty ({programs} programs)")
+    for name in ("default", "flashmla"):
+        try:
+            p = bench._provider(name if name == "default" else bench.flashmla_heads(H)[1], w, dev,
+                                peers)  # fmt: skip
+        except bench.Unavailable as e:
+            print(f"  {name}: unavailable ({e})")
+            continue
+        ok, _rel, note = bench._check(p.run, w, 256, refs)
+        if not ok:
+            raise SystemExit(f"{name} at T={T} H={H}: wrong ({note})")
+        out = torch.empty_like(q)
+        fns.append(p.timed or (lambda p=p, out=out: p.run(out)))
+        names.append(f"{p.name}")
+    zero = torch.zeros_like(indptr)
+    out0 = torch.empty_like(q)
+
+    def no_slots():
+        return sparse_mla_prefill(q, kv, idx, zero, scale, attn_sink=w.attn_sink, out=out0)
+
+    no_slots()
+    torch.cuda.synchronize()
+    fns.append(no_slots)
+    names.append("default_no_slots")
+    ms = bench.time_interleaved(fns, 300.0, rounds=8)
+    cells = ", ".join(f"{n} {t * 1e3:.2f} us" for n, t in zip(names, ms, strict=True))
+    return f"T={T} H={H} top-k {topk} (default runs {kernel}): {cells}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", nargs="*", default=["64:1", "64:16", "64:48", "256:48", "64:128"],
+                    metavar="T:H")  # fmt: skip
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    op.set_plans_enabled(False)
+    peers = bench.Peers()
+    for p in args.points:
+        T, H = map(int, p.split(":"))
+        print(point(T, H, dev, peers), flush=True)
+
+
+if __name__ == "__main__":
+    main()
