@@ -5,9 +5,11 @@ GPU sleep, one event pair a call), per point:
 - ``empty``: a Triton kernel of as many programs as the default's kernel runs that stores one
   value each: the launch and event floor of any kernel timed this way;
 - ``default``: ``config=None`` on the workload;
-- ``default_no_slots``: the same call with every token's list empty (kv_indptr all zero): the
-  kernel's fixed cost (Q, sink, O, the programs' start) without the ids' chain and the gather;
-- ``flashmla``: FlashMLA padded as in the grid (``flashmla_pad64`` below 64 heads).
+- ``flashmla``: FlashMLA padded as in the grid (``flashmla_pad64`` below 64 heads);
+- ``..._no_slots``: both on the same call with every token's list empty (kv_indptr all zero;
+  FlashMLA: topk_length 0, its ids all -1): each kernel's fixed cost (Q, sink, O, the programs'
+  start) without the ids' chain and the gather (checked too: a wrong output is named, still
+  timed).
 
 The moonshot needs ``default`` <= 0.75 x ``flashmla``: at T = 64 H <= 16 the grid of c682036 has
 0.77-0.78 (9.6-9.8 us against 12.4-12.5), at H 20-48 0.89-0.95. This says how much of ours is
@@ -20,13 +22,13 @@ PYTHONPATH, ~60 s:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
 from sparse_mla import bench, op
-from sparse_mla.prefill import sparse_mla_prefill
 
 
 @triton.jit
@@ -47,7 +49,7 @@ def programs_of(w, device) -> tuple[int, str]:
 def point(T: int, H: int, dev, peers) -> str:
     topk = 1024 if H >= 96 else 512
     w = bench.GridPoint("dsv4_csa", T, H, topk, 0).build(dev, seed=0, sink=True, big_buffer=True)
-    q, kv, idx, indptr, scale = w.args()
+    q, indptr = w.q, w.kv_indptr
     refs = bench._References(w, 256)
     fns, names = [], []
     programs, kernel = programs_of(w, dev)
@@ -67,16 +69,22 @@ def point(T: int, H: int, dev, peers) -> str:
         out = torch.empty_like(q)
         fns.append(p.timed or (lambda p=p, out=out: p.run(out)))
         names.append(f"{p.name}")
-    zero = torch.zeros_like(indptr)
-    out0 = torch.empty_like(q)
-
-    def no_slots():
-        return sparse_mla_prefill(q, kv, idx, zero, scale, attn_sink=w.attn_sink, out=out0)
-
-    no_slots()
-    torch.cuda.synchronize()
-    fns.append(no_slots)
-    names.append("default_no_slots")
+    # The same call with every list empty: ours through the entry (kv_indices kept, so the
+    # choice and split count, which read nnz, are the same), FlashMLA with topk_length 0 (its
+    # index matrix is built from the lists: kv_indices empty there)
+    w0 = dataclasses.replace(w, kv_indptr=torch.zeros_like(indptr))
+    refs0 = bench._References(w0, 256)
+    for name in ("default", "flashmla"):
+        wn = w0 if name == "default" else dataclasses.replace(w0, kv_indices=w.kv_indices[:0])
+        try:
+            p = bench._provider(name if name == "default" else bench.flashmla_heads(H)[1], wn, dev,
+                                peers)  # fmt: skip
+        except bench.Unavailable:
+            continue
+        ok, _rel, note = bench._check(p.run, w0, 256, refs0)
+        out = torch.empty_like(q)
+        fns.append(p.timed or (lambda p=p, out=out: p.run(out)))
+        names.append(f"{p.name}_no_slots" + ("" if ok else f" (wrong: {note})"))
     ms = bench.time_interleaved(fns, 300.0, rounds=8)
     cells = ", ".join(f"{n} {t * 1e3:.2f} us" for n, t in zip(names, ms, strict=True))
     return f"T={T} H={H} top-k {topk} (default runs {kernel}): {cells}"
