@@ -206,14 +206,16 @@ def small_call(nnz: int, programs: int) -> bool:
 
 
 def l2_rows(splits: int) -> bool:
-    """Whether a call whose lists run in ``splits`` pieces has its producer ask L2 for the next
-    pair's KV rows (``L2_ROWS``, :func:`_prefetch_rows`): only split calls, where each program
-    has a short piece of a list and no steady state to hide DRAM behind (H200, in turns against
-    the same kernel without it: T = 4 H128 whole lists -2.1..-2.4%, T = 16 H64 -1.3%). Unsplit
-    calls lost: 128 items of 640-slot lists +2.7..+4.2% (T = 128 H40 / H64, whole lists),
-    T = 16384 +3..+5%; whole lists at T = 64 H128 gained 0.7-1.1% (data/bench/
-    ws_l2rows_ab_h200_b1f7a7a.log, ws_l2gate_ab_h200_1f8b501.log; PERF_NOTES "No cliffs"
-    step 22)."""
+    """Whether a call whose lists run in ``splits`` pieces is built with ``L2_ROWS`` (the
+    producer asks L2 for the next pair's KV rows, :func:`_prefetch_rows`): only split calls,
+    where it is measured faster (H200, in turns against the same kernel without it, twice each:
+    whole lists T = 1 / 4 H128 and T = 4 / 16 H64 -1.0..-3.4%; T = 16 H128 +0.8..+1.6%). At the
+    points that gain, each piece is one pair, so no prefetch is issued: the gain is the build's
+    schedule (ptxas orders all three partitions differently with it), not L2. Where prefetches
+    are issued in unsplit calls they lost: 128 items of 640-slot lists +2.7..+4.2%, T = 16384
+    +3..+5%; whole lists T = 64 H128 gained 0.7-1.1% (data/bench/ws_l2rows_ab_h200_b1f7a7a.log,
+    ws_l2gate_ab_h200_1f8b501.log, ws_l2split_ab_h200_f971c08.log; PERF_NOTES "No cliffs" step
+    22)."""
     return splits > 1
 
 
