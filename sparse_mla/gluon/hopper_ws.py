@@ -321,22 +321,6 @@ def _prefetch_ids(idx_ptr, nnz):
 
 
 @gluon.jit
-def _prefetch_sink(sink_ptr, num_heads):
-    """Ask L2 for the sink logits (num_heads fp32: a 128-byte line per 32 heads, one lane a
-    line, the lanes past the array idle), a small call's other cold read: the epilogue loads
-    them once the item's sums are in, on its critical path, and after a prefetch at the
-    program's start that load is an L2 hit rather than a DRAM round trip."""
-    line = gl.arange(0, 128, layout=LANE)
-    ok = line * 32 < num_heads
-    addr = (sink_ptr + gl.where(ok, line * 32, 0).to(gl.int64)).to(gl.int64, bitcast=True)
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0;\n"
-        " @p prefetch.global.L2 [$1];\n mov.b32 $0, 0; }",
-        "=r,l,r", [addr, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@gluon.jit
 def _prefetch_rows(kv_ptr, idx_ptr, pos0, hi, num_kv, stride_kvn):
     """Ask L2 for the KV rows of the pair of tiles at CSR positions pos0 .. pos0 + 127 (past the
     list, absent or out-of-range ids: nothing), one 1 KiB bulk prefetch a row, a row a lane:
@@ -406,7 +390,6 @@ def _producer(
 ):  # fmt: skip
     if SMALL:
         _prefetch_ids(idx_ptr, nnz)
-        _prefetch_sink(sink_ptr, num_heads)
     num_hb = (num_heads + BLOCK_H - 1) // BLOCK_H
     g0 = 0  # pairs of tiles gathered so far, over all items: the barriers' phase
     it = 0  # items so far

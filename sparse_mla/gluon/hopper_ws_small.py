@@ -78,7 +78,6 @@ from .hopper_ws import (
     _item_range,
     _opaque_zero,
     _prefetch_ids,
-    _prefetch_sink,
     _slots,
     small_call,  # noqa: F401 (the launcher sets SMALL from the module's small_call)
 )
@@ -175,9 +174,8 @@ def _producer(
 ):  # fmt: skip
     heads: gl.constexpr = BLOCK_H * HEAD_GROUPS  # per item
     stages: gl.constexpr = ring_stages(HEAD_GROUPS, STAGES)
-    if SMALL:  # the program's share of kv_indices and the sink into L2 before they are read
+    if SMALL:  # the program's share of kv_indices into L2 before its first range load
         _prefetch_ids(idx_ptr, nnz)
-        _prefetch_sink(sink_ptr, num_heads)
     offs_hq = gl.arange(0, heads, layout=gl.SliceLayout(1, GATHER))
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, GATHER))
     g = 0  # tiles gathered so far over all items: ring slot and phase
