@@ -887,6 +887,11 @@ def _splits_line(arch, num_heads: int, head_dim: int, T: int, slots: int, sms: i
     if splits == 1:
         return f"{c.kernel} runs each list whole on {sms} SMs (launch.split_plan)"
     blocks = "" if ran is c.launch else f", in {ran.BLOCK_H}-head blocks"
+    if c.kernel == "gluon_ws":
+        from .gluon import hopper_ws
+
+        if hopper_ws.l2_rows(splits):
+            blocks += ", its producer built with L2_ROWS (hopper_ws.l2_rows)"
     return (f"{c.kernel} splits each list {splits} ways on {sms} SMs{blocks}, then combines "
             "(launch.split_plan)")  # fmt: skip
 

@@ -426,6 +426,19 @@ def test_cli_exports_several_runs_and_says_which_kernel_by_list_length(
     _, n = launch.call_splits("gluon_mma", chosen, 4, 16, 4 * 640, launch.get_target("sm90"), 132)
     assert n > 1 and lines[3] == (f"  gluon_mma splits each list {n} ways on 132 SMs, then "
                                   "combines (launch.split_plan)")  # fmt: skip
+    # gluon_ws's split calls also say their build (L2_ROWS): T = 4 H128 on whole lists, the
+    # shipped choice
+    monkeypatch.delenv("SPARSE_MLA_CONFIG_DIR")
+    call = dispatch.Call.of_shape("sm90", 128, 512, num_tokens=4, slots_per_token=1152)
+    assert dispatch.choose(call).kernel == "gluon_ws"
+    _, n = launch.call_splits("gluon_ws", dispatch.choose(call).launch, 4, 128, 4 * 1152,
+                              launch.get_target("sm90"), 132)  # fmt: skip
+    assert cli.main(["which", "--arch", "sm90", "--heads", "128", "--tokens", "4", "--slots",
+                     "1152", "--sms", "132"]) == 0  # fmt: skip
+    assert n > 1 and capsys.readouterr().out.splitlines()[1] == (
+        f"  gluon_ws splits each list {n} ways on 132 SMs, its producer built with L2_ROWS "
+        "(hopper_ws.l2_rows), then combines (launch.split_plan)")  # fmt: skip
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(root))
     assert cli.main(["which", "--arch", "sm90", "--heads", "16", "--tokens", "4",
                      "--sms", "132"]) == 2  # fmt: skip
     assert "--sms goes with --tokens and --slots" in capsys.readouterr().err
