@@ -209,7 +209,7 @@ def l2_rows(splits: int) -> bool:
     """Whether a call whose lists run in ``splits`` pieces is built with ``L2_ROWS`` (the
     producer asks L2 for the next pair's KV rows, :func:`_prefetch_rows`): only split calls,
     where it is measured faster (H200, in turns against the same kernel without it, twice each:
-    whole lists T = 1 / 4 H128 and T = 4 / 16 H64 -1.0..-3.4%; T = 16 H128 +0.8..+1.6%). At the
+    whole lists T = 1 / 4 H128 and T = 4 / 16 H64 -0.8..-3.4%; T = 16 H128 +0.8..+1.6%). At the
     points that gain, each piece is one pair, so no prefetch is issued: the gain is the build's
     schedule (ptxas orders all three partitions differently with it), not L2. Where prefetches
     are issued in unsplit calls they lost: 128 items of 640-slot lists +2.7..+4.2%, T = 16384
