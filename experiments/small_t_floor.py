@@ -17,6 +17,8 @@ the floor, how much the fixed cost and how much the lists. On an H200 with `.pee
 PYTHONPATH, ~60 s:
 
     PYTHONPATH=$PWD:$PWD/.peers python experiments/small_t_floor.py --points 64:1 64:16 64:48 256:48
+
+``--kernel gluon_ws`` (any registered kernel) forces ours instead of ``config=None``.
 """
 
 from __future__ import annotations
@@ -36,29 +38,31 @@ def _store_one(out_ptr):
     tl.store(out_ptr + tl.program_id(0), 1.0)
 
 
-def programs_of(w, device) -> tuple[int, str]:
-    """The programs of the default's kernel launch, min(items, SMs) for the persistent kernels
-    (items: tokens x head blocks of 64 heads for ``gluon_ws``, 16 or 32 for ``gluon_ws_small``;
-    unsplit), and the kernel's name."""
-    kernel = bench._entry_choice(bench._dispatch_call(w, device)).kernel
+def programs_of(w, device, ours: str = "default") -> tuple[int, str]:
+    """The programs of the kernel launch of ``ours`` (``default``: the one config=None picks),
+    min(items, SMs) for the persistent kernels (items: tokens x head blocks of 64 heads for
+    ``gluon_ws``, 16 or 32 for ``gluon_ws_small``; unsplit), and the kernel's name."""
+    kernel = ours
+    if ours == "default":
+        kernel = bench._entry_choice(bench._dispatch_call(w, device)).kernel
     heads = 64 if kernel != "gluon_ws_small" else (16 if w.q.shape[1] <= 16 else 32)
     items = w.q.shape[0] * triton.cdiv(w.q.shape[1], heads)
     return min(items, torch.cuda.get_device_properties(device).multi_processor_count), kernel
 
 
-def point(T: int, H: int, dev, peers) -> str:
+def point(T: int, H: int, dev, peers, ours: str = "default") -> str:
     topk = 1024 if H >= 96 else 512
     w = bench.GridPoint("dsv4_csa", T, H, topk, 0).build(dev, seed=0, sink=True, big_buffer=True)
     q, indptr = w.q, w.kv_indptr
     refs = bench._References(w, 256)
     fns, names = [], []
-    programs, kernel = programs_of(w, dev)
+    programs, kernel = programs_of(w, dev, ours)
     flag = torch.empty(programs, device=dev)
     fns.append(lambda: _store_one[(programs,)](flag))
     names.append(f"empty ({programs} programs)")
-    for name in ("default", "flashmla"):
+    for name in (ours, "flashmla"):
         try:
-            p = bench._provider(name if name == "default" else bench.flashmla_heads(H)[1], w, dev,
+            p = bench._provider(name if name == ours else bench.flashmla_heads(H)[1], w, dev,
                                 peers)  # fmt: skip
         except bench.Unavailable as e:
             print(f"  {name}: unavailable ({e})")
@@ -74,10 +78,10 @@ def point(T: int, H: int, dev, peers) -> str:
     # index matrix is built from the lists: kv_indices empty there)
     w0 = dataclasses.replace(w, kv_indptr=torch.zeros_like(indptr))
     refs0 = bench._References(w0, 256)
-    for name in ("default", "flashmla"):
-        wn = w0 if name == "default" else dataclasses.replace(w0, kv_indices=w.kv_indices[:0])
+    for name in (ours, "flashmla"):
+        wn = w0 if name == ours else dataclasses.replace(w0, kv_indices=w.kv_indices[:0])
         try:
-            p = bench._provider(name if name == "default" else bench.flashmla_heads(H)[1], wn, dev,
+            p = bench._provider(name if name == ours else bench.flashmla_heads(H)[1], wn, dev,
                                 peers)  # fmt: skip
         except bench.Unavailable:
             continue
@@ -87,13 +91,15 @@ def point(T: int, H: int, dev, peers) -> str:
         names.append(f"{p.name}_no_slots" + ("" if ok else f" (wrong: {note})"))
     ms = bench.time_interleaved(fns, 300.0, rounds=8)
     cells = ", ".join(f"{n} {t * 1e3:.2f} us" for n, t in zip(names, ms, strict=True))
-    return f"T={T} H={H} top-k {topk} (default runs {kernel}): {cells}"
+    return f"T={T} H={H} top-k {topk} ({ours} runs {kernel}): {cells}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", nargs="*", default=["64:1", "64:16", "64:48", "256:48", "64:128"],
                     metavar="T:H")  # fmt: skip
+    ap.add_argument("--kernel", default="default",
+                    help="ours: config=None (default) or a registered kernel, forced")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
@@ -101,7 +107,7 @@ def main() -> None:
     peers = bench.Peers()
     for p in args.points:
         T, H = map(int, p.split(":"))
-        print(point(T, H, dev, peers), flush=True)
+        print(point(T, H, dev, peers, args.kernel), flush=True)
 
 
 if __name__ == "__main__":
