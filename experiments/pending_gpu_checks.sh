@@ -32,8 +32,8 @@
 # data/bench/*l2rows*b1f7a7a*, *small_l2*b1f7a7a*, *_tmid_b1f7a7a.log, *l2gate*1f8b501*; in
 # the twenty-sixth, the split rule's A/B and ws tests on f971c08 (*l2split*f971c08*), grid on
 # 4a64402 (*_grid_4a64402.log) and tilerate at the grid's T = 64 H128 on f9473e5
-# (data/bench/ncu_tile_rate_h200_f9473e5/), by hand: commands in each log's first line.) Open:
-# nothing.
+# (data/bench/ncu_tile_rate_h200_f9473e5/), with steps 24-26's probes and A/Bs (small_t_floor*,
+# ws_clk_now*, *sinkpf*, *epi4*), by hand: commands in each log's first line.) Open: nothing.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
