@@ -53,42 +53,34 @@ def programs_of(w, device, ours: str = "default") -> tuple[int, str]:
 def point(T: int, H: int, dev, peers, ours: str = "default") -> str:
     topk = 1024 if H >= 96 else 512
     w = bench.GridPoint("dsv4_csa", T, H, topk, 0).build(dev, seed=0, sink=True, big_buffer=True)
-    q, indptr = w.q, w.kv_indptr
     refs = bench._References(w, 256)
     fns, names = [], []
     programs, kernel = programs_of(w, dev, ours)
     flag = torch.empty(programs, device=dev)
     fns.append(lambda: _store_one[(programs,)](flag))
     names.append(f"empty ({programs} programs)")
-    for name in (ours, "flashmla"):
-        try:
-            p = bench._provider(name if name == ours else bench.flashmla_heads(H)[1], w, dev,
-                                peers)  # fmt: skip
-        except bench.Unavailable as e:
-            print(f"  {name}: unavailable ({e})")
-            continue
-        ok, _rel, note = bench._check(p.run, w, 256, refs)
-        if not ok:
-            raise SystemExit(f"{name} at T={T} H={H}: wrong ({note})")
-        out = torch.empty_like(q)
-        fns.append(p.timed or (lambda p=p, out=out: p.run(out)))
-        names.append(f"{p.name}")
-    # The same call with every list empty: ours through the entry (kv_indices kept, so the
-    # choice and split count, which read nnz, are the same), FlashMLA with topk_length 0 (its
-    # index matrix is built from the lists: kv_indices empty there)
-    w0 = dataclasses.replace(w, kv_indptr=torch.zeros_like(indptr))
-    refs0 = bench._References(w0, 256)
-    for name in (ours, "flashmla"):
-        wn = w0 if name == ours else dataclasses.replace(w0, kv_indices=w.kv_indices[:0])
-        try:
-            p = bench._provider(name if name == ours else bench.flashmla_heads(H)[1], wn, dev,
-                                peers)  # fmt: skip
-        except bench.Unavailable:
-            continue
-        ok, _rel, note = bench._check(p.run, w0, 256, refs0)
-        out = torch.empty_like(q)
-        fns.append(p.timed or (lambda p=p, out=out: p.run(out)))
-        names.append(f"{p.name}_no_slots" + ("" if ok else f" (wrong: {note})"))
+    # Each on the call, then on the same call with every list empty: ours through the entry
+    # (kv_indices kept, so the choice and split count, which read nnz, are the same), FlashMLA
+    # with topk_length 0 (its index matrix is built from the lists: kv_indices empty there)
+    w0 = dataclasses.replace(w, kv_indptr=torch.zeros_like(w.kv_indptr))
+    flash_w0 = dataclasses.replace(w0, kv_indices=w.kv_indices[:0])
+    for wl, refs_l, suffix in ((w, refs, ""), (w0, bench._References(w0, 256), "_no_slots")):
+        for name in (ours, "flashmla"):
+            try:
+                if name == ours:
+                    p = bench._provider(ours, wl, dev, peers)
+                else:
+                    p = bench._provider(bench.flashmla_heads(H)[1], flash_w0 if suffix else wl,
+                                        dev, peers)  # fmt: skip
+            except bench.Unavailable as e:
+                print(f"  {name}{suffix}: unavailable ({e})")
+                continue
+            ok, _rel, note = bench._check(p.run, wl, 256, refs_l)
+            if not ok and not suffix:
+                raise SystemExit(f"{name} at T={T} H={H}: wrong ({note})")
+            out = torch.empty_like(w.q)
+            fns.append(p.timed or (lambda p=p, out=out: p.run(out)))
+            names.append(f"{p.name}{suffix}" + ("" if ok else f" (wrong: {note})"))
     ms = bench.time_interleaved(fns, 300.0, rounds=8)
     cells = ", ".join(f"{n} {t * 1e3:.2f} us" for n, t in zip(names, ms, strict=True))
     return f"T={T} H={H} top-k {topk} ({ours} runs {kernel}): {cells}"

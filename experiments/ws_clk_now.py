@@ -29,13 +29,14 @@ from triton.experimental.gluon import language as gl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ws_bars_ab as ab
+import ws_clk_probe
 
 from sparse_mla import bench, dispatch, fastlaunch, op
 from sparse_mla.gluon import launch
 from sparse_mla.prefill import sparse_mla_prefill
 
 NSLOT = 32
-NAMES = {
+NAMES = {  # in the order printed
     0: "P start", 1: "P range back", 5: "P end",
     8: "C0 start", 9: "C0 Q ready", 12: "C0 PVs done", 13: "C0 sums met (NB_L)",
     14: "C0 stores issued", 22: "C0 stores read", 15: "C0 item end",
@@ -63,117 +64,86 @@ def _stamp(slot: gl.constexpr, dep, GT: gl.constexpr = False):
 
 '''
 
-# (anchor, text inserted before it, text inserted after it); each anchor must occur once
+# (anchor, the text that replaces it); each anchor must occur once in the kernel file
 EDITS = [
-    ("\n@gluon.jit\ndef _item_range(", STAMP, ""),
+    ("\n@gluon.jit\ndef _item_range(", STAMP + "\n@gluon.jit\ndef _item_range("),
+    # producer: start, its first item's range back, end
     (
         "    if SMALL:\n        _prefetch_ids(idx_ptr, nnz)\n",
-        "    _stamp(0, 0)\n    _stamp(6, 0, True)\n",
-        "",
+        "    _stamp(0, 0)\n    _stamp(6, 0, True)\n    if SMALL:\n        _prefetch_ids(idx_ptr, nnz)\n",
     ),
     (
-        "        num_pairs = (num_tiles + 1) // 2\n        for j in range(num_pairs):\n"
-        "            ph = ((g0 + j) & 1) ^ 1",
-        "        if it == 0:\n            _stamp(1, num_tiles)\n",
-        "",
+        "        num_pairs = (num_tiles + 1) // 2\n        for j in range(num_pairs):\n",
+        "        if it == 0:\n            _stamp(1, num_tiles)\n"
+        "        num_pairs = (num_tiles + 1) // 2\n        for j in range(num_pairs):\n",
     ),
     (
-        "    # No copy may still be in flight when the program ends.\n    cp.commit_group()\n"
-        "    cp.wait_group(0)\n",
-        "",
-        "    _stamp(5, 0)\n",
+        "    cp.commit_group()\n    cp.wait_group(0)\n",
+        "    cp.commit_group()\n    cp.wait_group(0)\n    _stamp(5, 0)\n",
     ),
+    # consumer 0's epilogue: sums met, stores issued, stores read
     (
         "    l_tot = l_i + l_other.load(ROW_S)\n",
-        "",
+        "    l_tot = l_i + l_other.load(ROW_S)\n"
         "    if col0 == 0:\n        _stamp(13, gl.sum(l_tot, 0).to(gl.int32))\n",
     ),
     (
         "        tma.store_wait(0)  # the P buffer is written again in the next item\n",
-        "        if col0 == 0:\n            _stamp(14, 0)\n",
+        "        if col0 == 0:\n            _stamp(14, 0)\n"
+        "        tma.store_wait(0)  # the P buffer is written again in the next item\n"
         "        if col0 == 0:\n            _stamp(22, 0)\n",
     ),
+    # consumer 0: start, Q ready, PVs done, item end
     (
         '    """Even tiles\' S, O[:, 0:256]; issues the next pair\'s S behind its last PV of a pair."""\n',
-        "",
+        '    """Even tiles\' S, O[:, 0:256]; issues the next pair\'s S behind its last PV of a pair."""\n'
         "    _stamp(8, 0)\n    _stamp(20, 0, True)\n",
     ),
     (
         "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        # S of the first pair's tile",
-        "",
-        "",
+        "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if it == 0:\n"
+        "            _stamp(9, 0)\n        # S of the first pair's tile",
     ),
-    ('    """Odd tiles\' S, O[:, 256:512]."""\n', "", "    _stamp(16, 0)\n"),
-    ("        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if num_pairs == 0:\n", "", ""),
     (
         "        g0 += num_pairs\n        _epilogue(\n            acc, m_i, l_i, l_smem.index(2 * (it & 1)),",
-        "",
-        "",
+        "        g0 += num_pairs\n        if it == 0:\n"
+        "            _stamp(12, gl.sum(gl.sum(acc, 1), 0).to(gl.int32))\n"
+        "        _epilogue(\n            acc, m_i, l_i, l_smem.index(2 * (it & 1)),",
     ),
     (
-        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n        )  # fmt: skip\n"
-        "        it += 1  # noqa: SIM113 (Gluon loops have no enumerate)\n\n\n@gluon.jit\ndef _consumer1(",
-        "",
-        "",
+        "        )  # fmt: skip\n        it += 1  # noqa: SIM113 (Gluon loops have no enumerate)\n"
+        "\n\n@gluon.jit\ndef _consumer1(",
+        "        )  # fmt: skip\n        if it == 0:\n            _stamp(15, 0)\n"
+        "            _stamp(21, 0, True)\n        it += 1  # noqa: SIM113 (Gluon loops have no "
+        "enumerate)\n\n\n@gluon.jit\ndef _consumer1(",
+    ),
+    # consumer 1: start, Q ready, item end
+    (
+        '    """Odd tiles\' S, O[:, 256:512]."""\n',
+        '    """Odd tiles\' S, O[:, 256:512]."""\n    _stamp(16, 0)\n',
+    ),
+    (
+        "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if num_pairs == 0:\n",
+        "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if it == 0:\n"
+        "            _stamp(17, 0)\n        if num_pairs == 0:\n",
     ),
     (
         "            HALF, pid_r, pid_h, sink_ptr, out_desc, p1_smem.index(0), num_heads,\n"
         "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n        )  # fmt: skip\n",
-        "",
+        "            HALF, pid_r, pid_h, sink_ptr, out_desc, p1_smem.index(0), num_heads,\n"
+        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n        )  # fmt: skip\n"
         "        if it == 0:\n            _stamp(19, 0)\n",
     ),
 ]
 
 
 def stamped_source(src: str) -> str:
-    """The kernel file with the stamps in (the anchors whose edit needs more than before/after
-    text are handled here)."""
-    for anchor, before, after in EDITS:
+    """The kernel file with the stamps in."""
+    for anchor, new in EDITS:
         if src.count(anchor) != 1:
             raise SystemExit(f"anchor found {src.count(anchor)} times: {anchor[:70]!r}")
-        src = src.replace(anchor, before + anchor + after)
-    # consumer 0: Q ready, PVs done, item end; consumer 1: Q ready (in the anchors' middles)
-    src = src.replace(
-        "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        # S of the first pair's tile",
-        "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if it == 0:\n"
-        "            _stamp(9, 0)\n        # S of the first pair's tile",
-    )
-    src = src.replace(
-        "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if num_pairs == 0:\n",
-        "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if it == 0:\n"
-        "            _stamp(17, 0)\n        if num_pairs == 0:\n",
-    )
-    src = src.replace(
-        "        g0 += num_pairs\n        _epilogue(\n            acc, m_i, l_i, l_smem.index(2 * (it & 1)),",
-        "        g0 += num_pairs\n        if it == 0:\n"
-        "            _stamp(12, gl.sum(gl.sum(acc, 1), 0).to(gl.int32))\n"
-        "        _epilogue(\n            acc, m_i, l_i, l_smem.index(2 * (it & 1)),",
-    )
-    src = src.replace(
-        "        )  # fmt: skip\n        it += 1  # noqa: SIM113 (Gluon loops have no enumerate)\n"
-        "\n\n@gluon.jit\ndef _consumer1(",
-        "        )  # fmt: skip\n        if it == 0:\n            _stamp(15, 0)\n"
-        "            _stamp(21, 0, True)\n        it += 1  # noqa: SIM113 (Gluon loops have no "
-        "enumerate)\n\n\n@gluon.jit\ndef _consumer1(",
-    )
+        src = src.replace(anchor, new)
     return src
-
-
-def phases(rows, progs, ghz):
-    for slot, name in sorted(NAMES.items(), key=lambda kv: kv[0] if kv[0] != 22 else 14.5):
-        vals = sorted(
-            float(d[p, slot] - d[p, 0]) / ghz / 1e3
-            for d in rows
-            for p in range(progs)
-            if d[p, slot] and d[p, 0]
-        )
-        if vals:
-            med, p10, p90 = (
-                statistics.median(vals),
-                vals[len(vals) // 10],
-                vals[9 * len(vals) // 10],
-            )
-            print(f"  {name:20s} median {med:6.2f} us  p10 {p10:6.2f}  p90 {p90:6.2f}")
 
 
 def main() -> None:
@@ -240,7 +210,7 @@ def main() -> None:
             print(f"T={T} H={H} {label}: {progs} programs; stamped {ms[0] * 1e3:.2f} us, package "
                   f"{ms[1] * 1e3:.2f} us; clock {ghz:.3f} GHz; start skew "
                   f"{(max(starts) - min(starts)) / 1e3:.2f} us", flush=True)  # fmt: skip
-            phases(rows, progs, ghz)
+            ws_clk_probe.phases(rows, progs, ghz, NAMES)
     op.set_plans_enabled(True)
 
 

@@ -34,9 +34,10 @@ NAMES = {
 PROGRAMS = 132  # the H200's SMs
 
 
-def phases(rows, progs, ghz):
-    """Median / p10 / p90 us after the producer's start, per stamp."""
-    for slot, name in sorted(NAMES.items()):
+def phases(rows, progs, ghz, names=None):
+    """Median / p10 / p90 us after the producer's start, per stamp (``names``: slot -> name in
+    the order to print; default this probe's slots in order)."""
+    for slot, name in (names or dict(sorted(NAMES.items()))).items():
         vals = sorted(
             float(d[p, slot] - d[p, 0]) / ghz / 1e3
             for d in rows
