@@ -38,7 +38,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|descpf|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -384,6 +384,18 @@ if want lazy; then  # step 15 (in the package since the eighteenth session): the
   cp .ab_base/hopper_ws_05f2f12.py /tmp/hopper_ws_before.py || exit 1
   ws_gpu_tests lazy
   ws_ab lazy
+fi
+if want descpf; then  # step 27: both TMA descriptors fetched at the producer's start
+  cp .ab_base/hopper_ws_5eeb10a.py /tmp/hopper_ws_before.py || exit 1
+  ws_gpu_tests descpf
+  ws_ab descpf --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:1024 64:96:1024 \
+    256:64:1024 16384:128:1024 ctx65536:4:128:1024
+  # and the sink loaded at an item's start (its variant file, against the descriptor step)
+  cp .ab_base/hopper_ws_sinkearly.py sparse_mla/gluon/hopper_ws.py || exit 1
+  cp .ab_base/hopper_ws_descpf.py /tmp/hopper_ws_before.py || exit 1
+  ws_ab sinkearly --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:1024 \
+    256:64:1024 16384:128:1024
+  cp .ab_base/hopper_ws_descpf.py sparse_mla/gluon/hopper_ws.py
 fi
 if want waves; then  # twentieth session: whole lists under the one-wave split rule, re-exported
   D=data/bench/nvidia-h200

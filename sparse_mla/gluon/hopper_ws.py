@@ -339,6 +339,31 @@ def _prefetch_rows(kv_ptr, idx_ptr, pos0, hi, num_kv, stride_kvn):
     )  # fmt: skip
 
 
+@constexpr_function
+def _prefetch_desc_asm(kernel, param):
+    """PTX for :func:`_prefetch_descs`: lane 0 ($1 == 0) asks for parameter ``param`` of
+    ``kernel`` (a TMA descriptor) to be fetched."""
+    return (
+        "{ .reg .pred p; .reg .b64 a; setp.eq.s32 p, $1, 0; "
+        f"mov.b64 a, {kernel}_param_{param}; cvta.param.u64 a, a; "
+        "@p prefetch.tensormap [a]; mov.b32 $0, 0; }"
+    )
+
+
+@gluon.jit
+def _prefetch_descs(KERNEL: gl.constexpr, PARAMS: gl.constexpr):
+    """Fetch the TMA descriptors ``PARAMS`` (their PTX parameter numbers) of ``KERNEL`` into
+    the SM now, by one lane (``prefetch.tensormap``), rather than at their first TMA copy.
+    Gluon cannot hand a descriptor's address to inline assembly, so the PTX names the kernel's
+    parameter; a CPU test checks these are the parameters the kernel's TMA copies read."""
+    lane = gl.arange(0, 128, layout=LANE)
+    for i in gl.static_range(len(PARAMS)):
+        gl.inline_asm_elementwise(
+            _prefetch_desc_asm(KERNEL, PARAMS[i]), "=r,r", [lane], dtype=gl.int32,
+            is_pure=False, pack=1,
+        )  # fmt: skip
+
+
 @gluon.jit
 def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h):
     """Q [64, 512] of head block ``pid_h`` of token ``pid_r`` (rows past num_heads zero-filled
@@ -388,6 +413,7 @@ def _producer(
     PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
     lsepart_ptr=None, L2_ROWS: gl.constexpr = False,
 ):  # fmt: skip
+    _prefetch_descs("_prefill_ws_kernel", (0, 11))  # q_desc, out_desc
     if SMALL:
         _prefetch_ids(idx_ptr, nnz)
     num_hb = (num_heads + BLOCK_H - 1) // BLOCK_H
