@@ -38,7 +38,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|descpf|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -385,17 +385,15 @@ if want lazy; then  # step 15 (in the package since the eighteenth session): the
   ws_gpu_tests lazy
   ws_ab lazy
 fi
-if want descpf; then  # step 27: both TMA descriptors fetched at the producer's start
+if want sinkearly; then  # step 27: the sink logits loaded at an item's start, not in its epilogue
   cp .ab_base/hopper_ws_5eeb10a.py /tmp/hopper_ws_before.py || exit 1
-  ws_gpu_tests descpf
-  ws_ab descpf --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:1024 64:96:1024 \
-    256:64:1024 16384:128:1024 ctx65536:4:128:1024
-  # and the sink loaded at an item's start (its variant file, against the descriptor step)
-  cp .ab_base/hopper_ws_sinkearly.py sparse_mla/gluon/hopper_ws.py || exit 1
-  cp .ab_base/hopper_ws_descpf.py /tmp/hopper_ws_before.py || exit 1
-  ws_ab sinkearly --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:1024 \
-    256:64:1024 16384:128:1024
-  cp .ab_base/hopper_ws_descpf.py sparse_mla/gluon/hopper_ws.py
+  ws_gpu_tests sinkearly
+  ws_ab sinkearly --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:1024 64:96:1024 \
+    256:64:1024 16384:128:1024 glm:16384:64:2048 ctx65536:4:128:1024
+  # where the grid's T = 64 H128 waits, by source line (ncu), with the change
+  timeout 200 python3 -m sparse_mla.cli profile --kernel gluon_ws --heads 128 --tokens 64 \
+    --top 45 > "$OUT/profile_gluon_ws_t64_h128_${COMMIT:0:7}.log" 2>&1
+  echo "profile: rc=$?"; head -n 60 "$OUT/profile_gluon_ws_t64_h128_${COMMIT:0:7}.log"
 fi
 if want waves; then  # twentieth session: whole lists under the one-wave split rule, re-exported
   D=data/bench/nvidia-h200

@@ -339,31 +339,6 @@ def _prefetch_rows(kv_ptr, idx_ptr, pos0, hi, num_kv, stride_kvn):
     )  # fmt: skip
 
 
-@constexpr_function
-def _prefetch_desc_asm(kernel, param):
-    """PTX for :func:`_prefetch_descs`: lane 0 ($1 == 0) asks for parameter ``param`` of
-    ``kernel`` (a TMA descriptor) to be fetched."""
-    return (
-        "{ .reg .pred p; .reg .b64 a; setp.eq.s32 p, $1, 0; "
-        f"mov.b64 a, {kernel}_param_{param}; cvta.param.u64 a, a; "
-        "@p prefetch.tensormap [a]; mov.b32 $0, 0; }"
-    )
-
-
-@gluon.jit
-def _prefetch_descs(KERNEL: gl.constexpr, PARAMS: gl.constexpr):
-    """Fetch the TMA descriptors ``PARAMS`` (their PTX parameter numbers) of ``KERNEL`` into
-    the SM now, by one lane (``prefetch.tensormap``), rather than at their first TMA copy.
-    Gluon cannot hand a descriptor's address to inline assembly, so the PTX names the kernel's
-    parameter; a CPU test checks these are the parameters the kernel's TMA copies read."""
-    lane = gl.arange(0, 128, layout=LANE)
-    for i in gl.static_range(len(PARAMS)):
-        gl.inline_asm_elementwise(
-            _prefetch_desc_asm(KERNEL, PARAMS[i]), "=r,r", [lane], dtype=gl.int32,
-            is_pure=False, pack=1,
-        )  # fmt: skip
-
-
 @gluon.jit
 def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h):
     """Q [64, 512] of head block ``pid_h`` of token ``pid_r`` (rows past num_heads zero-filled
@@ -413,7 +388,6 @@ def _producer(
     PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
     lsepart_ptr=None, L2_ROWS: gl.constexpr = False,
 ):  # fmt: skip
-    _prefetch_descs("_prefill_ws_kernel", (0, 11))  # q_desc, out_desc
     if SMALL:
         _prefetch_ids(idx_ptr, nnz)
     num_hb = (num_heads + BLOCK_H - 1) // BLOCK_H
@@ -582,7 +556,7 @@ def _bar_sync(bar_id: gl.constexpr):
 
 @gluon.jit
 def _epilogue(
-    acc, m_i, l_i, l_mine, l_other, col0, pid_r, pid_h, sink_ptr, out_desc, stage, num_heads,
+    acc, m_i, l_i, l_mine, l_other, col0, pid_r, pid_h, sink, out_desc, stage, num_heads,
     pid_s=0, opart_ptr=None, lsepart_ptr=None, NUM_SPLITS: gl.constexpr = 1,
 ):  # fmt: skip
     """Add the two partial sums, fold in the sink, normalise and write this O half (TMA,
@@ -596,7 +570,7 @@ def _epilogue(
         _partial(acc, m_i, l_tot, col0, pid_r * NUM_SPLITS + pid_s, pid_h, opart_ptr,
                  lsepart_ptr, num_heads)  # fmt: skip
     else:
-        den = l_tot + gl.exp2(_load_sink(sink_ptr, pid_h, num_heads) - m_i)
+        den = l_tot + gl.exp2(sink - m_i)
         # A head with no valid slot gets zeros, whatever its sink.
         inv = gl.where(l_tot > 0.0, 1.0 / den, 0.0)
         o = (acc * gl.convert_layout(inv, ROW_O)[:, None]).to(stage.dtype)
@@ -786,6 +760,7 @@ def _consumer0(
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
             item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
+        sink = _load_sink(sink_ptr, pid_h, num_heads)  # in flight while Q and the tiles land
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
         # S of the first pair's tile; each iteration issues the next one's behind its last PV.
         s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
@@ -842,7 +817,7 @@ def _consumer0(
         g0 += num_pairs
         _epilogue(
             acc, m_i, l_i, l_smem.index(2 * (it & 1)), l_smem.index(1 + 2 * (it & 1)), 0,
-            pid_r, pid_h, sink_ptr, out_desc, p0_smem.index(0), num_heads,
+            pid_r, pid_h, sink, out_desc, p0_smem.index(0), num_heads,
             item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,
         )  # fmt: skip
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
@@ -865,6 +840,7 @@ def _consumer1(
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
             item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
+        sink = _load_sink(sink_ptr, pid_h, num_heads)  # in flight while Q and the tiles land
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
         if num_pairs == 0:
             _arrive(_bar(bars, Q_FREE))
@@ -899,7 +875,7 @@ def _consumer1(
         g0 += num_pairs
         _epilogue(
             acc, m_i, l_i, l_smem.index(1 + 2 * (it & 1)), l_smem.index(2 * (it & 1)),
-            HALF, pid_r, pid_h, sink_ptr, out_desc, p1_smem.index(0), num_heads,
+            HALF, pid_r, pid_h, sink, out_desc, p1_smem.index(0), num_heads,
             item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,
         )  # fmt: skip
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
