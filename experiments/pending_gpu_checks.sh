@@ -33,7 +33,10 @@
 # the twenty-sixth, the split rule's A/B and ws tests on f971c08 (*l2split*f971c08*), grid on
 # 4a64402 (*_grid_4a64402.log) and tilerate at the grid's T = 64 H128 on f9473e5
 # (data/bench/ncu_tile_rate_h200_f9473e5/), with steps 24-26's probes and A/Bs (small_t_floor*,
-# ws_clk_now*, *sinkpf*, *epi4*), by hand: commands in each log's first line.) Open: nothing.
+# ws_clk_now*, *sinkpf*, *epi4*), by hand: commands in each log's first line; in the
+# twenty-seventh, descpf (since folded into sinkearly) on f8fed7e (*descpf*f8fed7e*), sinkearly on
+# 7b19af4 (*sinkearly*7b19af4*, profile_gluon_ws_t64_h128_7b19af4.log), grid on e7f6083
+# (*_grid_e7f6083.log) and suite at the session's end (gpu_suite_*).) Open: nothing.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps

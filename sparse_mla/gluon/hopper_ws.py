@@ -559,10 +559,12 @@ def _epilogue(
     acc, m_i, l_i, l_mine, l_other, col0, pid_r, pid_h, sink, out_desc, stage, num_heads,
     pid_s=0, opart_ptr=None, lsepart_ptr=None, NUM_SPLITS: gl.constexpr = 1,
 ):  # fmt: skip
-    """Add the two partial sums, fold in the sink, normalise and write this O half (TMA,
-    through ``stage``). The sums' slots alternate by item: a consumer writes an item's slot
-    only after the barrier of the item before, which the other passes only after reading the
-    slot two items back. ``NUM_SPLITS`` > 1: the split's partial instead (:func:`_partial`)."""
+    """Add the two partial sums, fold in the sink (``sink``: its logits, :func:`_load_sink`,
+    loaded at the item's start so that no global load sits on this stretch; PERF_NOTES "No
+    cliffs" step 27), normalise and write this O half (TMA, through ``stage``). The sums'
+    slots alternate by item: a consumer writes an item's slot only after the barrier of the
+    item before, which the other passes only after reading the slot two items back.
+    ``NUM_SPLITS`` > 1: the split's partial instead (:func:`_partial`)."""
     l_mine.store(l_i)
     _bar_sync(NB_L)
     l_tot = l_i + l_other.load(ROW_S)
