@@ -36,12 +36,13 @@
 # ws_clk_now*, *sinkpf*, *epi4*), by hand: commands in each log's first line; in the
 # twenty-seventh, descpf (since folded into sinkearly) on f8fed7e (*descpf*f8fed7e*), sinkearly on
 # 7b19af4 (*sinkearly*7b19af4*, profile_gluon_ws_t64_h128_7b19af4.log), grid on e7f6083
-# (*_grid_e7f6083.log), suite and the grid again on b45fa3c (*b45fa3c*).) Open: nothing.
+# (*_grid_e7f6083.log), suite and the grid again on b45fa3c (*b45fa3c*).) Open: qprologue
+# (step 28, a patch and the entry stamps, CPU-checked only).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -397,6 +398,22 @@ if want sinkearly; then  # step 27: the sink logits loaded at an item's start, n
   timeout 200 python3 -m sparse_mla.cli profile --kernel gluon_ws --heads 128 --tokens 64 \
     --top 45 > "$OUT/profile_gluon_ws_t64_h128_${COMMIT:0:7}.log" 2>&1
   echo "profile: rc=$?"; head -n 60 "$OUT/profile_gluon_ws_t64_h128_${COMMIT:0:7}.log"
+fi
+if want qprologue; then  # step 28: the program's first Q sent from the kernel's prologue
+  # the clock stamps on the package kernel first (with the kernel's entry: how long the
+  # prologue and the partitions' dispatch take before the producer starts), then the patch
+  TRITON_CACHE_DIR=/tmp/clk_pkg PYTHONPATH=$PWD timeout 120 python3 experiments/ws_clk_now.py \
+    > "$OUT/ws_clk_now_h200_${COMMIT:0:7}.log" 2>&1
+  echo "clk (package): rc=$?"; cat "$OUT/ws_clk_now_h200_${COMMIT:0:7}.log"
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py || exit 1
+  apply_patch experiments/patches/ws_q_prologue.diff || exit 1
+  ws_gpu_tests qprologue
+  ws_ab qprologue --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:1024 \
+    256:64:1024 16384:128:1024 ctx65536:4:128:1024
+  TRITON_CACHE_DIR=/tmp/clk_qp PYTHONPATH=$PWD timeout 120 python3 experiments/ws_clk_now.py \
+    > "$OUT/ws_clk_now_qprologue_h200_${COMMIT:0:7}.log" 2>&1
+  echo "clk (patched): rc=$?"; cat "$OUT/ws_clk_now_qprologue_h200_${COMMIT:0:7}.log"
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py
 fi
 if want waves; then  # twentieth session: whole lists under the one-wave split rule, re-exported
   D=data/bench/nvidia-h200

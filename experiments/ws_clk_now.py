@@ -37,7 +37,7 @@ from sparse_mla.prefill import sparse_mla_prefill
 
 NSLOT = 32
 NAMES = {  # in the order printed
-    0: "P start", 1: "P range back", 5: "P end",
+    24: "K entry", 25: "K barriers set", 0: "P start", 1: "P range back", 5: "P end",
     8: "C0 start", 9: "C0 Q ready", 12: "C0 PVs done", 13: "C0 sums met (NB_L)",
     14: "C0 stores issued", 22: "C0 stores read", 15: "C0 item end",
     16: "C1 start", 17: "C1 Q ready", 19: "C1 item end",
@@ -67,6 +67,19 @@ def _stamp(slot: gl.constexpr, dep, GT: gl.constexpr = False):
 # (anchor, the text that replaces it); each anchor must occur once in the kernel file
 EDITS = [
     ("\n@gluon.jit\ndef _item_range(", STAMP + "\n@gluon.jit\ndef _item_range("),
+    # the kernel's entry and its barriers initialised (the default partition's 4 warps, before
+    # warp_specialize starts the partitions): how long before the producer's start
+    (
+        "    q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids = _shared_state(\n"
+        "        q_desc.dtype,\n",
+        "    _stamp(24, 0)\n"
+        "    q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids = _shared_state(\n"
+        "        q_desc.dtype,\n",
+    ),
+    (
+        "    # The partitions' arguments written out in each call",
+        "    _stamp(25, 0)\n    # The partitions' arguments written out in each call",
+    ),
     # producer: start, its first item's range back, end
     (
         "    if SMALL:\n        _prefetch_ids(idx_ptr, nnz)\n",
@@ -128,9 +141,9 @@ EDITS = [
         "            _stamp(17, 0)\n        if num_pairs == 0:\n",
     ),
     (
-        "            HALF, pid_r, pid_h, sink_ptr, out_desc, p1_smem.index(0), num_heads,\n"
+        "            HALF, pid_r, pid_h, sink, out_desc, p1_smem.index(0), num_heads,\n"
         "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n        )  # fmt: skip\n",
-        "            HALF, pid_r, pid_h, sink_ptr, out_desc, p1_smem.index(0), num_heads,\n"
+        "            HALF, pid_r, pid_h, sink, out_desc, p1_smem.index(0), num_heads,\n"
         "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n        )  # fmt: skip\n"
         "        if it == 0:\n            _stamp(19, 0)\n",
     ),

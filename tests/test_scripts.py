@@ -146,3 +146,19 @@ def test_host_cost_turns_rows_on_cpu(ids):
     for r in rows:
         assert re.search(r"min +[\d.]+ +median +[\d.]+ +max +[\d.]+ +\(2 windows\)", r), r
         assert "replayed" in r
+
+
+def test_clock_probe_anchors_apply_to_the_current_kernel():
+    # experiments/ws_clk_now.py stamps the package's hopper_ws.py by anchored text edits: a
+    # kernel change that moves an anchor must fail here, not on the GPU machine.
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import ws_clk_now
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    src = (ROOT / "sparse_mla" / "gluon" / "hopper_ws.py").read_text()
+    stamped = ws_clk_now.stamped_source(src)  # SystemExit when an anchor is not found once
+    slots = {int(m) for m in re.findall(r"_stamp\((\d+), ", stamped)}
+    assert set(ws_clk_now.NAMES) <= slots, "a printed stamp is never written"
+    # the entry stamps come before the partitions start, the producer's after
+    assert stamped.index("_stamp(24, 0)") < stamped.index("gl.warp_specialize(")
