@@ -37,12 +37,12 @@
 # twenty-seventh, descpf (since folded into sinkearly) on f8fed7e (*descpf*f8fed7e*), sinkearly on
 # 7b19af4 (*sinkearly*7b19af4*, profile_gluon_ws_t64_h128_7b19af4.log), grid on e7f6083
 # (*_grid_e7f6083.log), suite and the grid again on b45fa3c (*b45fa3c*).) Open: qprologue
-# (step 28, a patch and the entry stamps, CPU-checked only).
+# (step 28, a patch and the entry stamps) and smallsink (step 29, a patch), CPU-checked only.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -414,6 +414,19 @@ if want qprologue; then  # step 28: the program's first Q sent from the kernel's
     > "$OUT/ws_clk_now_qprologue_h200_${COMMIT:0:7}.log" 2>&1
   echo "clk (patched): rc=$?"; cat "$OUT/ws_clk_now_qprologue_h200_${COMMIT:0:7}.log"
   cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py
+fi
+if want smallsink; then  # step 29: step 27 for gluon_ws_small (its sink loaded at an item's start)
+  cp sparse_mla/gluon/hopper_ws_small.py /tmp/hopper_ws_small_before.py || exit 1
+  apply_patch experiments/patches/ws_small_sink_early.diff || exit 1
+  xdist
+  PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_ws_small_groups.py tests/test_kernels_gpu.py tests/test_dense_ids.py \
+    tests/test_gluon.py -k "(ws_small and not fp8) or scale_of_zero" \
+    > "$OUT/gpu_tests_ws_small_sink_${COMMIT:0:7}.log" 2>&1
+  echo "smallsink tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_small_sink_${COMMIT:0:7}.log"
+  ws_ab small_sink --kernel gluon_ws_small --before /tmp/hopper_ws_small_before.py \
+    --points 64:4:512 64:16:512 64:32:512 64:48:512 256:16:512 16384:16:512 glm:16384:16:2048
+  cp /tmp/hopper_ws_small_before.py sparse_mla/gluon/hopper_ws_small.py
 fi
 if want waves; then  # twentieth session: whole lists under the one-wave split rule, re-exported
   D=data/bench/nvidia-h200
