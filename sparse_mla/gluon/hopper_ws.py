@@ -732,17 +732,20 @@ def _rescale_o(acc, alpha):
 
 @gluon.jit
 def _consumer_item(
-    item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS: gl.constexpr,
+    item, indptr_ptr, sink_ptr, nnz, num_heads, ids_per_row, DENSE_IDS: gl.constexpr,
     NUM_SPLITS: gl.constexpr = 1,
 ):  # fmt: skip
-    """A consumer's start of a work item: its range, pairs of tiles and fresh softmax state."""
+    """A consumer's start of a work item: its range, pairs of tiles, fresh softmax state and
+    the head block's sink logits (loaded now, in flight while Q and the tiles land, for the
+    epilogue; PERF_NOTES "No cliffs" step 27)."""
     pid_r, pid_h, lo, hi, num_tiles = _item_range(
         item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS, NUM_SPLITS
     )
+    sink = _load_sink(sink_ptr, pid_h, num_heads)
     m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
-    return pid_r, pid_h, lo, hi, (num_tiles + 1) // 2, m_i, l_i, acc
+    return pid_r, pid_h, lo, hi, (num_tiles + 1) // 2, m_i, l_i, acc, sink
 
 
 @gluon.jit
@@ -759,10 +762,9 @@ def _consumer0(
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
-            item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
+        pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc, sink = _consumer_item(
+            item, indptr_ptr, sink_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
-        sink = _load_sink(sink_ptr, pid_h, num_heads)  # in flight while Q and the tiles land
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
         # S of the first pair's tile; each iteration issues the next one's behind its last PV.
         s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
@@ -839,10 +841,9 @@ def _consumer1(
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc = _consumer_item(
-            item, indptr_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
+        pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc, sink = _consumer_item(
+            item, indptr_ptr, sink_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
-        sink = _load_sink(sink_ptr, pid_h, num_heads)  # in flight while Q and the tiles land
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
         if num_pairs == 0:
             _arrive(_bar(bars, Q_FREE))
