@@ -148,6 +148,17 @@
 #             T = 64 H128 from 1.012 of FlashMLA to about 0.995), -0.5..-1% on whole lists at
 #             T = 64, -1.5..-2.5% at T = 4 H128 (split); T = 128 with 65+ heads unchanged (256+
 #             items: off)
+#   sinkearly PERF_NOTES "No cliffs" step 27 (twenty-seventh session, in the package since
+#             7b19af4): the GPU tests of every gluon_ws path and gluon_ws_fp8, ws_bars_ab.py
+#             against 5eeb10a's kernel (.ab_base/hopper_ws_5eeb10a.py, carried; `git show
+#             5eeb10a:sparse_mla/gluon/hopper_ws.py` writes it), then `sparse-mla profile` of
+#             gluon_ws at the grid's T = 64 H128 (about 3 minutes)
+#   qprologue step 28, a patch (experiments/patches/ws_q_prologue.diff): ws_clk_now.py on the
+#             package kernel (its entry stamps), the patch's GPU tests, ws_bars_ab.py against the
+#             package file and ws_clk_now.py on the patched kernel (under 6 minutes)
+#   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
+#             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
+#             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
 #   tilerate  PERF_NOTES "No cliffs" step 21 (twenty-fourth session): Nsight Compute's full set
 #             and warp-stall samples of gluon_ws and FlashMLA at whole lists, T = 64, H128 (one
 #             wave of 128 items of 1152 slots, where FlashMLA's tile is 6% shorter), side by side
