@@ -38,9 +38,9 @@ from sparse_mla.prefill import sparse_mla_prefill
 NSLOT = 32
 NAMES = {  # in the order printed
     24: "K entry", 25: "K barriers set", 0: "P start", 1: "P range back", 5: "P end",
-    8: "C0 start", 9: "C0 Q ready", 12: "C0 PVs done", 13: "C0 sums met (NB_L)",
+    8: "C0 start", 9: "C0 Q ready", 10: "C0 tile 0L too", 11: "C0 first S done", 12: "C0 PVs done", 13: "C0 sums met (NB_L)",
     14: "C0 stores issued", 22: "C0 stores read", 15: "C0 item end",
-    16: "C1 start", 17: "C1 Q ready", 19: "C1 item end",
+    16: "C1 start", 18: "C1 tile 1R landed", 17: "C1 Q (and 1R) ready", 19: "C1 item end",
 }  # fmt: skip
 
 STAMP = '''
@@ -82,8 +82,9 @@ EDITS = [
     ),
     # producer: start, its first item's range back, end
     (
-        "    if SMALL:\n        _prefetch_ids(idx_ptr, nnz)\n",
-        "    _stamp(0, 0)\n    _stamp(6, 0, True)\n    if SMALL:\n        _prefetch_ids(idx_ptr, nnz)\n",
+        "    lsepart_ptr=None, L2_ROWS: gl.constexpr = False,\n):  # fmt: skip\n",
+        "    lsepart_ptr=None, L2_ROWS: gl.constexpr = False,\n):  # fmt: skip\n"
+        "    _stamp(0, 0)\n    _stamp(6, 0, True)\n",
     ),
     (
         "        num_pairs = (num_tiles + 1) // 2\n        for j in range(num_pairs):\n",
@@ -115,7 +116,14 @@ EDITS = [
     (
         "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        # S of the first pair's tile",
         "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if it == 0:\n"
-        "            _stamp(9, 0)\n        # S of the first pair's tile",
+        "            _stamp(9, 0)\n            if num_pairs > 0:\n"
+        "                mbarrier.wait(_bar(bars, READY_0L), 0)\n"
+        "                _stamp(10, 0)\n        # S of the first pair's tile",
+    ),
+    (
+        "            s = warpgroup_mma_wait(0, deps=[s])\n        if num_pairs <= 1:\n",
+        "            s = warpgroup_mma_wait(0, deps=[s])\n            if it == 0:\n"
+        "                _stamp(11, 0)\n        if num_pairs <= 1:\n",
     ),
     (
         "        g0 += num_pairs\n        _epilogue(\n            acc, m_i, l_i, l_smem.index(2 * (it & 1)),",
@@ -137,6 +145,9 @@ EDITS = [
     ),
     (
         "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if num_pairs == 0:\n",
+        "        if it == 0:\n            if num_pairs > 0:\n"
+        "                mbarrier.wait(_bar(bars, READY_1R), 0)\n"
+        "                _stamp(18, 0)\n"
         "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if it == 0:\n"
         "            _stamp(17, 0)\n        if num_pairs == 0:\n",
     ),
