@@ -42,7 +42,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -160,6 +160,10 @@
 #             first range's line and a small call's ids asked of L2 before Q): ws_clk_now.py
 #             (with the first tiles' landing) on the package, step 28 and step 30, then
 #             ws_bars_ab.py of step 30 against the package file (about 4 minutes)
+#   rangeprologue step 31, a patch (experiments/patches/ws_range_prologue.diff: step 30
+#             without moving Q, i.e. only the first range's line and a small call's ids asked
+#             of L2 from the prologue): ws_clk_now.py on it, then ws_bars_ab.py against the
+#             package file (about 2.5 minutes)
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -443,6 +447,16 @@ if want qprologuepf; then  # step 30: step 28 with the first range's line and th
   done
   apply_patch experiments/patches/ws_q_prologue_pf.diff || exit 1
   ws_ab qprologuepf --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:1024 \
+    64:96:1024 256:64:1024 16384:128:1024 ctx65536:4:128:1024
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py
+fi
+if want rangeprologue; then  # step 31: only the first range's line and the ids asked from the prologue
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py || exit 1
+  apply_patch experiments/patches/ws_range_prologue.diff || exit 1
+  TRITON_CACHE_DIR=/tmp/clk_rp PYTHONPATH=$PWD timeout 120 python3 experiments/ws_clk_now.py \
+    > "$OUT/ws_clk_now_rangeprologue_h200_${COMMIT:0:7}.log" 2>&1
+  echo "clk (patched): rc=$?"; cat "$OUT/ws_clk_now_rangeprologue_h200_${COMMIT:0:7}.log"
+  ws_ab rangeprologue --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:1024 \
     64:96:1024 256:64:1024 16384:128:1024 ctx65536:4:128:1024
   cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py
 fi
