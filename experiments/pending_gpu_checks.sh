@@ -36,8 +36,9 @@
 # ws_clk_now*, *sinkpf*, *epi4*), by hand: commands in each log's first line; in the
 # twenty-seventh, descpf (since folded into sinkearly) on f8fed7e (*descpf*f8fed7e*), sinkearly on
 # 7b19af4 (*sinkearly*7b19af4*, profile_gluon_ws_t64_h128_7b19af4.log), grid on e7f6083
-# (*_grid_e7f6083.log), suite and the grid again on b45fa3c (*b45fa3c*).) Open: qprologue
-# (step 28, a patch and the entry stamps) and smallsink (step 29, a patch), CPU-checked only.
+# (*_grid_e7f6083.log), suite and the grid again on b45fa3c (*b45fa3c*); in the twenty-eighth,
+# qprologue and smallsink on 1ddf06a (*1ddf06a*), qprologuepf on 584cafa (*584cafa*),
+# rangeprologue on ad742b8 (*ad742b8*): none kept, PERF_NOTES steps 28-31.) Open: none.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
