@@ -43,7 +43,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -165,6 +165,11 @@
 #             without moving Q, i.e. only the first range's line and a small call's ids asked
 #             of L2 from the prologue): ws_clk_now.py on it, then ws_bars_ab.py against the
 #             package file (about 2.5 minutes)
+#   flushkind the grid's small calls (T = 64 H64 / H128, T = 256 H64: ours, FlashMLA, each also
+#             with every list empty) timed after the bench's L2 flush and after that flush
+#             plus a 256 MiB read (L2 clean): experiments/small_t_floor.py --flush; then the
+#             GPU tests of every gluon_ws path at the commit (about 5 minutes with FlashMLA's
+#             first build)
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -460,6 +465,15 @@ if want rangeprologue; then  # step 31: only the first range's line and the ids 
   ws_ab rangeprologue --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:1024 \
     64:96:1024 256:64:1024 16384:128:1024 ctx65536:4:128:1024
   cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py
+fi
+if want flushkind; then  # twenty-eighth session: does a small call's time include L2's writebacks?
+  for f in write read; do
+    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 400 \
+      python3 experiments/small_t_floor.py --flush $f --points 64:64 64:128 256:64 \
+      > "$OUT/small_t_floor_flush_${f}_h200_${COMMIT:0:7}.log" 2>&1
+    echo "flush $f: rc=$?"; cat "$OUT/small_t_floor_flush_${f}_h200_${COMMIT:0:7}.log"
+  done
+  ws_gpu_tests head  # the package's gluon_ws paths at this commit
 fi
 if want smallsink; then  # step 29: step 27 for gluon_ws_small (its sink loaded at an item's start)
   cp sparse_mla/gluon/hopper_ws_small.py /tmp/hopper_ws_small_before.py || exit 1

@@ -19,6 +19,10 @@ PYTHONPATH, ~60 s:
     PYTHONPATH=$PWD:$PWD/.peers python experiments/small_t_floor.py --points 64:1 64:16 64:48 256:48
 
 ``--kernel gluon_ws`` (any registered kernel) forces ours instead of ``config=None``.
+``--flush read`` (twenty-eighth session): after the bench's flush (a 256 MiB buffer zeroed,
+which leaves L2 full of dirty lines) read another 256 MiB, so each timed call starts with L2
+holding clean lines: whether a kernel's time at small T includes writing those dirty lines back
+to make room for its Q and O (FlashMLA asks L2 to evict Q's lines first; ours cannot say so).
 """
 
 from __future__ import annotations
@@ -92,8 +96,21 @@ def main() -> None:
                     metavar="T:H")  # fmt: skip
     ap.add_argument("--kernel", default="default",
                     help="ours: config=None (default) or a registered kernel, forced")  # fmt: skip
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="write: the bench's flush; read: then 256 MiB read")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
+    if args.flush == "read":
+        drv = bench._bench_driver()
+        other = torch.ones(64 << 20, dtype=torch.int32, device=dev)
+        zeroed = drv.clear_cache
+
+        def clear_then_read(cache, zeroed=zeroed, other=other):
+            zeroed(cache)
+            other.sum()  # 256 MiB read: L2's lines now clean
+
+        drv.clear_cache = clear_then_read
+        print("flush: the bench's, then a 256 MiB read")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     op.set_plans_enabled(False)
     peers = bench.Peers()
