@@ -44,7 +44,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -171,6 +171,10 @@
 #             plus a 256 MiB read (L2 clean): experiments/small_t_floor.py --flush; then the
 #             GPU tests of every gluon_ws path at the commit (about 5 minutes with FlashMLA's
 #             first build)
+#   l2b256    step 32: experiments/ws_l2_256b.py, gluon_ws with its row gathers' cp.async asking
+#             L2 for 256-byte blocks (a PTX rewrite through Triton's stage hook) against the
+#             package kernel, in turns: whole lists T = 128 H64 and T = 64 H128, the grid's
+#             T = 64 H128 and T = 256 H64, T = 16384 H128 (about 3 minutes)
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -475,6 +479,12 @@ if want flushkind; then  # twenty-eighth session: does a small call's time inclu
     echo "flush $f: rc=$?"; cat "$OUT/small_t_floor_flush_${f}_h200_${COMMIT:0:7}.log"
   done
   ws_gpu_tests head  # the package's gluon_ws paths at this commit
+fi
+if want l2b256; then  # step 32: the gathers' cp.async asking L2 for 256-byte blocks (a PTX rewrite)
+  TRITON_ALWAYS_COMPILE=1 PYTHONPATH=$PWD timeout 300 python3 experiments/ws_l2_256b.py \
+    --points ctx65536:128:64:512 ctx65536:64:128:1024 64:128:1024 256:64:512 16384:128:1024 \
+    > "$OUT/ws_l2_256b_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "l2b256: rc=$?"; cat "$OUT/ws_l2_256b_ab_h200_${COMMIT:0:7}.log"
 fi
 if want smallsink; then  # step 29: step 27 for gluon_ws_small (its sink loaded at an item's start)
   cp sparse_mla/gluon/hopper_ws_small.py /tmp/hopper_ws_small_before.py || exit 1
