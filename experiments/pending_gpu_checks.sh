@@ -39,7 +39,8 @@
 # (*_grid_e7f6083.log), suite and the grid again on b45fa3c (*b45fa3c*); in the twenty-eighth,
 # qprologue and smallsink on 1ddf06a (*1ddf06a*), qprologuepf on 584cafa (*584cafa*),
 # rangeprologue on ad742b8 (*ad742b8*): none kept, PERF_NOTES steps 28-31; flushkind on 6a54645
-# (*6a54645*), the grid on dead290 (*_grid_dead290.log).) Open: none.
+# (*6a54645*), the grid on dead290 (*_grid_dead290.log), l2b256 on 1974b67 (*1974b67*, not
+# kept, step 32).) Open: none.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
