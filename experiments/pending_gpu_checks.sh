@@ -40,12 +40,12 @@
 # qprologue and smallsink on 1ddf06a (*1ddf06a*), qprologuepf on 584cafa (*584cafa*),
 # rangeprologue on ad742b8 (*ad742b8*): none kept, PERF_NOTES steps 28-31; flushkind on 6a54645
 # (*6a54645*), the grid on dead290 (*_grid_dead290.log), l2b256 on 1974b67 (*1974b67*, not
-# kept, step 32).) Open: none.
+# kept, step 32).) Open: pairs (the twenty-eighth session's per-pair stamps, CPU-checked only).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -176,6 +176,10 @@
 #             L2 for 256-byte blocks (a PTX rewrite through Triton's stage hook) against the
 #             package kernel, in turns: whole lists T = 128 H64 and T = 64 H128, the grid's
 #             T = 64 H128 and T = 256 H64, T = 16384 H128 (about 3 minutes)
+#   pairs     ws_clk_now.py --pairs on whole lists (T = 128 H64, T = 64 H128: one long item an
+#             SM, where step 21 found ours ~6% slower a tile than FlashMLA): when pairs 1-3's
+#             buffer 0L comes back to the producer, when consumer 0 waits for it and when it has
+#             landed (about 1.5 minutes)
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -486,6 +490,11 @@ if want l2b256; then  # step 32: the gathers' cp.async asking L2 for 256-byte bl
     --points ctx65536:128:64:512 ctx65536:64:128:1024 64:128:1024 256:64:512 16384:128:1024 \
     > "$OUT/ws_l2_256b_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "l2b256: rc=$?"; cat "$OUT/ws_l2_256b_ab_h200_${COMMIT:0:7}.log"
+fi
+if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 128 H64 and T = 64 H128
+  TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \
+    --pairs --points ctx65536:128:64 ctx65536:64:128 > "$OUT/ws_clk_pairs_h200_${COMMIT:0:7}.log" 2>&1
+  echo "pairs: rc=$?"; cat "$OUT/ws_clk_pairs_h200_${COMMIT:0:7}.log"
 fi
 if want smallsink; then  # step 29: step 27 for gluon_ws_small (its sink loaded at an item's start)
   cp sparse_mla/gluon/hopper_ws_small.py /tmp/hopper_ws_small_before.py || exit 1

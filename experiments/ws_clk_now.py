@@ -13,6 +13,9 @@ us after the producer's start. Checked against the fp32 reference first. The sta
 call's time (both times are printed). On an H200, ~60 s, a Triton cache of its own:
 
     TRITON_CACHE_DIR=/tmp/clk PYTHONPATH=$PWD python experiments/ws_clk_now.py
+
+``--pairs --points ctx65536:128:64`` (twenty-eighth session): a long item's steady state, where
+step 21 found ours ~6% slower a tile than FlashMLA with one long item an SM.
 """
 
 from __future__ import annotations
@@ -161,9 +164,44 @@ EDITS = [
 ]
 
 
-def stamped_source(src: str) -> str:
-    """The kernel file with the stamps in."""
-    for anchor, new in EDITS:
+# ``--pairs``: a long item's steady state, pairs 1-3 of each program's first item: when the
+# producer has buffer 0's left half back (and gathers into it), when consumer 0 comes to wait
+# for that half (to issue the pair's S) and when the half has landed. Landed minus "wants" is
+# the consumer's wait for the gather; landed minus "free" the gather's latency.
+PAIR_NAMES = {
+    2: "P pair 1 0L free", 26: "C0 pair 1 wants 0L", 27: "C0 pair 1 0L landed",
+    3: "P pair 2 0L free", 28: "C0 pair 2 wants 0L", 29: "C0 pair 2 0L landed",
+    4: "P pair 3 0L free", 30: "C0 pair 3 wants 0L", 31: "C0 pair 3 0L landed",
+}  # fmt: skip
+PAIR_EDITS = [
+    (
+        "            mbarrier.wait(_bar(bars, FREE_0L), ph)\n",
+        "            mbarrier.wait(_bar(bars, FREE_0L), ph)\n"
+        "            if it == 0:\n"
+        "                if j == 1:\n                    _stamp(2, 0)\n"
+        "                elif j == 2:\n                    _stamp(3, 0)\n"
+        "                elif j == 3:\n                    _stamp(4, 0)\n",
+    ),
+    (
+        "                s = _qk_half(q_tile, buf0, bars, 0, READY_0L, ph ^ 1, s, False)\n",
+        "                if it == 0:\n"
+        "                    if j == 0:\n                        _stamp(26, 0)\n"
+        "                        mbarrier.wait(_bar(bars, READY_0L), ph ^ 1)\n"
+        "                        _stamp(27, 0)\n"
+        "                    elif j == 1:\n                        _stamp(28, 0)\n"
+        "                        mbarrier.wait(_bar(bars, READY_0L), ph ^ 1)\n"
+        "                        _stamp(29, 0)\n"
+        "                    elif j == 2:\n                        _stamp(30, 0)\n"
+        "                        mbarrier.wait(_bar(bars, READY_0L), ph ^ 1)\n"
+        "                        _stamp(31, 0)\n"
+        "                s = _qk_half(q_tile, buf0, bars, 0, READY_0L, ph ^ 1, s, False)\n",
+    ),
+]
+
+
+def stamped_source(src: str, pairs: bool = False) -> str:
+    """The kernel file with the stamps in (``pairs``: with :data:`PAIR_EDITS`' too)."""
+    for anchor, new in EDITS + (PAIR_EDITS if pairs else []):
         if src.count(anchor) != 1:
             raise SystemExit(f"anchor found {src.count(anchor)} times: {anchor[:70]!r}")
         src = src.replace(anchor, new)
@@ -172,11 +210,16 @@ def stamped_source(src: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", nargs="*", default=["64:64", "64:128"], metavar="T:H")
+    ap.add_argument("--points", nargs="*", default=["64:64", "64:128"], metavar="[ctx<N>:]T:H",
+                    help="ctx<N>: N tokens cached before the call (whole lists), as "
+                    "ws_bars_ab.py's points")  # fmt: skip
+    ap.add_argument("--pairs", action="store_true",
+                    help="also stamp pairs 1-3 of the first item (PAIR_NAMES)")  # fmt: skip
     args = ap.parse_args()
+    names = {**NAMES, **PAIR_NAMES} if args.pairs else NAMES
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "sparse_mla", "gluon", "hopper_ws.py")) as f:
-        src = stamped_source(f.read())
+        src = stamped_source(f.read(), args.pairs)
     path = os.path.join(tempfile.mkdtemp(), "hopper_ws_clk.py")
     with open(path, "w") as f:
         f.write(src)
@@ -191,12 +234,14 @@ def main() -> None:
     frozen = ab.only_known(variant[0])
     flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
     for p in args.points:
-        T, H = map(int, p.split(":"))
+        context = int(p.split(":", 1)[0][3:]) if p.startswith("ctx") else 0
+        T, H = map(int, p.split(":")[-2:])
         topk = 1024 if H >= 96 else 512
-        w = bench.GridPoint("dsv4_csa", T, H, topk, 0).build(dev, seed=0, sink=True,
-                                                             big_buffer=True)  # fmt: skip
+        w = bench.GridPoint("dsv4_csa", T, H, topk, context).build(dev, seed=0, sink=True,
+                                                                   big_buffer=True)  # fmt: skip
+        lists = f"whole lists (context {context})" if context else "short prompt"
         for label, wl in (("empty lists", dataclasses.replace(w, kv_indptr=torch.zeros_like(
-                w.kv_indptr))), ("short prompt", w)):  # fmt: skip
+                w.kv_indptr))), (lists, w)):  # fmt: skip
             q, kv, idx, indptr, scale = wl.args()
 
             def run(o, stamped, wl=wl, q=q, kv=kv, idx=idx, indptr=indptr, scale=scale):
@@ -234,7 +279,7 @@ def main() -> None:
             print(f"T={T} H={H} {label}: {progs} programs; stamped {ms[0] * 1e3:.2f} us, package "
                   f"{ms[1] * 1e3:.2f} us; clock {ghz:.3f} GHz; start skew "
                   f"{(max(starts) - min(starts)) / 1e3:.2f} us", flush=True)  # fmt: skip
-            ws_clk_probe.phases(rows, progs, ghz, NAMES)
+            ws_clk_probe.phases(rows, progs, ghz, names)
     op.set_plans_enabled(True)
 
 

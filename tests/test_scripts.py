@@ -162,3 +162,8 @@ def test_clock_probe_anchors_apply_to_the_current_kernel():
     assert set(ws_clk_now.NAMES) <= slots, "a printed stamp is never written"
     # the entry stamps come before the partitions start, the producer's after
     assert stamped.index("_stamp(24, 0)") < stamped.index("gl.warp_specialize(")
+    # --pairs: the steady-state stamps apply too and every one of them is written
+    paired = ws_clk_now.stamped_source(src, pairs=True)
+    slots = {int(m) for m in re.findall(r"_stamp\((\d+), ", paired)}
+    assert set(ws_clk_now.PAIR_NAMES) <= slots, "a printed pair stamp is never written"
+    assert not set(ws_clk_now.PAIR_NAMES) & set(ws_clk_now.NAMES), "two stamps share a slot"
