@@ -291,7 +291,11 @@ def sparse_mla_prefill(
             outside [0, N) are absent, as in CSR). K = 0 and all-absent rows give zeros. A
             view with other strides (e.g. ``topk_buf[:, :K]``) is copied to contiguous first.
             Every row is walked to its end: padding past a row's last valid id costs its tiles
-            (no row is gathered for them), so pass the narrowest K that holds the lists.
+            (no row is gathered for them), so pass the narrowest K that holds the lists. Rows
+            padded far past their lists (a top-k not yet full: up to 1.66x the CSR call's time
+            on the H200, docs/PERF_NOTES.md) are better packed to CSR first
+            (:func:`sparse_mla.indices.dense_to_csr`; with ``lengths`` and ``total`` it reads
+            nothing on the host).
             The kernels that read the dense form themselves (``dispatch.Kernel.dense_ids``)
             load a token's ids at row t x K with no kv_indptr hop; the others get the CSR form
             on the device, no host sync: the ids as they are and a kept [0, K, 2K, ...]
