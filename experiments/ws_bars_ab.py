@@ -124,13 +124,18 @@ def main() -> None:
     points = POINTS
     if args.points:
         points = tuple(parse_point(p) for p in args.points)
-    before = load_before(args.before)
-    dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.kernel}", flush=True)
+    run_points(points, load_before(args.before), args.repeat, args.kernel)
+
+
+def run_points(points, before, repeat: int = 1, kernel: str = "gluon_ws") -> None:
+    """:func:`point` at each of ``points`` ((kind, T, H, top-k, context)), ``repeat`` times,
+    with the module ``before``'s kernel as the other side; plans off meanwhile."""
+    dev = torch.device("cuda")
     op.set_plans_enabled(False)
     for kind, T, H, topk, context in points:
-        for _ in range(args.repeat):
-            print(point(kind, T, H, topk, context, before, dev, args.kernel), flush=True)
+        for _ in range(repeat):
+            print(point(kind, T, H, topk, context, before, dev, kernel), flush=True)
         torch.cuda.empty_cache()
     op.set_plans_enabled(True)
 

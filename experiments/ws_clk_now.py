@@ -234,8 +234,9 @@ def main() -> None:
     frozen = ab.only_known(variant[0])
     flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
     for p in args.points:
-        context = int(p.split(":", 1)[0][3:]) if p.startswith("ctx") else 0
-        T, H = map(int, p.split(":")[-2:])
+        kind, T, H, _, context = ab.parse_point(f"{p}:0")  # ws_bars_ab's form, top-k from H
+        if kind != "dsv4_csa":
+            raise SystemExit(f"points are [ctx<N>:]T:H (dsv4_csa), got {p!r}")
         topk = 1024 if H >= 96 else 512
         w = bench.GridPoint("dsv4_csa", T, H, topk, context).build(dev, seed=0, sink=True,
                                                                    big_buffer=True)  # fmt: skip

@@ -33,8 +33,6 @@ from triton import knobs
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ws_bars_ab as ab
 
-from sparse_mla import op
-
 COPY = "hopper_ws_l2_256b.py"
 COUNTS: list[int] = []
 
@@ -67,16 +65,9 @@ def main() -> None:
     shutil.copy(os.path.join(root, "sparse_mla", "gluon", "hopper_ws.py"), path)
     variant = ab.load_before(path)
     knobs.runtime.add_stages_inspection_hook = hook
-    dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, gluon_ws: package (after) "
           "against its gathers with .L2::256B (before)", flush=True)  # fmt: skip
-    op.set_plans_enabled(False)
-    for p in args.points:
-        kind, T, H, topk, context = ab.parse_point(p)
-        for _ in range(args.repeat):
-            print(ab.point(kind, T, H, topk, context, variant, dev), flush=True)
-        torch.cuda.empty_cache()
-    op.set_plans_enabled(True)
+    ab.run_points([ab.parse_point(p) for p in args.points], variant, args.repeat)
     if not COUNTS or min(COUNTS) == 0:
         raise SystemExit(
             f"the rewrite did not apply (cp.async lines rewritten per build: {COUNTS})"
