@@ -40,12 +40,13 @@
 # qprologue and smallsink on 1ddf06a (*1ddf06a*), qprologuepf on 584cafa (*584cafa*),
 # rangeprologue on ad742b8 (*ad742b8*): none kept, PERF_NOTES steps 28-31; flushkind on 6a54645
 # (*6a54645*), the grid on dead290 (*_grid_dead290.log), l2b256 on 1974b67 (*1974b67*, not
-# kept, step 32).) Open: pairs (the twenty-eighth session's per-pair stamps, CPU-checked only).
+# kept, step 32).) Open: pairs (the twenty-eighth session's per-pair stamps, CPU-checked only),
+# lengths (the twenty-ninth session's kv_lengths for dense ids, CPU-checked only).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -180,6 +181,12 @@
 #             SM, where step 21 found ours ~6% slower a tile than FlashMLA): when pairs 1-3's
 #             buffer 0L comes back to the producer, when consumer 0 waits for it and when it has
 #             landed (about 1.5 minutes)
+#   lengths   dense ids with their rows' lengths (kv_lengths, FlashMLA's topk_length; twenty-ninth
+#             session): tests/test_dense_lengths.py's GPU tests with the dense-ids and FP8 dense
+#             tests (every kernel, the plans, CUDA graphs), then the grid's providers default,
+#             default_dense, default_dense_len and FlashMLA at H 8-128 x T 64-16384 (about 6
+#             minutes with FlashMLA's build). Predicted: default_dense_len within 1.03 of
+#             default (CSR) everywhere, where default_dense was up to 1.66x at T = 4096
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -495,6 +502,19 @@ if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 12
   TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \
     --pairs --points ctx65536:128:64 ctx65536:64:128 > "$OUT/ws_clk_pairs_h200_${COMMIT:0:7}.log" 2>&1
   echo "pairs: rc=$?"; cat "$OUT/ws_clk_pairs_h200_${COMMIT:0:7}.log"
+fi
+if want lengths; then  # kv_lengths: the GPU tests, then dense with and without lengths timed
+  xdist
+  PYTHONPATH=$PWD:/tmp/site timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_dense_lengths.py tests/test_dense_ids.py tests/test_fp8_prefill.py -k "dense or lengths" \
+    > "$OUT/gpu_tests_lengths_${COMMIT:0:7}.log" 2>&1
+  echo "lengths tests: rc=$?"; tail -n 3 "$OUT/gpu_tests_lengths_${COMMIT:0:7}.log"
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 230 \
+    python3 -m sparse_mla.cli bench --grid --no-glm --heads 8,16,32,64,96,128 \
+    --tokens 64,256,1024,4096,16384 --providers default,default_dense,default_dense_len,flashmla \
+    --time-limit 200 --commit "${COMMIT:0:7}" --out "$OUT/nvidia-h200_dense_lengths.csv" \
+    > "$OUT/dense_lengths_grid_${COMMIT:0:7}.log" 2>&1
+  echo "lengths grid: rc=$?"; tail -n 3 "$OUT/dense_lengths_grid_${COMMIT:0:7}.log"
 fi
 if want smallsink; then  # step 29: step 27 for gluon_ws_small (its sink loaded at an item's start)
   cp sparse_mla/gluon/hopper_ws_small.py /tmp/hopper_ws_small_before.py || exit 1

@@ -21,6 +21,8 @@ clocks one particular other left. Providers:
 - ``default_dense``: ``config=None`` on the dense form of the same lists (``kv_indices`` [T, K],
   ``kv_indptr=None``), the -1-padded index matrix the FlashMLA provider receives (K the longest
   list rounded up to 128; built outside the timing); its config names the kernel and K;
+- ``default_dense_len``: the same with the rows' lengths (``kv_lengths``), as FlashMLA gets its
+  ``topk_length``;
 - ``torch``: :func:`torch_gather_prefill`, a plain PyTorch gather and two batched matmuls;
 - peers, when importable (their code is never part of the package; ``../shared/peers/``):
   ``flashmla``, DeepSeek's ``flash_mla.flash_mla_sparse_fwd`` (H 64 or 128; fewer heads are
@@ -176,7 +178,7 @@ DEFAULT_WORKLOADS = (
     "glm_h16_topk2048",
 )
 # The providers of a default run besides the package's registered kernels (provider_names()).
-PROVIDERS = ("default", "default_dense", "torch", "flashmla", "aiter")
+PROVIDERS = ("default", "default_dense", "default_dense_len", "torch", "flashmla", "aiter")
 # The grid (run_grid): CSA at every H x T, top-k 1024 from GRID_TOPK1024_FROM_H heads (V4-Pro's
 # 128 heads and the head counts between it and V4-Flash's 64), GLM full top-k 2048 at a few H.
 GRID_HEADS = (1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128)
@@ -793,10 +795,11 @@ def _default(w, device: torch.device) -> Prepared:
     return Prepared("default", call, cfg)
 
 
-def _default_dense(w, device: torch.device) -> Prepared:
+def _default_dense(w, device: torch.device, lengths: bool = False) -> Prepared:
     """``sparse_mla_prefill(..., config=None)`` on dense ids: the [T, K] int32 matrix, -1
     padded, that :func:`_flashmla` passes FlashMLA (:func:`_dense_topk`), with
-    ``kv_indptr=None``."""
+    ``kv_indptr=None`` (``default_dense``), and with ``lengths`` its rows' lengths as
+    ``kv_lengths``, FlashMLA's ``topk_length`` (``default_dense_len``)."""
     import dataclasses
 
     from . import dispatch
@@ -804,17 +807,19 @@ def _default_dense(w, device: torch.device) -> Prepared:
 
     q, kv, idx, indptr, scale = w.args()
     kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
-    dense, _ = _dense_topk(idx, indptr, kv2.shape[0], 128)
+    dense, n = _dense_topk(idx, indptr, kv2.shape[0], 128)
+    n = n if lengths else None
     call_info = dataclasses.replace(_dispatch_call(w, device), nnz=dense.numel())
     choice = _entry_choice(call_info)
     reads = "as they are" if dispatch.kernel(choice.kernel).dense_ids else "as CSR"
-    cfg = {"kernel": choice.kernel, "ids": f"dense [T, {dense.shape[1]}] {reads}",
-           **choice.launch_dict()}  # fmt: skip
+    ids = f"dense [T, {dense.shape[1]}]{' with lengths' if lengths else ''} {reads}"
+    cfg = {"kernel": choice.kernel, "ids": ids, **choice.launch_dict()}
 
     def call(out):
-        return sparse_mla_prefill(q, kv, dense, None, scale, attn_sink=w.attn_sink, out=out)
+        return sparse_mla_prefill(q, kv, dense, None, scale, attn_sink=w.attn_sink, out=out,
+                                  kv_lengths=n)  # fmt: skip
 
-    return Prepared("default_dense", call, cfg)
+    return Prepared("default_dense_len" if lengths else "default_dense", call, cfg)
 
 
 def _torch(w, device: torch.device) -> Prepared:
@@ -838,8 +843,8 @@ def _provider(name: str, w, device: torch.device, peers: Peers | None = None) ->
 
     if name == "default":
         return _default(w, device)
-    if name == "default_dense":
-        return _default_dense(w, device)
+    if name in ("default_dense", "default_dense_len"):
+        return _default_dense(w, device, lengths=name == "default_dense_len")
     if name == "torch":
         return _torch(w, device)
     if name in _FLASHMLA_NAMES:
@@ -1065,10 +1070,10 @@ def _aiter_candidates(w, device: torch.device, mod) -> list[Prepared]:
 
 def provider_names() -> tuple[str, ...]:
     """Every provider name: the package's registered kernels, ``default``, ``default_dense``,
-    ``torch`` and the peers (FlashMLA, aiter)."""
+    ``default_dense_len``, ``torch`` and the peers (FlashMLA, aiter)."""
     from . import dispatch
 
-    return (*dispatch.KERNELS, "default", "default_dense", "torch", "flashmla", "aiter")
+    return (*dispatch.KERNELS, *PROVIDERS)
 
 
 def _token_slices(num_tokens: int, check_tokens: int) -> list[tuple[int, int]]:
@@ -1594,11 +1599,12 @@ def grid_points(
 
 def grid_providers() -> tuple[str, ...]:
     """A grid run's default providers: every registered package kernel, ``default``,
-    ``default_dense`` (config=None on FlashMLA's dense ids) and FlashMLA (``torch`` and
-    ``aiter`` only when asked for: they are slow to time)."""
+    ``default_dense`` and ``default_dense_len`` (config=None on FlashMLA's dense ids, without
+    and with their lengths) and FlashMLA (``torch`` and ``aiter`` only when asked for: they are
+    slow to time)."""
     from . import dispatch
 
-    return (*dispatch.KERNELS, "default", "default_dense", "flashmla")
+    return (*dispatch.KERNELS, "default", "default_dense", "default_dense_len", "flashmla")
 
 
 def run_grid(
@@ -1702,7 +1708,7 @@ def _point_summary(rows: Sequence[Mapping[str, Any]], chosen: Sequence[str]) -> 
         shown = f"{r['provider']} {r['ms']:.4g}" if r.get("ok") and r.get("ms") else (
             f"{r['provider']} FAIL")  # fmt: skip
         cfg = r.get("config")
-        if prov in ("default", "default_dense") and isinstance(cfg, Mapping) and cfg.get("kernel"):
+        if prov.startswith("default") and isinstance(cfg, Mapping) and cfg.get("kernel"):
             shown += f" ({cfg['kernel']})"
         parts.append(shown)
     floor = next((r["floor_ms"] for r in rows if r.get("floor_ms")), None)

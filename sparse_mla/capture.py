@@ -739,7 +739,10 @@ _POSITIONAL = ("q", "kv", "kv_indices", "kv_indptr", "softmax_scale", "attn_sink
 
 
 def default_extract(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """Map a call's arguments to capture operands (``sparse_mla_prefill``'s order and names)."""
+    """Map a call's arguments to capture operands (``sparse_mla_prefill``'s order and names).
+    ``sparse_mla_prefill``'s dense form (kv_indices [T, K], kv_indptr None or left out, the
+    rows' ``kv_lengths`` if given) is recorded as the CSR lists it means, made by the package's
+    :func:`~sparse_mla.indices.dense_to_csr` (an absent id stays absent)."""
     found: dict[str, Any] = dict(zip(_POSITIONAL, args, strict=False))
     for key, names in _ARG_NAMES.items():
         if key in found:
@@ -748,6 +751,13 @@ def default_extract(args: tuple, kwargs: dict) -> dict[str, Any]:
             if n in kwargs:
                 found[key] = kwargs[n]
                 break
+    ids = found.get("kv_indices")
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and found.get("kv_indptr") is None:
+        from .indices import dense_to_csr
+
+        kv = found.get("kv")
+        n = kv.shape[0] if isinstance(kv, torch.Tensor) else None
+        found["kv_indices"], found["kv_indptr"] = dense_to_csr(ids, kwargs.get("kv_lengths"), n)
     missing = [k for k in _POSITIONAL[:-1] if k not in found]
     if missing:
         raise ValueError(f"cannot find {missing} among the call's arguments; pass extract=")

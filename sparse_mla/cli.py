@@ -1160,10 +1160,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--providers",
         default=None,
-        help="comma-separated (default: all; --grid: the package's kernels, default and "
-        "flashmla): the package's kernels (every registered name), default (what config=None "
-        "runs), torch, and the peers flashmla and aiter when importable (a missing peer is a "
-        "log line, no row)",
+        help="comma-separated (default: all; --grid: the package's kernels, default, "
+        "default_dense, default_dense_len and flashmla): the package's kernels (every "
+        "registered name), default (what config=None runs), default_dense and "
+        "default_dense_len (config=None on FlashMLA's -1 padded [T, K] ids, without and with "
+        "the rows' lengths), torch, and the peers flashmla and aiter when importable (a "
+        "missing peer is a log line, no row)",
     )
     p.add_argument(
         "--budget-ms",

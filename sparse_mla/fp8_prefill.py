@@ -43,9 +43,18 @@ import triton.language as tl
 from . import dispatch, fastlaunch, runtime
 from .configs import PrefillConfig
 from .fp8 import D_NOPE, HEAD_DIM, KV_FORMAT, NUM_TILES, ROW_BYTES, TILE, FP8Cache
-from .prefill import _LOG2E, _fold_sink, _mma, _no_sink, _round_to, _softmax_tile, resolve_config
+from .prefill import (
+    _LOG2E,
+    _csr_for,
+    _fold_sink,
+    _mma,
+    _no_sink,
+    _round_to,
+    _softmax_tile,
+    resolve_config,
+)  # fmt: skip
 from .prefill import default_config as prefill_default_config
-from .validation import _dense_launch_csr, _shares_memory, validate_inputs
+from .validation import _shares_memory, _slot_lists, validate_inputs
 
 __all__ = ["NAME", "compile_args", "default_config", "sparse_mla_prefill_fp8"]
 
@@ -315,7 +324,7 @@ def compile_args(target: str, *, num_heads: int = 16, config=None, index_dtype=t
 
 def sparse_mla_prefill_fp8(
     q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None, out=None,
-    config=None, validate=None,
+    config=None, validate=None, kv_lengths=None,
 ):  # fmt: skip
     """:func:`sparse_mla.sparse_mla_prefill` with ``kv`` an :class:`~sparse_mla.fp8.FP8Cache`.
 
@@ -323,13 +332,22 @@ def sparse_mla_prefill_fp8(
         q: [T, H, 512] bf16 (448 NoPE + 64 RoPE).
         cache: the FP8 cache; slot s is valid iff 0 <= s < num_blocks x block_size.
         the rest: as :func:`sparse_mla.sparse_mla_prefill` (CSR, or dense [T, K] ids with
-            ``kv_indptr=None``; sink, ``out=``, validation; ``config`` a PrefillConfig / dict /
-            ``dispatch.Choice``).
+            ``kv_indptr=None`` and optionally their rows' ``kv_lengths``; sink, ``out=``,
+            validation; ``config`` a PrefillConfig / dict / ``dispatch.Choice``).
 
     Returns:
         out [T, H, 512] bf16: attention over the dequantized rows (:func:`sparse_mla.fp8.
         dequantize`); zeros for a token with no valid slot.
     """
+    kv_indptr = _slot_lists(kv_indices, kv_indptr, kv_lengths)
+    return _prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
+                        validate)  # fmt: skip
+
+
+def _prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
+                 validate):  # fmt: skip
+    """:func:`sparse_mla_prefill_fp8` on the op's form of the lists (dense rows' lengths in
+    ``kv_indptr``'s place, :mod:`sparse_mla.validation`)."""
     x, choice = _checked(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
                          validate)  # fmt: skip
     if out is None:
@@ -372,10 +390,8 @@ def _launch(x, cache: FP8Cache, choice: dispatch.Choice, out) -> None:
     if cache.num_slots == 0:
         out.zero_()
         return
-    ids, ptr = x.kv_indices, x.kv_indptr
     k = dispatch.kernel(choice.kernel)
-    if ptr is None and not k.dense_ids:
-        ids, ptr = _dense_launch_csr(ids)  # dense [T, K] ids: a kept CSR kv_indptr
+    ids, ptr = _csr_for(k, x.kv_indices, x.kv_indptr)  # dense ids as CSR where k reads CSR only
     k.run(x.q, cache, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
 
 

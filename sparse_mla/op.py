@@ -22,6 +22,9 @@ the real kernel turns it back into the object the caller passed (:func:`config_o
 
 Dense slot lists (``kv_indices`` [T, K], ``kv_indptr=None``) take the same operator: its
 ``kv_indptr`` is optional (``Tensor?``), and the fake kernel, which writes nothing, is the same.
+With the rows' lengths (the entry's ``kv_lengths``) the op gets them in ``kv_indptr``'s place:
+a 2-D ``kv_indices`` tells them apart from CSR (:mod:`sparse_mla.validation`). Plans key on
+both tensors' layouts, so the three forms never share one.
 
 ``validate`` under compile: the operator's real kernel runs at run time with real tensors, so
 ``validate=True`` (or ``SPARSE_MLA_VALIDATE=1``) checks ``kv_indptr``'s values there, outside
@@ -446,8 +449,8 @@ def _replayable(p, q, pool, kv_indices, kv_indptr, attn_sink, out, validate) -> 
             p.layout, q, pool, kv_indices, kv_indptr, attn_sink, out))
     ):  # fmt: skip
         return False
-    if kv_indptr is not None and _value_check(validate, q):  # (dense ids: no values to check)
-        validation.check_indptr(kv_indptr, kv_indices.numel())
+    if kv_indptr is not None and _value_check(validate, q):  # (or the dense rows' lengths)
+        validation.check_ptr_values(kv_indices, kv_indptr)
     return True
 
 
@@ -581,12 +584,10 @@ def prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=Non
     function directly, which raises the named error."""
     data = cache.data
     if not _prefill._op_args(q, data, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
-        from .fp8_prefill import sparse_mla_prefill_fp8
+        from .fp8_prefill import _prefill_fp8
 
-        return sparse_mla_prefill_fp8(
-            q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
-            config=config, validate=validate,
-        )  # fmt: skip
+        return _prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+                            config, validate)  # fmt: skip
     spec = None if config is None else spec_of(config)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -661,12 +662,11 @@ def _fp8_full(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
     """The FP8 op's full path: the FP8Cache (its checks run here, on the real tensor), then the
     FP8 entry's checks, choice and launch."""
     from .fp8 import FP8Cache
-    from .fp8_prefill import sparse_mla_prefill_fp8
+    from .fp8_prefill import _prefill_fp8
 
-    sparse_mla_prefill_fp8(
-        q, FP8Cache(kv_cache, block_size), kv_indices, kv_indptr, softmax_scale,
-        attn_sink=attn_sink, out=out, config=None if config is None else config_object(config),
-        validate=_value_check(validate, q),
+    _prefill_fp8(
+        q, FP8Cache(kv_cache, block_size), kv_indices, kv_indptr, softmax_scale, attn_sink, out,
+        None if config is None else config_object(config), _value_check(validate, q),
     )  # fmt: skip
 
 

@@ -2,7 +2,8 @@
 the kernels the entry can run (registered with :mod:`sparse_mla.dispatch`, which picks one).
 
 One program owns one token and a block of BLOCK_H heads. It walks the token's slot list (its CSR
-range, or under ``DENSE_IDS`` row t of the dense [T, K] ids, with no kv_indptr load) BLOCK_K
+range, or under ``DENSE_IDS`` row t of the dense [T, K] ids, with no kv_indptr load; under
+``DENSE_IDS`` = 2 only the row's first kv_lengths[t] ids, one load from the lengths) BLOCK_K
 slots at a time: load the slot ids (the next tile's ids are fetched one iteration ahead), gather
 the KV rows masked by validity, S = Q K^T, online softmax (running max ``m_i``, denominator
 ``l_i``, fp32 accumulator ``acc``), P cast to the KV dtype for P V. The sink joins the softmax at
@@ -18,10 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configs, dispatch, fastlaunch, op, runtime
+from . import configs, dispatch, fastlaunch, op, runtime, validation
 from .configs import PrefillConfig
 from .fp8 import FP8Cache
-from .validation import _dense_launch_csr, validate_inputs
+from .validation import _dense_launch_csr, dense_lengths_csr, validate_inputs
 
 __all__ = ["PrefillConfig", "default_config", "resolve_config", "sparse_mla_prefill"]
 
@@ -113,7 +114,7 @@ def _sparse_mla_prefill_kernel(
     q_ptr,  # [T, H, D]
     kv_ptr,  # [N, D]
     idx_ptr,  # [nnz] int32 | int64 (DENSE_IDS: [T, ids_per_row], contiguous)
-    indptr_ptr,  # [T + 1] (unused under DENSE_IDS)
+    indptr_ptr,  # [T + 1] (DENSE_IDS 1: unused; 2: the rows' lengths [T])
     sink_ptr,  # [H] fp32 (unused without HAS_SINK)
     out_ptr,  # [T, H, D]
     stride_qt,
@@ -135,7 +136,7 @@ def _sparse_mla_prefill_kernel(
     USE_EXP2: tl.constexpr,
     PREFETCH_KV: tl.constexpr,
     INTERP_BF16: tl.constexpr,
-    DENSE_IDS: tl.constexpr = False,
+    DENSE_IDS: tl.constexpr = False,  # 0/False: CSR; 1/True: dense rows; 2: with lengths
 ):
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
@@ -155,6 +156,9 @@ def _sparse_mla_prefill_kernel(
         # Dense ids: token t's list is row t of [T, K], known without a load.
         start = pid_t * ids_per_row
         end = start + ids_per_row
+        if DENSE_IDS == 2:  # the row's first kv_lengths[t] ids, clamped to [0, K]
+            n = tl.load(indptr_ptr + pid_t).to(tl.int64)
+            end = start + tl.minimum(tl.maximum(n, 0), ids_per_row)
     else:
         # Clamped so that no kv_indptr, checked or not, reads outside kv_indices: a decreasing
         # pair or a range past nnz leaves the token the in-bounds part of its list (or nothing).
@@ -271,10 +275,11 @@ def sparse_mla_prefill(
     out: torch.Tensor | None = None,
     config: PrefillConfig | dict[str, Any] | None = None,
     validate: bool | None = None,
+    kv_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sparse MLA prefill attention: each token attends to its own list of pool slots, given as
     CSR (``kv_indices`` [nnz] + ``kv_indptr`` [T+1]) or dense (``kv_indices`` [T, K],
-    ``kv_indptr=None``).
+    ``kv_indptr=None``, optionally with the rows' lengths ``kv_lengths``).
 
     Args:
         q: [T, H, D] fp16 or bf16 (any strides; a last dim with stride != 1 is copied).
@@ -290,16 +295,16 @@ def sparse_mla_prefill(
             ``kv_indices[t, :]`` (an engine's top-k output, -1 padded: -1 and any other id
             outside [0, N) are absent, as in CSR). K = 0 and all-absent rows give zeros. A
             view with other strides (e.g. ``topk_buf[:, :K]``) is copied to contiguous first.
-            Every row is walked to its end: padding past a row's last valid id costs its tiles
-            (no row is gathered for them), so pass the narrowest K that holds the lists. Rows
-            padded far past their lists (a top-k not yet full: up to 1.66x the CSR call's time
-            on the H200, docs/PERF_NOTES.md) are better packed to CSR first
-            (:func:`sparse_mla.indices.dense_to_csr`; with ``lengths`` and ``total`` it reads
-            nothing on the host).
+            Without ``kv_lengths`` every row is walked to its end: padding past a row's last
+            valid id costs its tiles (no row is gathered for them; rows padded far past their
+            lists took up to 1.66x the CSR call's time on the H200, docs/PERF_NOTES.md). Pass
+            the rows' lengths when the engine has them (FlashMLA's ``topk_length``).
             The kernels that read the dense form themselves (``dispatch.Kernel.dense_ids``)
-            load a token's ids at row t x K with no kv_indptr hop; the others get the CSR form
-            on the device, no host sync: the ids as they are and a kept [0, K, 2K, ...]
-            kv_indptr (:func:`sparse_mla.validation.dense_as_csr` says what it is).
+            load a token's ids at row t x K with no kv_indptr hop (and its length, one load,
+            with ``kv_lengths``); the others get the CSR form on the device, no host sync: the
+            ids as they are and a kept [0, K, 2K, ...] kv_indptr
+            (:func:`sparse_mla.validation.dense_as_csr`), or with ``kv_lengths`` the lists
+            packed by a few torch ops (:func:`sparse_mla.validation.dense_lengths_csr`).
         kv_indptr: [T+1] int32 or int64: token t uses kv_indices[kv_indptr[t]:kv_indptr[t+1]].
             Entries must satisfy 0 <= kv_indptr[0] <= ... <= kv_indptr[T] <= nnz (the first
             may be above 0: the tokens use a window of kv_indices). None: the dense form.
@@ -313,11 +318,15 @@ def sparse_mla_prefill(
             (:mod:`sparse_mla.dispatch`). Given, it forces a kernel and launch: a PrefillConfig
             or a dict of its fields (Triton), a ``GluonConfig`` (Gluon), or a
             ``dispatch.Choice`` naming any registered kernel.
-        validate: check kv_indptr's values on the host (the dense form has none to check).
+        validate: check kv_indptr's (or kv_lengths') values on the host.
             None (default): for CPU tensors, and
             for GPU tensors only when ``SPARSE_MLA_VALIDATE=1`` (checking them costs a sync).
             Under ``torch.compile`` the check runs when the graph runs (inside the op), never
             at trace time; inside a CUDA-graph capture it is skipped (:mod:`sparse_mla.op`).
+        kv_lengths: dense form only: [T] int32 or int64, token t's list is
+            ``kv_indices[t, :kv_lengths[t]]`` (FlashMLA's ``topk_length``); ids past it are
+            never read. 0 <= kv_lengths[t] <= K, checked as kv_indptr is (``validate``);
+            unchecked, the kernels clamp each length to [0, K].
 
     Returns:
         out: [T, H, D] in q's dtype. A token with no valid slot gets zeros, whatever the sink
@@ -337,6 +346,7 @@ def sparse_mla_prefill(
     """
     if softmax_scale is None:
         raise TypeError("sparse_mla_prefill: softmax_scale is required (e.g. head_dim ** -0.5)")
+    kv_indptr = validation._slot_lists(kv_indices, kv_indptr, kv_lengths)
     if isinstance(kv, FP8Cache):  # torch.ops.sparse_mla.prefill_fp8: the FP8 kernels
         return op.prefill_fp8(
             q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
@@ -408,10 +418,19 @@ def _prefill_impl(
     if kv2.shape[0] == 0:
         out.zero_()  # every slot is invalid: every token is empty
         return
-    ids, ptr = x.kv_indices, x.kv_indptr
-    if ptr is None and not k.dense_ids:  # dense ids for a kernel that reads CSR only
-        ids, ptr = _dense_launch_csr(ids)  # kept kv_indptr, no torch op: plans replay it
+    ids, ptr = _csr_for(k, x.kv_indices, x.kv_indptr)
     k.run(q, kv2, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
+
+
+def _csr_for(k: dispatch.Kernel, ids, ptr):
+    """The slot lists as kernel ``k`` takes them: as they are, or dense ids as CSR for a kernel
+    that reads CSR only (no host sync either way)."""
+    form = validation.dense_form(ids, ptr)
+    if form == 0 or k.dense_ids:
+        return ids, ptr
+    if form == 1:
+        return _dense_launch_csr(ids)  # kept kv_indptr, no torch op: plans replay it
+    return dense_lengths_csr(ids, ptr)  # lengths: packed (torch ops: no plan)
 
 
 op.register_impl(_prefill_impl)
@@ -424,19 +443,23 @@ def _arch_of(q: torch.Tensor) -> str | None:
 
 def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg: PrefillConfig):
     """Launch the Triton kernel on validated, non-empty inputs (``kv2`` is [N, D]); CSR, or
-    dense [T, K] ids with ``kv_indptr`` None (``DENSE_IDS``: row t at t x K, no indptr load)."""
+    dense [T, K] ids with ``kv_indptr`` None (``DENSE_IDS``: row t at t x K, no indptr load) or
+    their rows' lengths [T] (``DENSE_IDS`` = 2)."""
     T, H, D = q.shape
     interpret = runtime.runs_interpreted(q)
     has_sink = attn_sink is not None
-    dense = kv_indptr is None
+    dense = validation.dense_form(kv_indices, kv_indptr)
     kw = _triton_launch(cfg, H, D, has_sink, interpret and q.dtype == torch.bfloat16, interpret,
                         dense)  # fmt: skip
     qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
     sink = attn_sink if has_sink else _no_sink(q.device)
     grid = (T, runtime.cdiv(H, cfg.BLOCK_H))
     (qs0, qs1, _), (os0, os1, _) = q.stride(), out.stride()
-    # Dense: kv_indices stands in for the unused kv_indptr pointer; ids_per_row is K.
-    ptr, per_row = (kv_indices, kv_indices.shape[1]) if dense else (kv_indptr, 0)
+    # Dense: ids_per_row is K; kv_indices stands in for the unused kv_indptr pointer, or the
+    # lengths take its place.
+    ptr, per_row = kv_indptr, 0
+    if dense:
+        ptr, per_row = (kv_indices if kv_indptr is None else kv_indptr), kv_indices.shape[1]
     args = (q, kv2, kv_indices, ptr, sink, out, qs0, qs1, kv2.stride(0), os0, os1,
             H, D, kv2.shape[0], kv_indices.numel(), qk_scale, per_row)  # fmt: skip
     if interpret:
@@ -448,9 +471,10 @@ def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cf
 
 @functools.lru_cache(maxsize=1024)
 def _triton_launch(cfg: PrefillConfig, H: int, D: int, has_sink: bool, interp_bf16: bool,
-                   interpret: bool, dense: bool = False) -> dict[str, Any]:  # fmt: skip
+                   interpret: bool, dense: int = 0) -> dict[str, Any]:  # fmt: skip
     """The constexprs and options of a Triton launch (cached: they depend on no tensor).
-    ``DENSE_IDS`` is passed only when set, so a CSR launch is the kernel it always was."""
+    ``DENSE_IDS`` (``dense``: 1 dense rows, 2 with their lengths) is passed only when set, so a
+    CSR launch is the kernel it always was."""
     block_d = triton.next_power_of_2(D)
     even_hd = _even_hd_ok(cfg, H, D, block_d) if cfg.EVEN_HD is None else cfg.EVEN_HD
     options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
@@ -458,7 +482,7 @@ def _triton_launch(cfg: PrefillConfig, H: int, D: int, has_sink: bool, interp_bf
         "BLOCK_H": cfg.BLOCK_H, "BLOCK_K": cfg.BLOCK_K, "BLOCK_D": block_d,
         "HAS_SINK": has_sink, "EVEN_HD": even_hd, "USE_EXP2": cfg.USE_EXP2,
         "PREFETCH_KV": cfg.PREFETCH_KV, "INTERP_BF16": interp_bf16,
-        **({"DENSE_IDS": True} if dense else {}), **options,
+        **({"DENSE_IDS": True if dense == 1 else dense} if dense else {}), **options,
     }  # fmt: skip
 
 

@@ -5,7 +5,8 @@ b attends to the pool slots kv_indices[kv_indptr[b]:kv_indptr[b+1]]; logits = (q
 q_pe·k_pe) * sm_scale, and the output is P·kv_c (the latent row is the value).
 
 ``sparse_mla_prefill_ref`` defines the operator of DESIGN.md §2, for CSR slot lists and for the
-dense [T, K] form (``kv_indptr=None``: row t is token t's list). It is vectorised over tokens
+dense [T, K] form (``kv_indptr=None``: row t is token t's list, or its first ``kv_lengths[t]``
+ids). It is vectorised over tokens
 and chunked so that a 16k-token call fits in memory: each chunk gathers its tokens' slots into a
 padded ``[chunk, L, D]`` block, where ``L`` is the longest slot list in the chunk.
 
@@ -48,10 +49,15 @@ def _slot_matrix(kv_indices, kv_indptr, t0, t1, num_kv):
     return torch.where(valid, slots, torch.zeros_like(slots)), valid
 
 
-def _slot_matrix_dense(kv_indices, t0, t1, num_kv):
-    """:func:`_slot_matrix` of the dense form: row t of kv_indices [T, K] is token t's list."""
+def _slot_matrix_dense(kv_indices, t0, t1, num_kv, kv_lengths=None):
+    """:func:`_slot_matrix` of the dense form: row t of kv_indices [T, K] is token t's list (its
+    first kv_lengths[t] ids, clamped to [0, K], when given)."""
     slots = kv_indices[t0:t1].to(torch.int64)
     valid = (slots >= 0) & (slots < num_kv)
+    if kv_lengths is not None:
+        n = kv_lengths[t0:t1].to(device=slots.device, dtype=torch.int64)
+        col = torch.arange(slots.shape[1], device=slots.device)
+        valid &= col[None, :] < n[:, None]
     return torch.where(valid, slots, torch.zeros_like(slots)), valid
 
 
@@ -84,6 +90,7 @@ def sparse_mla_prefill_ref(
     attn_sink: torch.Tensor | None = None,
     upcast: bool = True,
     chunk_tokens: int | None = None,
+    kv_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sparse MLA prefill, computed plainly in PyTorch.
 
@@ -99,6 +106,8 @@ def sparse_mla_prefill_ref(
             in q's dtype (logits and P·V in that dtype, softmax in fp32 then rounded), the
             "plain PyTorch in the same dtype" baseline of the error rule.
         chunk_tokens: tokens per chunk (default: sized so a chunk's gather stays ~256 MiB).
+        kv_lengths: dense form only: [T] rows' lengths, token t's list is
+            ``kv_indices[t, :kv_lengths[t]]`` (a length outside [0, K] is clamped to it).
 
     Returns:
         [T, H, D] output, fp32 when ``upcast`` else q's dtype. Tokens with no valid slot get 0.
@@ -115,6 +124,8 @@ def sparse_mla_prefill_ref(
     dense = kv_indptr is None
     if dense and kv_indices.dim() != 2:
         raise ValueError(f"kv_indptr=None needs dense kv_indices [T, K], got {kv_indices.shape}")
+    if kv_lengths is not None and not dense:
+        raise ValueError("kv_lengths goes with the dense form (kv_indptr=None)")
     if chunk_tokens is None:
         if dense:
             longest = max(kv_indices.shape[1], 1)
@@ -125,7 +136,7 @@ def sparse_mla_prefill_ref(
     for t0 in range(0, T, chunk_tokens):
         t1 = min(T, t0 + chunk_tokens)
         if dense:
-            slots, valid = _slot_matrix_dense(kv_indices, t0, t1, N)
+            slots, valid = _slot_matrix_dense(kv_indices, t0, t1, N, kv_lengths)
         else:
             slots, valid = _slot_matrix(kv_indices, kv_indptr, t0, t1, N)
         if slots.shape[1] == 0:
@@ -218,10 +229,11 @@ def check_against_reference(
     attn_sink: torch.Tensor | None = None,
     factor: float = 2.0,
     atol: float = 1e-5,
+    kv_lengths: torch.Tensor | None = None,
 ) -> ErrorReport:
     """Error report of a prefill output against the fp32 reference (2x-PyTorch rule); CSR or,
-    with ``kv_indptr=None``, dense [T, K] ids."""
-    kwargs = dict(attn_sink=attn_sink)
+    with ``kv_indptr=None``, dense [T, K] ids (and their rows' ``kv_lengths``)."""
+    kwargs = dict(attn_sink=attn_sink, kv_lengths=kv_lengths)
     ref = sparse_mla_prefill_ref(q, kv, kv_indices, kv_indptr, softmax_scale, **kwargs)
     base = sparse_mla_prefill_ref(
         q, kv, kv_indices, kv_indptr, softmax_scale, upcast=False, **kwargs

@@ -11,6 +11,14 @@ Two forms of the slot lists: CSR (``kv_indices`` [nnz] with ``kv_indptr`` [T+1])
 other id outside [0, N) absent, as an engine's top-k output is). :func:`dense_as_csr` turns the
 dense form into CSR on its device (no host sync) for a kernel that reads only CSR.
 
+Dense ids may come with per-row lengths (the entry's ``kv_lengths``, FlashMLA's
+``topk_length``): token t's list is then ``kv_indices[t, :kv_lengths[t]]``. Below the entry they
+travel in ``kv_indptr``'s place: at the entry (CSR needs a 1-D ``kv_indices``) a 2-D
+``kv_indices`` with a ``kv_indptr`` tensor means dense ids and their [T] lengths; at a launch,
+where dense rows may also be handed over as CSR with a kept kv_indptr of T + 1 or more entries,
+:func:`dense_form` tells the three forms apart. :func:`dense_lengths_csr` packs dense rows with
+lengths into CSR on the device for a kernel that reads only CSR.
+
 ``kv_indptr`` values are checked on the host when that costs no device sync: always for CPU
 tensors, and for GPU tensors with ``validate=True`` or ``SPARSE_MLA_VALIDATE=1`` in the
 environment (read per call). The kernels also clamp each token's CSR range to
@@ -29,7 +37,10 @@ import torch
 from ._consts import LOG2E as _LOG2E
 from ._env import getenv
 
-__all__ = ["ENV_VALIDATE", "Inputs", "check_indptr", "dense_as_csr", "validate_inputs"]
+__all__ = [
+    "ENV_VALIDATE", "Inputs", "check_indptr", "check_lengths", "check_ptr_values", "dense_as_csr",
+    "dense_form", "dense_lengths_csr", "validate_inputs",
+]  # fmt: skip
 
 ENV_VALIDATE = "SPARSE_MLA_VALIDATE"
 FLOAT_TYPES = (torch.float16, torch.bfloat16)
@@ -43,8 +54,9 @@ class Inputs:
 
     q: torch.Tensor  # [T, H, D], last-dim stride 1
     kv: torch.Tensor  # [N, D], last-dim stride 1 (when N > 0)
-    kv_indices: torch.Tensor  # [nnz] (CSR) or [T, K] (dense: kv_indptr None), contiguous
-    kv_indptr: torch.Tensor | None  # [T + 1], contiguous; None: kv_indices is dense [T, K]
+    kv_indices: torch.Tensor  # [nnz] (CSR) or [T, K] (dense), contiguous
+    # CSR: [T + 1], contiguous. Dense kv_indices: None, or the rows' lengths [T], contiguous.
+    kv_indptr: torch.Tensor | None
     softmax_scale: float
     attn_sink: torch.Tensor | None  # [H] fp32, contiguous
     out: torch.Tensor | None  # the caller's buffer, as given
@@ -112,6 +124,55 @@ def check_indptr(kv_indptr: torch.Tensor, nnz: int, name: str = "kv_indptr") -> 
             f"{name}[-1] = {last} is past the end of kv_indices ({nnz} entries); it would read "
             "outside kv_indices"
         )
+
+
+def check_lengths(kv_lengths: torch.Tensor, width: int, name: str = "kv_lengths") -> None:
+    """Raise ValueError unless 0 <= kv_lengths[t] <= width (K, the dense ids' row length) for
+    every t. Reads the values, as :func:`check_indptr` does."""
+    n = kv_lengths.detach().to(device="cpu", dtype=torch.int64)
+    if n.numel() == 0:
+        return
+    bad = ((n < 0) | (n > width)).nonzero()
+    if bad.numel():
+        t = int(bad[0])
+        raise ValueError(
+            f"{name}[{t}] = {int(n[t])} is outside [0, K = {width}] (K: kv_indices' row length)"
+        )
+
+
+def check_ptr_values(kv_indices: torch.Tensor, kv_indptr: torch.Tensor) -> None:
+    """The value check of a validated call's ``kv_indptr``: :func:`check_indptr` for CSR,
+    :func:`check_lengths` for dense ids' lengths (a 2-D ``kv_indices``)."""
+    if kv_indices.dim() == 2:
+        check_lengths(kv_indptr, kv_indices.shape[1])
+    else:
+        check_indptr(kv_indptr, kv_indices.numel())
+
+
+def _slot_lists(kv_indices, kv_indptr, kv_lengths):
+    """What the op takes in ``kv_indptr``'s place: kv_indptr (CSR), None (dense) or the dense
+    rows' lengths (:mod:`sparse_mla.validation` says why they share it). Raises ValueError when
+    the three do not make one of those forms."""
+    dense = isinstance(kv_indices, torch.Tensor) and kv_indices.dim() == 2
+    if kv_lengths is not None:
+        if kv_indptr is not None:
+            raise ValueError(
+                "kv_lengths goes with the dense form (kv_indices [T, K], kv_indptr=None), but a "
+                "kv_indptr was given too"
+            )
+        if not dense:
+            raise ValueError(
+                f"kv_lengths goes with dense [T, K] kv_indices, got "
+                f"{_desc(kv_indices)} (a CSR list's lengths are in its kv_indptr)"
+            )
+        return kv_lengths
+    if kv_indptr is not None and dense:
+        raise ValueError(
+            f"kv_indices is 2-D {tuple(kv_indices.shape)} (the dense [T, K] form) but a "
+            "kv_indptr was given: pass kv_indptr=None for the dense form (and the rows' "
+            "lengths, if any, as kv_lengths), or a 1-D kv_indices with kv_indptr (CSR)"
+        )
+    return kv_indptr
 
 
 def _wants_value_check(validate: bool | None, device: torch.device) -> bool:
@@ -242,7 +303,7 @@ def validate_inputs(
                  or not _overlaps_known(layout, q, kv, kv_indices, kv_indptr, attn_sink, out))
         ):  # fmt: skip
             if kv_indptr is not None and _wants_value_check(validate, q.device):
-                check_indptr(kv_indptr, kv_indices.numel())
+                check_ptr_values(kv_indices, kv_indptr)
             return Inputs(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out)
     x = _validate_inputs(
         q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
@@ -323,15 +384,20 @@ def _validate_inputs(
             f"{nkv} must have a contiguous last dim (stride 1), got strides {kv.stride()} "
             "(copying the pool per call would cost more than the kernel)"
         )
-    if kv_indptr is None:
+    dense = kv_indptr is None or (isinstance(kv_indices, torch.Tensor) and kv_indices.dim() == 2)
+    if dense:
         _check_dense_ids(kv_indices, T)
+        if kv_indptr is not None:  # the rows' lengths, in kv_indptr's place (module docstring)
+            if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1:
+                raise ValueError(f"kv_lengths must be a 1-D tensor, got {_desc(kv_indptr)}")
+            if kv_indptr.dtype not in INDEX_TYPES:
+                raise TypeError(f"kv_lengths must be int32 or int64, got {kv_indptr.dtype}")
+            if kv_indptr.numel() != T:
+                raise ValueError(
+                    f"kv_lengths must have T = {T} entries, one per row of kv_indices, got "
+                    f"{kv_indptr.numel()}"
+                )
     else:
-        if isinstance(kv_indices, torch.Tensor) and kv_indices.dim() == 2:
-            raise ValueError(
-                f"kv_indices is 2-D {tuple(kv_indices.shape)} (the dense [T, K] form) but a "
-                "kv_indptr was given: pass kv_indptr=None for the dense form, or a 1-D "
-                "kv_indices with kv_indptr (CSR)"
-            )
         for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
             if not isinstance(t, torch.Tensor) or t.dim() != 1:
                 raise ValueError(f"{name} must be a 1-D tensor, got {_desc(t)}")
@@ -361,7 +427,7 @@ def _validate_inputs(
             )
     named = [(nkv, kv), ("kv_indices", kv_indices)]
     if kv_indptr is not None:
-        named.append(("kv_indptr", kv_indptr))
+        named.append(("kv_lengths" if dense else "kv_indptr", kv_indptr))
     if attn_sink is not None:
         named.append(("attn_sink", attn_sink))
     if out is not None:
@@ -389,7 +455,7 @@ def _validate_inputs(
     if attn_sink is not None:
         attn_sink = attn_sink.contiguous()
     if kv_indptr is not None and _wants_value_check(validate, q.device):
-        check_indptr(kv_indptr, kv_indices.numel())
+        check_ptr_values(kv_indices, kv_indptr)
     return Inputs(q, kv, kv_indices, kv_indptr, float(softmax_scale), attn_sink, out)
 
 
@@ -458,6 +524,41 @@ def _dense_launch_csr(kv_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     ptr = torch.arange(n, dtype=dtype, device=dev).mul_(K)
     _DENSE_PTRS.setdefault(key, []).append(ptr)
     return kv_indices, ptr
+
+
+def dense_form(kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None) -> int:
+    """How a launch's slot lists read (the kernels' ``DENSE_IDS``): 0 CSR, 1 dense rows, 2 dense
+    rows with their lengths. A 2-D ``kv_indices`` is dense with no ``kv_indptr`` and with the
+    rows' lengths ([T], in kv_indptr's place); with a longer kv_indptr (T + 1 entries or more:
+    :func:`_dense_launch_csr`'s, :func:`dense_as_csr`'s) it is CSR over the flattened rows."""
+    if kv_indices.dim() == 1:
+        return 0
+    if kv_indptr is None:
+        return 1
+    return 2 if kv_indptr.numel() == kv_indices.shape[0] else 0
+
+
+def dense_lengths_csr(
+    kv_indices: torch.Tensor, kv_lengths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CSR form of validated dense ids [T, K] (contiguous) with their rows' lengths [T]:
+    (ids [T K], kv_indptr [T + 1]) where token t's list is ``kv_indices[t, :n_t]``, n_t =
+    kv_lengths[t] clamped to [0, K] (as the kernels that read lengths clamp them). Built on
+    the device by a few torch ops, no host sync: the lists packed to the front of a [T K]
+    buffer (the tail past kv_indptr[T] is never read), kv_indptr their running sum. kv_indptr
+    is int64 when T K does not fit int32, else in kv_indices' dtype."""
+    T, K = kv_indices.shape
+    dev = kv_indices.device
+    dtype = kv_indices.dtype if T * K < 2**31 else torch.int64
+    n = kv_lengths.to(torch.int64).clamp(0, K)
+    ptr = torch.zeros(T + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(n, 0, out=ptr[1:])
+    j = torch.arange(K, device=dev)
+    # Slot (t, j) goes to ptr[t] + j when j < n_t, else to a spare last element (never read).
+    dest = torch.where(j[None, :] < n[:, None], ptr[:-1, None] + j[None, :], T * K)
+    buf = torch.empty(T * K + 1, dtype=kv_indices.dtype, device=dev)
+    buf.scatter_(0, dest.reshape(-1), kv_indices.reshape(-1))
+    return buf[: T * K], ptr.to(dtype)
 
 
 def _check_out_memory(out, q, inputs, nq) -> None:

@@ -146,7 +146,9 @@ def test_cli_cpu_end_to_end(capsys, tmp_path):
     assert others and all(f"  {k}: skipped" in text for k in others)
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [r["provider"] for r in rows] == ["triton", "default", "default_dense", "torch"]
+    assert [r["provider"] for r in rows] == [
+        "triton", "default", "default_dense", "default_dense_len", "torch",
+    ]  # fmt: skip
     for r in rows:
         assert r["ok"] == "True" and r["workload"] == "csa_h8_topk512"
         assert (r["T"], r["H"], r["D"]) == ("8", "8", "512")
@@ -161,6 +163,9 @@ def test_cli_cpu_end_to_end(capsys, tmp_path):
     ids = "dense [T, 128] as they are"
     want = {"kernel": "triton", "ids": ids, **json.loads(rows[0]["config"])}
     assert json.loads(rows[2]["config"]) == want
+    # default_dense_len: the same with the rows' lengths (kv_lengths, FlashMLA's topk_length).
+    want["ids"] = "dense [T, 128] with lengths as they are"
+    assert json.loads(rows[3]["config"]) == want
     assert "flashmla: skipped" in text and "aiter: skipped" in text
 
 

@@ -104,7 +104,9 @@ def test_context_points_have_whole_lists():
 
 
 def test_grid_providers_are_the_registry_default_and_flashmla(monkeypatch):
-    assert bench.grid_providers() == (*dispatch.KERNELS, "default", "default_dense", "flashmla")
+    assert bench.grid_providers() == (
+        *dispatch.KERNELS, "default", "default_dense", "default_dense_len", "flashmla",
+    )  # fmt: skip
     # A kernel registered at run time is a provider of the next grid, under its name.
     monkeypatch.setitem(dispatch.KERNELS, "triton_copy",
                         replace(dispatch.KERNELS["triton"], name="triton_copy"))  # fmt: skip
@@ -140,19 +142,20 @@ def test_run_grid_on_cpu_rows_and_progress(monkeypatch, tmp_path):
     lines: list[str] = []
     rows = bench.run_grid(heads=[2, 96], tokens=[8], device="cpu", ceilings=False, quick=True,
                           providers=["triton", "triton_copy", "default", "default_dense",
-                                     "flashmla"],
+                                     "default_dense_len", "flashmla"],
                           out_path=out, commit="c0ffee", log=lines.append, D=64)  # fmt: skip
     assert [(r["H"], r["topk"], r["provider"]) for r in rows] == [
         (2, 512, "triton"), (2, 512, "triton_copy"), (2, 512, "default"),
-        (2, 512, "default_dense"),
+        (2, 512, "default_dense"), (2, 512, "default_dense_len"),
         (96, 1024, "triton"), (96, 1024, "triton_copy"), (96, 1024, "default"),
-        (96, 1024, "default_dense"),
+        (96, 1024, "default_dense"), (96, 1024, "default_dense_len"),
     ]  # fmt: skip
     # default_dense: config=None on FlashMLA's [T, K] ids (K the longest list rounded to 128).
     for r in rows:
-        if r["provider"] == "default_dense":
+        if r["provider"].startswith("default_dense"):
             cfg = r["config"]
-            assert (cfg["kernel"], cfg["ids"]) == ("triton", "dense [T, 128] as they are")
+            lens = " with lengths" if r["provider"] == "default_dense_len" else ""
+            assert (cfg["kernel"], cfg["ids"]) == ("triton", f"dense [T, 128]{lens} as they are")
     stamp = rows[0]["timestamp"]
     for r in rows:
         assert r["ok"] is True and r["ms"] > 0 and r["T"] == 8 and r["commit"] == "c0ffee"

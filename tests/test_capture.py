@@ -785,3 +785,33 @@ def test_shipped_capture_replays_through_the_triton_kernel():
     smallest = min(SHIPPED, key=lambda p: p.stat().st_size)
     report = cap.replay(smallest, device="cpu")
     assert report.ok and report.nan_outputs == 0, str(report)
+
+
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_dense_call_of_the_entry_is_recorded_as_its_csr_lists(tmp_path, with_lengths):
+    """sparse_mla_prefill on dense [T, K] ids (-1 padded, absent ids, and with kv_lengths ids
+    past each length that point at real rows) is recorded as the CSR lists it means; the
+    capture's replay matches the call's output (the same lists, cut into other tiles)."""
+    q, kv, *_, scale, s = _call()
+    T, N = q.shape[0], kv.shape[0]
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, N, (T, 9), generator=g, dtype=torch.int32)
+    ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
+    ids[1, 3] = N + 4  # absent: outside the pool
+    n = torch.randint(0, 10, (T,), generator=g, dtype=torch.int32) if with_lengths else None
+    kw = {"kv_lengths": n} if with_lengths else {}
+    with cap.Recorder(tmp_path):
+        out = sparse_mla.sparse_mla_prefill(q, kv, ids, None, scale, attn_sink=s, **kw)
+    (path,) = sorted(tmp_path.glob("*.safetensors"))
+    c = cap.load_capture(path)
+    assert c.kv_indices.dim() == 1 and c.kv_indptr.numel() == T + 1
+    for t in range(T):
+        row = ids[t, : (9 if n is None else int(n[t]))]
+        got = c.kv_indices[c.kv_indptr[t] : c.kv_indptr[t + 1]]
+        valid = row[(row >= 0) & (row < N)]
+        assert torch.equal(got[(got >= 0) & (got < N)], valid), t
+    args = c.rebuild("cpu")
+    again = sparse_mla.sparse_mla_prefill(args.q, args.kv, args.kv_indices, args.kv_indptr,
+                                          args.softmax_scale, attn_sink=args.attn_sink)  # fmt: skip
+    assert not torch.isnan(again).any()
+    torch.testing.assert_close(again, out, rtol=0.02, atol=0.02)

@@ -228,7 +228,9 @@ def _item_range(
     The range is clamped to [0, nnz] (nnz = kv_indices.numel()): no kv_indptr, checked or not,
     reads outside kv_indices (a decreasing pair or a range past nnz keeps the in-bounds part).
     ``DENSE_IDS``: kv_indices is dense [R, ids_per_row] (contiguous) and token r's range is
-    row r, [r x ids_per_row, (r + 1) x ids_per_row), known without a load.
+    row r, [r x ids_per_row, (r + 1) x ids_per_row), known without a load; ``DENSE_IDS`` = 2:
+    its first n ids, n = indptr_ptr[r] (the rows' lengths in kv_indptr's place) clamped to
+    [0, ids_per_row].
 
     Items are (token, block of HEADS heads) with a token's blocks adjacent; the persistent programs
     take them round-robin, so the programs that gather the same rows run at the same time and
@@ -245,6 +247,9 @@ def _item_range(
     if DENSE_IDS:
         lo = pid_r * ids_per_row
         hi = lo + ids_per_row
+        if DENSE_IDS == 2:
+            n = gl.load(indptr_ptr + pid_r).to(gl.int64)
+            hi = lo + gl.minimum(gl.maximum(n, 0), ids_per_row)
     else:
         lo = gl.load(indptr_ptr + pid_r).to(gl.int64)
         hi = gl.load(indptr_ptr + pid_r + 1).to(gl.int64)

@@ -21,7 +21,14 @@ from triton.experimental.gluon import language as gl
 
 from .. import fastlaunch, runtime
 from .._consts import LOG2E as _LOG2E
-from ..validation import _dense_launch_csr, _shares_memory, validate_inputs
+from ..validation import (
+    _dense_launch_csr,
+    _shares_memory,
+    _slot_lists,
+    dense_form,
+    dense_lengths_csr,
+    validate_inputs,
+)  # fmt: skip
 from . import cdna4, hopper, hopper_prefill, hopper_ws, hopper_ws_small
 from .algorithm import _mla_fwd_kernel, _mla_reduce_kernel
 from .hopper_prefill import _prefill_wgmma_kernel
@@ -655,8 +662,9 @@ def compile_args(
             (True: pool below 2 GiB), config (the kernel's launch; default its own default),
             small (``gluon_ws``, ``gluon_ws_small``: the small-call order,
             ``hopper_ws.small_call``; False), dense (``gluon_ws``, ``gluon_ws_small``: dense
-            [R, K] ids, ``DENSE_IDS``; False), l2_rows (``gluon_ws``: the producer asks L2
-            for the next pair's rows, ``L2_ROWS``, as a split call runs,
+            [R, K] ids, ``DENSE_IDS``; 2: with the rows' lengths; False), l2_rows
+            (``gluon_ws``: the producer asks L2 for the next pair's rows, ``L2_ROWS``, as a
+            split call runs,
             ``hopper_ws.l2_rows``; False), fused_reduce (``gluon_mma``, ``gluon_wgmma``
             with num_splits > 1: the reduce in the same launch; None: :func:`fused_reduce`).
 
@@ -716,8 +724,9 @@ def compile_args(
         if name == "gluon_ws":  # the split partials' pointers (unused at one split) and count
             signature.update({"opart_ptr": "*fp32", "lsepart_ptr": "*fp32"})
             constexprs["NUM_SPLITS"] = num_splits  # (the run passes it only when > 1)
-        if shape.get("dense", False):
-            constexprs["DENSE_IDS"] = True  # only when set: a CSR launch passes none
+        dense = shape.get("dense", False)
+        if dense:  # only when set: a CSR launch passes none (2: dense with lengths)
+            constexprs["DENSE_IDS"] = True if dense is True or dense == 1 else 2
         if name == "gluon_ws" and shape.get("l2_rows", False):
             constexprs["L2_ROWS"] = True  # only when set, as the run (hopper_ws.l2_rows)
         if hasattr(module, "small_call"):
@@ -919,6 +928,7 @@ def mla_gluon(
     config: Any = None,
     validate: bool | None = None,
     kernel: str | None = None,
+    kv_lengths: torch.Tensor | None = None,
 ):
     """Unified MLA attention (Gluon): MLA decode with the RoPE part, or DSv4 sparse prefill.
 
@@ -934,8 +944,9 @@ def mla_gluon(
         k_pe: [N, 64] RoPE keys (decode); None when ``has_pe=False``.
         kv_indices: [nnz] int32/int64 pool slots (page size 1); s is valid iff 0 <= s < N,
             any other slot is absent and its rows are never read. Or dense [R, K] with
-            ``kv_indptr=None``: row r's list is kv_indices[r, :] (``gluon_ws`` and
-            ``gluon_ws_small`` read it as it is, the others get its CSR form).
+            ``kv_indptr=None``: row r's list is kv_indices[r, :], or its first
+            ``kv_lengths[r]`` ids (``gluon_ws`` and ``gluon_ws_small`` read it as it is, the
+            others get its CSR form).
         kv_indptr: [R+1] CSR offsets: row r uses kv_indices[kv_indptr[r]:kv_indptr[r+1]];
             None for dense kv_indices.
         sm_scale: logits = (q_nope·kv_c + q_pe·k_pe) * sm_scale.
@@ -948,7 +959,10 @@ def mla_gluon(
         target: "sm90" / "gfx950" to insist on a target; None: the local GPU.
         config: the kernel's launch (:class:`GluonConfig`, :class:`SmallWSConfig`,
             :class:`WSConfig` or a dict of its fields); None: the kernel's default.
-        validate: check kv_indptr's values on the host (see
+        kernel: the Gluon kernel (above).
+        kv_lengths: dense kv_indices only: [R] int32/int64 rows' lengths, 0 <= n <= K (as
+            :func:`sparse_mla.sparse_mla_prefill`'s).
+        validate: check kv_indptr's (or kv_lengths') values on the host (see
             :func:`sparse_mla.validation.validate_inputs`; None: only with
             ``SPARSE_MLA_VALIDATE=1``, as the tensors are on a GPU). Unchecked, each row's range
             is clamped to [0, nnz] in the kernel: a bad entry never reads outside kv_indices.
@@ -956,6 +970,7 @@ def mla_gluon(
     Returns:
         out [R, H, 512] in q's dtype (rows with no valid slot are zeros), or (out, lse).
     """
+    kv_indptr = _slot_lists(kv_indices, kv_indptr, kv_lengths)
     x, kpe2 = _validate(
         q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, attn_sink, out,
         num_kv_splits, validate,
@@ -1002,8 +1017,11 @@ def run_validated(
     R, H, _ = q_nope.shape
     cfg = _checked_launch(name, config, H, tgt, has_pe, return_lse, num_kv_splits)
     N = kv2.shape[0]
-    if kv_indptr is None and not (name in _WS and KERNELS[name].dense_ids):
-        kv_indices, kv_indptr = _dense_launch_csr(kv_indices)  # kept kv_indptr, no host sync
+    form = dense_form(kv_indices, kv_indptr)
+    if form and not (name in _WS and KERNELS[name].dense_ids):
+        # dense ids as CSR, no host sync: a kept kv_indptr, or with lengths the lists packed
+        kv_indices, kv_indptr = (_dense_launch_csr(kv_indices) if form == 1
+                                 else dense_lengths_csr(kv_indices, kv_indptr))  # fmt: skip
     if out is None:
         out = torch.empty(R, H, HEAD_DIM, dtype=q_nope.dtype, device=q_nope.device)
     lse = torch.empty(R, H, dtype=torch.float32, device=q_nope.device) if return_lse else None
@@ -1180,8 +1198,9 @@ def _launch_persistent(
     (``hopper_ws``) and takes a descriptor of ``q`` (boxes [1, heads_per_item, Q_BLOCK]) in
     place of its pointer (q rows 16-byte aligned, as for the cp.async copies). ``small_call(nnz,
     programs)``: the kernel has a ``SMALL`` constexpr, set from it (``hopper_ws.small_call``).
-    ``kv_indptr`` None: ``kv_indices`` is dense [R, K] (contiguous): ``DENSE_IDS`` and
-    ``ids_per_row`` = K, kv_indices standing in for the unused kv_indptr pointer.
+    ``kv_indices`` dense [R, K] (contiguous): ``DENSE_IDS`` and ``ids_per_row`` = K, with
+    ``kv_indptr`` None (kv_indices stands in for the unused pointer) or the rows' lengths [R]
+    (``DENSE_IDS`` = 2).
     ``num_kv`` / ``stride_kvn``: the pool's rows and row stride when ``kv2`` is not a [N, D]
     pool (an FP8 cache's bytes: its slots and block stride, :mod:`launch_fp8`);
     ``extra_args``: the kernel's arguments after ``ids_per_row``. ``pos_scale``: the kernel has
@@ -1201,9 +1220,10 @@ def _launch_persistent(
     grid = (min(items, _num_compute_units(dev)),)
     extra = {} if small_call is None else {"SMALL": small_call(kv_indices.numel(), grid[0])}
     per_row = 0
-    if kv_indptr is None:  # dense ids (DENSE_IDS is passed only when set: CSR is unchanged)
-        extra["DENSE_IDS"] = True
-        kv_indptr, per_row = kv_indices, kv_indices.shape[1]
+    form = dense_form(kv_indices, kv_indptr)
+    if form:  # dense ids (DENSE_IDS is passed only when set: CSR is unchanged)
+        extra["DENSE_IDS"] = True if form == 1 else 2
+        kv_indptr, per_row = (kv_indices if form == 1 else kv_indptr), kv_indices.shape[1]
     if pos_scale and sm_scale > 0:  # passed only when set, like DENSE_IDS
         extra["POS_SCALE"] = True
     if l2_rows:  # passed only when set, like DENSE_IDS

@@ -262,11 +262,12 @@ def run_ws(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, 
 
 
 def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtype=torch.int32,
-                    block_size: int = 64, small: bool = False, dense: bool = False,
+                    block_size: int = 64, small: bool = False, dense: bool | int = False,
                     pos_scale: bool = True, **_ignored):  # fmt: skip
     """(kernel, signature, constexprs, options) to cross-compile ``gluon_ws_fp8`` for
     ``target`` as a launch at ``num_heads`` would (``small``: the small-call order;
-    ``dense``: dense [R, K] ids; ``pos_scale``: a softmax scale > 0, every model's)."""
+    ``dense``: dense [R, K] ids, 2: with the rows' lengths; ``pos_scale``: a softmax scale
+    > 0, every model's)."""
     cfg, ix = _compile_setup(WS_NAME, resolve_ws, target, num_heads, config, index_dtype)
     m = hopper_ws
     q_box = [1, m.BLOCK_H.value, m.Q_BLOCK.value]
@@ -282,7 +283,7 @@ def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtyp
     consts = _ws_constexprs(cfg, block_size)
     consts["SMALL"] = bool(small)
     if dense:
-        consts["DENSE_IDS"] = True
+        consts["DENSE_IDS"] = True if dense is True or dense == 1 else 2
     if pos_scale:
         consts["POS_SCALE"] = True
     sig.update({k: "constexpr" for k in consts})

@@ -1,0 +1,504 @@
+"""Dense slot ids with their rows' lengths: ``sparse_mla_prefill(q, kv, ids [T, K], None, scale,
+kv_lengths=n)`` (issue 22: an engine's top-k with FlashMLA's ``topk_length``).
+
+Token t's list is ``ids[t, :n[t]]``; ids past a row's length are never read. Every case puts
+valid ids of poisoned pool rows (NaN or Inf) past the lengths, so a kernel that reads one leaves
+NaN in the output; inside the lengths: ragged rows, absent ids of every kind, duplicates, rows
+with no valid id, lengths 0 and K. The reference is the fp32 one with ``kv_lengths``, itself
+checked against the CSR reference of the lists cut row by row in plain Python. CPU cases run
+the Triton kernel in the interpreter (it reads the lengths itself, ``DENSE_IDS`` = 2) and,
+through a spy kernel that reads CSR only, the entry's packing of the lists
+(``validation.dense_lengths_csr``). GPU cases (``gpu``; the Gluon kernels ``sm90``): every
+registered kernel with lengths, lengths == the cut CSR lists bit for bit for the kernels that
+read dense ids, long lists at T = 1-3, plans and CUDA graphs replayed with new lengths, the FP8
+cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+from conftest import poisoned_like
+from test_fp8_prefill import FP8_KERNELS
+
+from sparse_mla import dispatch, runtime, validation
+from sparse_mla.prefill import sparse_mla_prefill
+from sparse_mla.reference import check_against_reference, sparse_mla_prefill_ref
+
+
+@dataclasses.dataclass
+class LengthsCase:
+    q: torch.Tensor
+    kv: torch.Tensor
+    ids: torch.Tensor  # [T, K]
+    lengths: torch.Tensor  # [T]
+    softmax_scale: float
+    attn_sink: torch.Tensor | None
+
+    def args(self):
+        return self.q, self.kv, self.ids, None, self.softmax_scale
+
+    def kw(self):
+        return {"attn_sink": self.attn_sink, "kv_lengths": self.lengths}
+
+
+def make_lengths_case(T, H, D, K, *, N=60, P=6, dtype=torch.bfloat16, index_dtype=torch.int32,
+                      length_dtype=torch.int32, sink=True, seed=0,
+                      device="cpu") -> LengthsCase:  # fmt: skip
+    """The pool: N rows, then P poison rows (NaN, Inf) that are valid slots. Inside each row's
+    length: random ids of the first N rows, absent ids of every kind, duplicates, some rows all
+    absent; past it: ids of the poison rows and absent ids. Lengths random in [0, K], some 0,
+    some K; every one of the first N rows no id inside a length references is poisoned too."""
+    g = torch.Generator().manual_seed(seed)
+    M = N + P
+    q = torch.randn(T, H, D, generator=g).to(dtype)
+    ids = torch.randint(0, max(N, 1), (T, K), generator=g, dtype=torch.int64)
+    n = torch.randint(0, K + 1, (T,), generator=g)
+    if T:
+        n[torch.randint(0, T, (max(1, T // 5),), generator=g)] = 0
+        n[torch.randint(0, T, (max(1, T // 4),), generator=g)] = K
+    if T and K:
+        dup = torch.randint(0, T, (max(1, T // 3),), generator=g)
+        ids[dup, 1::2] = ids[dup, :1]
+        bad = [-1, M, M + 7, 2**31 - 1, -(2**31)]
+        if index_dtype == torch.int64:
+            bad += [2**31, 2**33 + 5, 2**62, -(2**40)]
+        where = torch.rand(T, K, generator=g) < 0.15
+        pick = torch.randint(0, len(bad), (T, K), generator=g)
+        ids = torch.where(where, torch.tensor(bad)[pick], ids)
+        ids[torch.randint(0, T, (max(1, T // 6),), generator=g)] = -1  # rows all absent
+        past = torch.arange(K)[None, :] >= n[:, None]
+        poison = torch.randint(N, M, (T, K), generator=g)
+        poison = torch.where(torch.rand(T, K, generator=g) < 0.2, -1, poison)
+        ids = torch.where(past, poison, ids)
+    ids = ids.to(index_dtype)
+    buf = torch.full((M + 16, D), float("nan"))
+    buf[7 : 7 + N] = torch.randn(N, D, generator=g)
+    buf[7 + N + 1 : 7 + M : 2] = float("inf")
+    used = torch.zeros(M, dtype=torch.bool)
+    inside = torch.arange(K)[None, :] < n[:, None]
+    v = ids.long()
+    used[v[inside & (v >= 0) & (v < M)]] = True
+    assert not used[N:].any()
+    for i, r in enumerate((~used[:N]).nonzero().flatten().tolist()):
+        buf[7 + r] = float("nan") if i % 2 == 0 else float("inf")
+    kv = buf.to(dtype).to(device)[7 : 7 + M]
+    attn_sink = (torch.randn(H, generator=g) * 2).to(device) if sink else None
+    return LengthsCase(q.to(device), kv, ids.to(device), n.to(length_dtype).to(device), D**-0.5,
+                       attn_sink)  # fmt: skip
+
+
+def cut_rows(ids: torch.Tensor, lengths: torch.Tensor):
+    """The CSR form of rows cut to their lengths, built in plain Python."""
+    pairs = zip(ids.tolist(), lengths.tolist(), strict=True)
+    rows = [row[: max(0, min(int(k), len(row)))] for row, k in pairs]
+    flat = [x for r in rows for x in r]
+    ptr = [0]
+    for r in rows:
+        ptr.append(ptr[-1] + len(r))
+    return (torch.tensor(flat, dtype=ids.dtype, device=ids.device),
+            torch.tensor(ptr, dtype=ids.dtype, device=ids.device))  # fmt: skip
+
+
+def _check(case: LengthsCase, out=None, **kw) -> torch.Tensor:
+    out = poisoned_like(case.q) if out is None else out
+    got = sparse_mla_prefill(*case.args(), **case.kw(), out=out, **kw)
+    assert got is out
+    assert not torch.isnan(out).any(), "an id past a row's length was read (or out unwritten)"
+    rep = check_against_reference(out, *case.args(), **case.kw())
+    assert rep.ok, rep
+    N = case.kv.shape[0]
+    K = case.ids.shape[1]
+    inside = torch.arange(K, device=case.ids.device)[None, :] < case.lengths[:, None]
+    empty = ~(inside & (case.ids >= 0) & (case.ids < N)).any(dim=1)
+    assert torch.all(out[empty] == 0), "a token with no valid id in its length gets zeros"
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU (interpreter)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_lengths_reference_equals_csr_reference_of_cut_lists(index_dtype):
+    case = make_lengths_case(11, 4, 32, 13, index_dtype=index_dtype, seed=3)
+    idx, ptr = cut_rows(case.ids, case.lengths)
+    dense = sparse_mla_prefill_ref(*case.args(), **case.kw())
+    csr = sparse_mla_prefill_ref(case.q, case.kv, idx, ptr, case.softmax_scale,
+                                 attn_sink=case.attn_sink)  # fmt: skip
+    assert not torch.isnan(dense).any()
+    torch.testing.assert_close(dense, csr, rtol=0, atol=0)
+    # ... and differs from the rows walked to their ends (poison past the lengths)
+    full = sparse_mla_prefill_ref(*case.args(), attn_sink=case.attn_sink)
+    assert torch.isnan(full).any()
+
+
+@pytest.mark.parametrize(
+    ("T", "H", "D", "K", "dtype", "index_dtype", "length_dtype", "sink"),
+    [
+        (7, 4, 32, 40, torch.bfloat16, torch.int32, torch.int32, True),
+        (5, 16, 64, 33, torch.float16, torch.int64, torch.int32, False),
+        (6, 3, 32, 1, torch.bfloat16, torch.int64, torch.int64, True),  # K = 1; odd H
+        (4, 8, 16, 70, torch.float16, torch.int32, torch.int64, True),  # several tiles a row
+    ],
+)
+def test_lengths_match_reference(T, H, D, K, dtype, index_dtype, length_dtype, sink):
+    case = make_lengths_case(T, H, D, K, dtype=dtype, index_dtype=index_dtype,
+                             length_dtype=length_dtype, sink=sink, seed=T * 31 + K)  # fmt: skip
+    _check(case)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_lengths_equal_cut_csr_bitwise_triton(index_dtype):
+    case = make_lengths_case(8, 16, 32, 45, index_dtype=index_dtype, seed=5)
+    dense = _check(case)
+    idx, ptr = cut_rows(case.ids, case.lengths)
+    csr = sparse_mla_prefill(case.q, case.kv, idx, ptr, case.softmax_scale,
+                             attn_sink=case.attn_sink)  # fmt: skip
+    assert torch.equal(dense, csr)
+
+
+def test_dense_lengths_csr_packs_the_cut_lists():
+    g = torch.Generator().manual_seed(4)
+    for T, K, dt in ((9, 7, torch.int32), (5, 1, torch.int64), (6, 0, torch.int32)):
+        ids = torch.randint(-2, 30, (T, K), generator=g, dtype=dt)
+        n = torch.randint(-3, K + 4, (T,), generator=g)  # out of range: clamped to [0, K]
+        flat, ptr = validation.dense_lengths_csr(ids, n)
+        want_idx, want_ptr = cut_rows(ids, n)
+        assert ptr.dtype == dt and flat.dtype == dt and flat.numel() == T * K
+        assert torch.equal(ptr, want_ptr.to(dt))
+        assert torch.equal(flat[: int(ptr[-1])], want_idx)
+    flat, ptr = validation.dense_lengths_csr(torch.empty(0, 5, dtype=torch.int32),
+                                             torch.empty(0, dtype=torch.int32))  # fmt: skip
+    assert flat.numel() == 0 and ptr.tolist() == [0]
+
+
+def test_dense_form_tells_the_launch_forms_apart():
+    """Below the entry a 2-D kv_indices with [T] lengths is dense with lengths; with a kv_indptr
+    of T + 1 entries or more (the CSR view of dense rows made for CSR-only kernels) it is CSR."""
+    ids = torch.zeros(4, 3, dtype=torch.int32)
+    assert validation.dense_form(ids.flatten(), torch.arange(5)) == 0
+    assert validation.dense_form(ids, None) == 1
+    assert validation.dense_form(ids, torch.ones(4, dtype=torch.int32)) == 2
+    assert validation.dense_form(*validation.dense_as_csr(ids)) == 0
+    assert validation.dense_form(*validation._dense_launch_csr(ids)) == 0
+    assert validation.dense_form(ids[:0], torch.zeros(0, dtype=torch.int32)) == 2
+    assert validation.dense_form(*validation._dense_launch_csr(ids[:0].contiguous())) == 0
+
+
+@pytest.fixture
+def csr_only_spy():
+    """A kernel that reads CSR only (``dense_ids`` False) and runs the Triton kernel."""
+    seen = []
+    base = dispatch.kernel("triton")
+
+    def run(q, kv, kv_indices, kv_indptr, *rest):
+        seen.append((kv_indices, kv_indptr))
+        return base.run(q, kv, kv_indices, kv_indptr, *rest)
+
+    dispatch.register(dataclasses.replace(base, name="csr_only_spy_len", run=run,
+                                          dense_ids=False, config_type=None))  # fmt: skip
+    yield seen
+    del dispatch.KERNELS["csr_only_spy_len"]
+
+
+def test_lengths_to_a_kernel_that_reads_csr_only(csr_only_spy):
+    case = make_lengths_case(9, 4, 32, 11, index_dtype=torch.int64, seed=8)
+    want = _check(case, config=dispatch.Choice("triton"))
+    got = _check(case, config=dispatch.Choice("csr_only_spy_len"))
+    ((idx, ptr),) = csr_only_spy
+    assert idx.dim() == 1 and ptr.dtype == torch.int64
+    cut_idx, cut_ptr = cut_rows(case.ids, case.lengths)
+    assert torch.equal(ptr, cut_ptr) and torch.equal(idx[: int(ptr[-1])], cut_idx)
+    assert torch.equal(got, want)
+
+
+def _good():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 4, 32, generator=g).bfloat16()
+    kv = torch.randn(10, 32, generator=g).bfloat16()
+    ids = torch.tensor([[1, 2, -1], [3, -1, -1], [9, 0, 4]], dtype=torch.int32)
+    n = torch.tensor([2, 1, 3], dtype=torch.int32)
+    return q, kv, ids, n
+
+
+@pytest.mark.parametrize(
+    ("change", "exc", "needle"),
+    [
+        (lambda q, kv, ids, n: ((q, kv, ids, torch.tensor([0, 3, 6, 9])), n), ValueError,
+         "kv_lengths goes with the dense form .* but a kv_indptr was given too"),
+        (lambda q, kv, ids, n: ((q, kv, ids.flatten(), torch.tensor([0, 3, 6, 9])), n),
+         ValueError, "kv_lengths goes with the dense form"),
+        (lambda q, kv, ids, n: ((q, kv, ids.flatten(), None), n), ValueError,
+         r"kv_lengths goes with dense \[T, K\] kv_indices, got .* shape \(9,\)"),
+        (lambda q, kv, ids, n: ((q, kv, ids, None), n[:2]), ValueError,
+         "kv_lengths must have T = 3 entries"),
+        (lambda q, kv, ids, n: ((q, kv, ids, None), n[None]), ValueError,
+         "kv_lengths must be a 1-D tensor"),
+        (lambda q, kv, ids, n: ((q, kv, ids, None), n.float()), TypeError,
+         "kv_lengths must be int32 or int64"),
+        (lambda q, kv, ids, n: ((q, kv, ids, None), [2, 1, 3]), ValueError,
+         "kv_lengths must be a 1-D tensor, got list"),
+        (lambda q, kv, ids, n: ((q, kv, ids, None), torch.tensor([2, -1, 3])), ValueError,
+         r"kv_lengths\[1\] = -1 is outside \[0, K = 3\]"),
+        (lambda q, kv, ids, n: ((q, kv, ids, None), torch.tensor([2, 1, 4])), ValueError,
+         r"kv_lengths\[2\] = 4 is outside \[0, K = 3\]"),
+    ],
+)  # fmt: skip
+def test_lengths_bad_input_is_named_and_out_untouched(change, exc, needle):
+    q, kv, ids, n = _good()
+    out = torch.full_like(q, 7.0)
+    args, lengths = change(q, kv, ids, n)
+    for _ in range(2):  # the second call may take the known-layout path: the same answer
+        with pytest.raises(exc, match=needle):
+            sparse_mla_prefill(*args, 0.125, out=out, kv_lengths=lengths)
+        assert torch.equal(out, torch.full_like(q, 7.0))
+
+
+def test_lengths_values_checked_on_request_and_clamped_unchecked():
+    case = make_lengths_case(6, 4, 32, 9, seed=14)
+    want = _check(case)
+    wild = case.lengths.clone()
+    wild[case.lengths == 0] = -5
+    wild[case.lengths == 9] = 9 + 7  # a length past K is K, below 0 is 0
+    assert not torch.equal(wild, case.lengths)
+    with pytest.raises(ValueError, match="is outside"):
+        sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink, kv_lengths=wild)
+    out = poisoned_like(case.q)
+    sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink, kv_lengths=wild, out=out,
+                       validate=False)  # fmt: skip
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("sink", [True, False])
+def test_lengths_empty_forms(sink):
+    case = make_lengths_case(5, 4, 32, 9, sink=sink, seed=2)
+    s = case.attn_sink
+    zeros = torch.zeros_like(case.lengths)
+    # Every length 0; K = 0; an empty pool: zeros over a poisoned out.
+    for ids, kv, n in (
+        (case.ids, case.kv, zeros),
+        (case.ids[:, :0], case.kv, zeros),
+        (case.ids, case.kv[:0], case.lengths),
+    ):
+        out = poisoned_like(case.q)
+        sparse_mla_prefill(case.q, kv, ids, None, case.softmax_scale, attn_sink=s, out=out,
+                           kv_lengths=n)  # fmt: skip
+        assert torch.equal(out, torch.zeros_like(out))
+    got = sparse_mla_prefill(case.q[:0], case.kv, case.ids[:0], None, case.softmax_scale,
+                             attn_sink=s, kv_lengths=case.lengths[:0])  # fmt: skip
+    assert got.shape == case.q[:0].shape
+
+
+def test_lengths_fp8_cache_through_the_entry():
+    from test_fp8_prefill import make_fp8_case
+
+    from sparse_mla import fp8
+
+    c = make_fp8_case(6, 8, num_blocks=3, block_size=4, max_slots=9, seed=4)
+    n_slots = c.cache.num_slots
+    ptr = c.kv_indptr.tolist()
+    v = c.kv_indices.long()
+    used = torch.zeros(n_slots, dtype=torch.bool)
+    used[v[(v >= 0) & (v < n_slots)]] = True
+    poison = (~used).nonzero().flatten()  # make_fp8_case's 0xFF slots
+    assert poison.numel()
+    lens = [b - a for a, b in itertools.pairwise(ptr)]
+    K = max(lens) + 4
+    g = torch.Generator().manual_seed(2)
+    ids = poison[torch.randint(0, poison.numel(), (6, K), generator=g)].to(c.kv_indices.dtype)
+    for t in range(6):  # each CSR list, then poisoned slots past its length
+        ids[t, : lens[t]] = c.kv_indices[ptr[t] : ptr[t + 1]]
+    n = torch.tensor(lens, dtype=torch.int32)
+    out = poisoned_like(c.q)
+    got = sparse_mla_prefill(c.q, c.cache, ids, None, c.softmax_scale, attn_sink=c.attn_sink,
+                             out=out, kv_lengths=n)  # fmt: skip
+    assert got is out and not torch.isnan(out).any()
+    rows = fp8.dequantize(c.cache)
+    rep = check_against_reference(out, c.q, rows, ids, None, c.softmax_scale,
+                                  attn_sink=c.attn_sink, kv_lengths=n)  # fmt: skip
+    assert rep.ok, rep
+    csr = sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink)
+    assert torch.equal(out, csr)
+
+
+def test_lengths_under_torch_compile_fullgraph():
+    case = make_lengths_case(4, 4, 32, 10, seed=21)
+
+    def f(q, kv, ids, n, sink):
+        return sparse_mla_prefill(q * 0.5, kv, ids, None, 32**-0.5, attn_sink=sink,
+                                  kv_lengths=n).float() + 1  # fmt: skip
+
+    eager = f(case.q, case.kv, case.ids, case.lengths, case.attn_sink)
+    assert not torch.isnan(eager).any()
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    got = compiled(case.q, case.kv, case.ids, case.lengths, case.attn_sink)
+    assert torch.equal(got, eager)
+    ref = sparse_mla_prefill_ref(case.q * 0.5, case.kv, case.ids, None, 32**-0.5,
+                                 attn_sink=case.attn_sink, kv_lengths=case.lengths)  # fmt: skip
+    assert (got - 1 - ref).abs().max() < 0.05
+    op = torch.ops.sparse_mla.prefill.default  # the lengths travel in kv_indptr's place
+    out = poisoned_like(case.q)
+    args = (case.q, case.kv, case.ids, case.lengths, case.softmax_scale, case.attn_sink, out)
+    torch.library.opcheck(op, (*args, None, None))
+
+
+@pytest.mark.parametrize("name", ["gluon_ws", "gluon_ws_small"])
+def test_lengths_builds_cross_compile_with_one_more_load(name):
+    """The sm90 kernels that read dense ids build with ``DENSE_IDS`` = 2 (the row's length,
+    one load an item) without spills; the dense build without lengths has no such load."""
+    import re
+
+    from sparse_mla import inspect
+    from sparse_mla.gluon import launch
+
+    loads = r"ld\.global(?:\.[a-z0-9]+)*\.b32"
+    with_len = launch.compile_for("prefill", "sm90", name, dense=2)
+    plain = launch.compile_for("prefill", "sm90", name, dense=True)
+    assert inspect.resources_of(with_len, "sm90").spill_bytes == 0
+    n_len = len(re.findall(loads, with_len.asm["ptx"]))
+    n_plain = len(re.findall(loads, plain.asm["ptx"]))
+    assert n_len > n_plain, (n_len, n_plain)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU
+# ----------------------------------------------------------------------------------------------
+
+NAMES = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "dense"]
+
+
+def _runnable(name: str, H: int, kv: torch.Tensor) -> None:
+    call = dispatch.Call(runtime.arch(), H, 512, torch.bfloat16, kv)
+    why = dispatch.kernel(name).unavailable(call)
+    if why and runtime.arch() == "sm90":
+        pytest.fail(f"{name} refuses H={H} on sm90: {why}")
+    if why:
+        pytest.skip(f"{name}: {why}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [16, 20, 64, 100, 128])
+@pytest.mark.parametrize("name", NAMES)
+def test_gpu_every_kernel_lengths(name, H):
+    for T, K, index_dtype, length_dtype, sink in (
+        (150, 200, torch.int32, torch.int32, True),
+        (150, 130, torch.int64, torch.int64, False),
+        (9, 700, torch.int32, torch.int64, True),  # few tokens: split / small-call orders
+    ):
+        case = make_lengths_case(T, H, 512, K, N=3000, index_dtype=index_dtype,
+                                 length_dtype=length_dtype, sink=sink, seed=H * 7 + T,
+                                 device="cuda")  # fmt: skip
+        _runnable(name, H, case.kv)
+        out = _check(case, config=dispatch.Choice(name))
+        again = _check(case, config=dispatch.Choice(name))
+        assert torch.equal(out, again), f"{name} H={H}: repeat calls differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize(
+    ("name", "H", "T", "K"),
+    [
+        ("gluon_ws", 64, 40, 640),  # a small call (SMALL): the small-call order
+        ("gluon_ws", 128, 64, 1152),
+        ("gluon_ws", 100, 700, 640),  # a large call: the steady-state order, clipped heads
+        ("gluon_ws_small", 16, 50, 640),
+        ("gluon_ws_small", 32, 500, 640),  # two head groups
+        ("gluon_ws_small", 5, 20, 1),
+        ("triton", 64, 30, 640),
+    ],
+)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gpu_lengths_equal_cut_csr_bitwise(name, H, T, K, index_dtype):
+    case = make_lengths_case(T, H, 512, K, N=4000, index_dtype=index_dtype, seed=T + H + K,
+                             device="cuda")  # fmt: skip
+    assert dispatch.kernel(name).dense_ids
+    dense = _check(case, config=dispatch.Choice(name))
+    idx, ptr = cut_rows(case.ids, case.lengths)
+    csr = poisoned_like(case.q)
+    sparse_mla_prefill(case.q, case.kv, idx, ptr, case.softmax_scale, attn_sink=case.attn_sink,
+                       out=csr, config=dispatch.Choice(name))  # fmt: skip
+    assert torch.equal(dense, csr), f"{name}: dense with lengths and the cut CSR lists differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [None, *NAMES])
+@pytest.mark.parametrize("H", [8, 64, 128])
+def test_gpu_lengths_long_lists_few_tokens(name, H):
+    """T of 1-3 with 9,000-slot rows (lengths up to 9,000): the split schedules."""
+    for T in (1, 2, 3):
+        case = make_lengths_case(T, H, 512, 9000, N=20000, seed=T * 100 + H, device="cuda")
+        case.lengths[0] = 9000 - 37  # a long list cut inside its last tile
+        if name is not None:
+            _runnable(name, H, case.kv)
+        _check(case, **({} if name is None else {"config": dispatch.Choice(name)}))
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("H", [16, 128])
+def test_gpu_default_replays_with_new_lengths_and_under_cuda_graphs(H):
+    """config=None: a repeated layout replays its plan, and a CUDA graph its launch; new lengths
+    (values and tensors) must be read by both."""
+    case = make_lengths_case(64, H, 512, 640, N=3000, seed=H, device="cuda")
+    for i in range(4):  # new length tensors every call, same layout: the plan's replay
+        n = torch.randint(0, 641, (64,), device="cuda", dtype=torch.int32)
+        n[i] = 0
+        _check(dataclasses.replace(case, lengths=n))
+    n = case.lengths.clone()
+    out = poisoned_like(case.q)
+    sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink, kv_lengths=n, out=out)  # warm
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink, kv_lengths=n, out=out)
+    for i in range(3):
+        n.copy_(torch.randint(0, 641, (64,), device="cuda", dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = dataclasses.replace(case, lengths=n.clone())
+        assert not torch.isnan(out).any()
+        rep = check_against_reference(out, *want.args(), **want.kw())
+        assert rep.ok, f"graph replay {i}: {rep}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [None, *FP8_KERNELS])
+@pytest.mark.parametrize("H", [16, 64, 128])
+def test_gpu_fp8_lengths(kernel, H):
+    """The FP8 cache with dense ids and lengths: poisoned slots past every length."""
+    from test_fp8_prefill import _gpu_config, _on, make_fp8_case
+
+    from sparse_mla import fp8
+
+    kw = _gpu_config(kernel)
+    case = make_fp8_case(37, H, num_blocks=20, block_size=64, max_slots=10, seed=H)
+    n_slots = case.cache.num_slots
+    v = case.kv_indices.long()
+    used = torch.zeros(n_slots, dtype=torch.bool)
+    used[v[(v >= 0) & (v < n_slots)]] = True
+    good, poison = used.nonzero().flatten(), (~used).nonzero().flatten()
+    g = torch.Generator().manual_seed(H)
+    ids = good[torch.randint(0, good.numel(), (37, 300), generator=g)]
+    ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
+    n = torch.randint(0, 301, (37,), generator=g)
+    n[3] = 0
+    n[5] = 300
+    past = torch.arange(300)[None, :] >= n[:, None]
+    ids = torch.where(past, poison[torch.randint(0, poison.numel(), ids.shape, generator=g)], ids)
+    c = _on(case, "cuda")
+    ids, n = ids.to(torch.int32).cuda(), n.to(torch.int32).cuda()
+    out = poisoned_like(c.q)
+    sparse_mla_prefill(c.q, c.cache, ids, None, c.softmax_scale, attn_sink=c.attn_sink, out=out,
+                       kv_lengths=n, **kw)  # fmt: skip
+    assert not torch.isnan(out).any(), "a poisoned slot past a length was read"
+    rep = check_against_reference(out, c.q, fp8.dequantize(c.cache), ids, None, c.softmax_scale,
+                                  attn_sink=c.attn_sink, kv_lengths=n)  # fmt: skip
+    assert rep.ok, str(rep)
+    assert torch.all(out[3] == 0)
