@@ -46,12 +46,14 @@ class LengthsCase:
 
 
 def make_lengths_case(T, H, D, K, *, N=60, P=6, dtype=torch.bfloat16, index_dtype=torch.int32,
-                      length_dtype=torch.int32, sink=True, seed=0,
+                      length_dtype=torch.int32, sink=True, seed=0, first_length=None,
                       device="cpu") -> LengthsCase:  # fmt: skip
     """The pool: N rows, then P poison rows (NaN, Inf) that are valid slots. Inside each row's
     length: random ids of the first N rows, absent ids of every kind, duplicates, some rows all
     absent; past it: ids of the poison rows and absent ids. Lengths random in [0, K], some 0,
-    some K; every one of the first N rows no id inside a length references is poisoned too."""
+    some K (``first_length``: row 0's); every one of the first N rows no id inside a length
+    references is poisoned too. A test may shorten lengths (never lengthen them: past each one
+    lie poisoned rows)."""
     g = torch.Generator().manual_seed(seed)
     M = N + P
     q = torch.randn(T, H, D, generator=g).to(dtype)
@@ -60,6 +62,8 @@ def make_lengths_case(T, H, D, K, *, N=60, P=6, dtype=torch.bfloat16, index_dtyp
     if T:
         n[torch.randint(0, T, (max(1, T // 5),), generator=g)] = 0
         n[torch.randint(0, T, (max(1, T // 4),), generator=g)] = K
+        if first_length is not None:
+            n[0] = first_length
     if T and K:
         dup = torch.randint(0, T, (max(1, T // 3),), generator=g)
         ids[dup, 1::2] = ids[dup, :1]
@@ -421,6 +425,9 @@ def test_gpu_lengths_equal_cut_csr_bitwise(name, H, T, K, index_dtype):
     assert dispatch.kernel(name).dense_ids
     dense = _check(case, config=dispatch.Choice(name))
     idx, ptr = cut_rows(case.ids, case.lengths)
+    # kv_indices padded to T x K entries past kv_indptr[T] (never read): the split rule reads
+    # nnz, so both calls cut their lists into the same pieces
+    idx = torch.cat([idx, idx.new_full((T * K - idx.numel(),), -1)])
     csr = poisoned_like(case.q)
     sparse_mla_prefill(case.q, case.kv, idx, ptr, case.softmax_scale, attn_sink=case.attn_sink,
                        out=csr, config=dispatch.Choice(name))  # fmt: skip
@@ -432,9 +439,9 @@ def test_gpu_lengths_equal_cut_csr_bitwise(name, H, T, K, index_dtype):
 @pytest.mark.parametrize("H", [8, 64, 128])
 def test_gpu_lengths_long_lists_few_tokens(name, H):
     """T of 1-3 with 9,000-slot rows (lengths up to 9,000): the split schedules."""
-    for T in (1, 2, 3):
-        case = make_lengths_case(T, H, 512, 9000, N=20000, seed=T * 100 + H, device="cuda")
-        case.lengths[0] = 9000 - 37  # a long list cut inside its last tile
+    for T in (1, 2, 3):  # row 0 cut inside its last tile
+        case = make_lengths_case(T, H, 512, 9000, N=20000, seed=T * 100 + H, device="cuda",
+                                 first_length=9000 - 37)  # fmt: skip
         if name is not None:
             _runnable(name, H, case.kv)
         _check(case, **({} if name is None else {"config": dispatch.Choice(name)}))
@@ -447,8 +454,13 @@ def test_gpu_default_replays_with_new_lengths_and_under_cuda_graphs(H):
     """config=None: a repeated layout replays its plan, and a CUDA graph its launch; new lengths
     (values and tensors) must be read by both."""
     case = make_lengths_case(64, H, 512, 640, N=3000, seed=H, device="cuda")
+
+    def shorter():  # new lengths, each at most the case's (past those lie poisoned rows)
+        frac = torch.rand(64, device="cuda")
+        return (case.lengths.float() * frac).to(torch.int32)
+
     for i in range(4):  # new length tensors every call, same layout: the plan's replay
-        n = torch.randint(0, 641, (64,), device="cuda", dtype=torch.int32)
+        n = shorter()
         n[i] = 0
         _check(dataclasses.replace(case, lengths=n))
     n = case.lengths.clone()
@@ -458,7 +470,7 @@ def test_gpu_default_replays_with_new_lengths_and_under_cuda_graphs(H):
     with torch.cuda.graph(graph):
         sparse_mla_prefill(*case.args(), attn_sink=case.attn_sink, kv_lengths=n, out=out)
     for i in range(3):
-        n.copy_(torch.randint(0, 641, (64,), device="cuda", dtype=torch.int32))
+        n.copy_(shorter())
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
