@@ -40,8 +40,8 @@
 # qprologue and smallsink on 1ddf06a (*1ddf06a*), qprologuepf on 584cafa (*584cafa*),
 # rangeprologue on ad742b8 (*ad742b8*): none kept, PERF_NOTES steps 28-31; flushkind on 6a54645
 # (*6a54645*), the grid on dead290 (*_grid_dead290.log), l2b256 on 1974b67 (*1974b67*, not
-# kept, step 32).) Open: pairs (the twenty-eighth session's per-pair stamps, CPU-checked only),
-# lengths (the twenty-ninth session's kv_lengths for dense ids, CPU-checked only).
+# kept, step 32); in the twenty-ninth, lengths and pairs on 3dc547d (*3dc547d*: steps 33 and 34;
+# the lengths tests again on 332dbcc, gpu_tests_lengths_332dbcc.log).) Open: none.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
