@@ -46,7 +46,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -187,6 +187,14 @@
 #             default_dense, default_dense_len and FlashMLA at H 8-128 x T 64-16384 (about 6
 #             minutes with FlashMLA's build). Predicted: default_dense_len within 1.03 of
 #             default (CSR) everywhere, where default_dense was up to 1.66x at T = 4096
+#   earlypv   step 35 (twenty-ninth session): gluon_ws's consumer 0 runs its own PV and releases
+#             0L before the pair's max comes back (FlashMLA's order; step 33 found consumer 0
+#             waiting 0.5-1.1 us a pair for 0L): the GPU tests of every gluon_ws path and
+#             gluon_ws_fp8, then ws_bars_ab.py against the file before it
+#             (.ab_base/hopper_ws_before.py, carried; `git show 2d17d54:sparse_mla/gluon/
+#             hopper_ws.py` writes it) at whole lists and the heavy and grid points (about 5
+#             minutes). Predicted: whole lists T = 128 H64 and T = 64 H128 -3..-8%, T = 16384
+#             H64 / H128 and GLM H64 -1..-4%, the grid's T = 64 H64 / H128 0..-2%
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -515,6 +523,12 @@ if want lengths; then  # kv_lengths: the GPU tests, then dense with and without 
     --time-limit 200 --commit "${COMMIT:0:7}" --out "$OUT/nvidia-h200_dense_lengths.csv" \
     > "$OUT/dense_lengths_grid_${COMMIT:0:7}.log" 2>&1
   echo "lengths grid: rc=$?"; tail -n 3 "$OUT/dense_lengths_grid_${COMMIT:0:7}.log"
+fi
+if want earlypv; then  # step 35: consumer 0's own PV before the pair's max (FlashMLA's order)
+  ws_gpu_tests earlypv
+  ws_ab earlypv --before .ab_base/hopper_ws_before.py --points ctx65536:128:64 \
+    ctx65536:64:128 64:64:512 64:128:1024 256:64:512 16384:64:512 16384:128:1024 \
+    glm:16384:64:2048
 fi
 if want smallsink; then  # step 29: step 27 for gluon_ws_small (its sink loaded at an item's start)
   cp sparse_mla/gluon/hopper_ws_small.py /tmp/hopper_ws_small_before.py || exit 1
