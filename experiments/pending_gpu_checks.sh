@@ -41,7 +41,8 @@
 # rangeprologue on ad742b8 (*ad742b8*): none kept, PERF_NOTES steps 28-31; flushkind on 6a54645
 # (*6a54645*), the grid on dead290 (*_grid_dead290.log), l2b256 on 1974b67 (*1974b67*, not
 # kept, step 32); in the twenty-ninth, lengths and pairs on 3dc547d (*3dc547d*: steps 33 and 34;
-# the lengths tests again on 332dbcc, gpu_tests_lengths_332dbcc.log).) Open: none.
+# the lengths tests again on 332dbcc, gpu_tests_lengths_332dbcc.log), earlypv on 0e5194d
+# (*earlypv*0e5194d*: step 35, not kept).) Open: none.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
@@ -187,14 +188,15 @@
 #             default_dense, default_dense_len and FlashMLA at H 8-128 x T 64-16384 (about 6
 #             minutes with FlashMLA's build). Predicted: default_dense_len within 1.03 of
 #             default (CSR) everywhere, where default_dense was up to 1.66x at T = 4096
-#   earlypv   step 35 (twenty-ninth session): gluon_ws's consumer 0 runs its own PV and releases
-#             0L before the pair's max comes back (FlashMLA's order; step 33 found consumer 0
-#             waiting 0.5-1.1 us a pair for 0L): the GPU tests of every gluon_ws path and
-#             gluon_ws_fp8, then ws_bars_ab.py against the file before it
-#             (.ab_base/hopper_ws_before.py, carried; `git show 2d17d54:sparse_mla/gluon/
-#             hopper_ws.py` writes it) at whole lists and the heavy and grid points (about 5
-#             minutes). Predicted: whole lists T = 128 H64 and T = 64 H128 -3..-8%, T = 16384
-#             H64 / H128 and GLM H64 -1..-4%, the grid's T = 64 H64 / H128 0..-2%
+#   earlypv   step 35 (twenty-ninth session, a patch since: experiments/patches/
+#             ws_early_pv0.diff, measured at 0e5194d and not kept): gluon_ws's consumer 0 runs
+#             its own PV and releases 0L before the pair's max comes back (FlashMLA's order;
+#             step 33 found consumer 0 waiting 0.5-1.1 us a pair for 0L): the GPU tests of every
+#             gluon_ws path and gluon_ws_fp8 with the patch, then ws_bars_ab.py against the
+#             package file at whole lists and the heavy and grid points (about 3 minutes).
+#             Predicted: whole lists T = 128 H64 and T = 64 H128 -3..-8%, T = 16384 H64 / H128
+#             and GLM H64 -1..-4%, the grid's T = 64 H64 / H128 0..-2%. Measured: slower
+#             everywhere (+0.6..+5.7%)
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -524,11 +526,16 @@ if want lengths; then  # kv_lengths: the GPU tests, then dense with and without 
     > "$OUT/dense_lengths_grid_${COMMIT:0:7}.log" 2>&1
   echo "lengths grid: rc=$?"; tail -n 3 "$OUT/dense_lengths_grid_${COMMIT:0:7}.log"
 fi
-if want earlypv; then  # step 35: consumer 0's own PV before the pair's max (FlashMLA's order)
+if want earlypv; then  # step 35, a patch: consumer 0's own PV before the pair's max
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py || exit 1
+  cp tests/test_gluon.py /tmp/test_gluon_before.py || exit 1
+  apply_patch experiments/patches/ws_early_pv0.diff || exit 1
   ws_gpu_tests earlypv
-  ws_ab earlypv --before .ab_base/hopper_ws_before.py --points ctx65536:128:64 \
-    ctx65536:64:128 64:64:512 64:128:1024 256:64:512 16384:64:512 16384:128:1024 \
+  ws_ab earlypv --before /tmp/hopper_ws_before.py --points ctx65536:128:64:512 \
+    ctx65536:64:128:1024 64:64:512 64:128:1024 256:64:512 16384:64:512 16384:128:1024 \
     glm:16384:64:2048
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py
+  cp /tmp/test_gluon_before.py tests/test_gluon.py
 fi
 if want smallsink; then  # step 29: step 27 for gluon_ws_small (its sink loaded at an item's start)
   cp sparse_mla/gluon/hopper_ws_small.py /tmp/hopper_ws_small_before.py || exit 1

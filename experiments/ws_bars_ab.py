@@ -51,7 +51,10 @@ def parse_point(p: str) -> tuple[str, int, int, int, int]:
     if p.startswith("ctx"):
         head, p = p.split(":", 1)
         context = int(head[3:])
-    return ("dsv4_csa", *map(int, p.split(":")), context)
+    parts = p.split(":")
+    if len(parts) != 3:
+        raise SystemExit(f"point {p!r}: want [glm:|ctx<N>:]T:H:TOPK")
+    return ("dsv4_csa", *map(int, parts), context)
 
 
 # Each kernel's jitted function, by the name its file defines it under

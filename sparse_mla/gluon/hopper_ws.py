@@ -21,16 +21,10 @@ program runs 12 warps in three partitions:
   list slots, consumer 1's S and its own PV run over those 16 slots only (m64n16 and K = 16)
   and it publishes P1 with zeros past them (consumer 0's PV stays whole): a quarter of that
   tile's work on consumer 1, the latency of a small call's longest item at T = 64.
-- The two must share one running max, and consumer 0 must not wait for it before its first PV
-  (its left half 0L is what the producer refills first). Per pair of tiles consumer 0 takes
-  its own max m0 (the running max and its S tile's row maxima), publishes it without waiting
-  (a named-barrier arrive), exponentiates, runs its own PV on 0L and releases 0L; consumer 1
-  takes m = max(m0, its row maxima) and publishes it; consumer 0 then brings its O half, its
-  partial sum and the P0 it publishes from base m0 to base m (2^(m0 - m), 1 in all but the
-  pairs whose odd tile moved the max). Both O halves and partial sums end each pair in the
-  same base; the two sums are added at the end. (FlashMLA's order; until 3dc547d both met
-  before exponentiating, and consumer 0's release of 0L came 0.3 us before it needed the
-  buffer again: PERF_NOTES "No cliffs" step 33.)
+- The two must share one running max. Per pair of tiles each consumer publishes the row max
+  of its S tile and both meet (a named barrier); each then takes m = max(m, both row maxima),
+  so both exponentiate and rescale at the same time, and their O halves and partial sums stay
+  in the same base. The two partial sums are added at the end.
 - The output: each consumer normalises its O half and writes it with TMA, four [64, 64] blocks
   through its P buffer (free by then), so no thread issues the 64 KiB of global stores per item.
 
@@ -152,11 +146,10 @@ FREE_1L, FREE_1R = gl.constexpr(FREE.value + 2), gl.constexpr(FREE.value + 3)
 # (NB_L once per item), and no consumer can arrive twice before the other has passed once
 # (every arrival is behind the previous NB_MAX), so no phase is needed. Triton's own
 # warp-specialisation code uses ids 0-3.
-NB_MAX = gl.constexpr(8)  # consumer 0's max of the pair is published (it arrives, 1 waits)
+NB_MAX = gl.constexpr(8)  # both row maxima of the pair are published
 NB_P0 = gl.constexpr(9)  # consumer 0 stored P0
 NB_P1 = gl.constexpr(10)  # consumer 1 stored P1
 NB_L = gl.constexpr(11)  # epilogue: both partial sums stored
-NB_M = gl.constexpr(12)  # consumer 1 published the pair's max (it arrives, consumer 0 waits)
 
 
 # S tile [64 heads, 64 slots] of one warpgroup.
@@ -794,25 +787,21 @@ def _consumer0(
             buf0 = kv_smem.index(z)
             buf1 = kv_smem.index(z + 1)
             s, r0 = _masked_max(s, valid, qk_scale, POS_SCALE)
-            m_own, alpha = _new_max(m_i, r0, r0)  # this tile's max alone: no wait
-            m0_smem.store(m_own)
-            _bar_arrive(NB_MAX)  # consumer 1 takes the pair's max from it and its own
-            p = _exp_tile(s, m_own, qk_scale, POS_SCALE)
+            m0_smem.store(r0)
+            _bar_sync(NB_MAX)  # both row maxima published
+            m_new, alpha = _new_max(m_i, r0, m1_smem.load(ROW_S))
+            p = _exp_tile(s, m_new, qk_scale, POS_SCALE)
             l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
             acc = _rescale_o(acc, alpha)
             p16 = p.to(dtype)
             p_op = gl.convert_layout(p16, DOT_P)
             acc = warpgroup_mma(p_op, buf0.slice(0, HALF, dim=1), acc, is_async=True)
-            acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
-            _arrive(_bar(bars, FREE_0L))  # refilled while the pair's max comes back
-            _bar_sync(NB_M)  # the pair's max, consumer 1's
-            m_i = m1_smem.load(ROW_S)
-            beta = gl.exp2(m_own - m_i)  # 1 unless the odd tile moved the max
-            l_i = l_i * beta
-            acc = _rescale_o(acc, beta)
-            p0_smem.index(z).store((p16.to(gl.float32) * beta[:, None]).to(dtype))
+            p0_smem.index(z).store(p16)
             fence_async_shared()
             _bar_arrive(NB_P0)
+            acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+            _arrive(_bar(bars, FREE_0L))
 
             _bar_sync(NB_P1)
             pv = warpgroup_mma(p1_smem.index(z), buf1.slice(0, HALF, dim=1), acc, is_async=True)
@@ -912,11 +901,9 @@ def _consumer1_pv(
     0's P0 from shared memory. Returns the new (acc, m_i, l_i); m_i and l_i stay in ROW_S."""
     s, r1 = _masked_max(s, valid, qk_scale, POS_SCALE)
     r1 = gl.convert_layout(r1, ROW_S)
-    _bar_sync(NB_MAX)  # consumer 0's max of the pair (its running max moved by its tile)
-    m_new, _ = _new_max(m0_smem.load(ROW_S), r1, r1)
-    alpha = gl.exp2(m_i - m_new)
-    m1_smem.store(m_new)
-    _bar_arrive(NB_M)  # the pair's max, for consumer 0
+    m1_smem.store(r1)
+    _bar_sync(NB_MAX)  # both row maxima published
+    m_new, alpha = _new_max(m_i, r1, m0_smem.load(ROW_S))
     p = _exp_tile(s, gl.convert_layout(m_new, ROW), qk_scale, POS_SCALE)
     l_i = l_i * alpha + gl.convert_layout(gl.sum(p, 1), ROW_S)
     acc = _rescale_o(acc, alpha)
@@ -974,9 +961,8 @@ def _shared_state(dtype: gl.constexpr, READY_COUNT: gl.constexpr, IDS_ARRIVAL: g
     # array followed by a read of another would cost a warpgroup barrier each.
     p0_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_K], SMEM)
     p1_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_K], SMEM)
-    # The pair's maxima (m0_smem: consumer 0's own, m1_smem: the pair's, consumer 1's), and the
-    # epilogue's partial sums (consumer 0's, consumer 1's, alternating by item parity), one [64]
-    # fp32 vector each.
+    # Each consumer's row max of the pair (m0_smem: consumer 0's), and the epilogue's partial
+    # sums (consumer 0's, consumer 1's, alternating by item parity), one [64] fp32 vector each.
     m0_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
     m1_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
     l_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], VEC)
