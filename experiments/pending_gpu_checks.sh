@@ -657,9 +657,9 @@ if want tail; then
     -k "short_last or ws_prefill_matches" > "$OUT/gpu_tests_ws_tail_${COMMIT:0:7}.log" 2>&1
   echo "tail: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_tail_${COMMIT:0:7}.log"
 fi
-if want grid; then
-  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 260 \
-    python3 -m sparse_mla.cli bench --grid --time-limit 225 --commit "$COMMIT" \
+if want grid; then  # GRID_TIME: seconds it may time points (225: under 4.5 minutes in all)
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout $((${GRID_TIME:-225} + 35)) \
+    python3 -m sparse_mla.cli bench --grid --time-limit ${GRID_TIME:-225} --commit "$COMMIT" \
     --out "$OUT/nvidia-h200_grid.csv" > "$OUT/nvidia-h200_grid_${COMMIT:0:7}.log" 2>&1
   echo "grid: rc=$?"; tail -n 5 "$OUT/nvidia-h200_grid_${COMMIT:0:7}.log"
 fi
