@@ -514,3 +514,24 @@ def test_gpu_fp8_lengths(kernel, H):
                                   attn_sink=c.attn_sink, kv_lengths=n)  # fmt: skip
     assert rep.ok, str(rep)
     assert torch.all(out[3] == 0)
+
+
+def test_mla_gluon_takes_kv_lengths_and_names_bad_ones():
+    """``mla_gluon`` (the Gluon entry) takes the same dense form: its checks run before it
+    needs a GPU, so on CPU tensors a good call gets as far as that RuntimeError."""
+    from sparse_mla.gluon.launch import mla_gluon
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 4, 512, generator=g).bfloat16()
+    kv = torch.randn(10, 512, generator=g).bfloat16()
+    ids = torch.tensor([[1, 2, -1], [3, -1, -1], [9, 0, 4]], dtype=torch.int32)
+    n = torch.tensor([2, 1, 3], dtype=torch.int32)
+    kw = {"has_pe": False}
+    with pytest.raises(ValueError, match="but a kv_indptr was given too"):
+        mla_gluon(q, None, kv, None, ids, torch.tensor([0, 3, 6, 9]), 0.1, kv_lengths=n, **kw)
+    with pytest.raises(ValueError, match="kv_lengths must have T = 3 entries"):
+        mla_gluon(q, None, kv, None, ids, None, 0.1, kv_lengths=n[:2], **kw)
+    with pytest.raises(ValueError, match=r"kv_lengths\[0\] = 4 is outside"):
+        mla_gluon(q, None, kv, None, ids, None, 0.1, kv_lengths=n + 2, validate=True, **kw)
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        mla_gluon(q, None, kv, None, ids, None, 0.1, kv_lengths=n, **kw)
