@@ -23,8 +23,9 @@ import pytest
 import torch
 from conftest import poisoned_like
 from test_fp8_prefill import FP8_KERNELS
+from test_kernels_gpu import NAMES, _runnable
 
-from sparse_mla import dispatch, runtime, validation
+from sparse_mla import dispatch, validation
 from sparse_mla.prefill import sparse_mla_prefill
 from sparse_mla.reference import check_against_reference, sparse_mla_prefill_ref
 
@@ -373,17 +374,6 @@ def test_lengths_builds_cross_compile_with_one_more_load(name):
 # ----------------------------------------------------------------------------------------------
 # GPU
 # ----------------------------------------------------------------------------------------------
-
-NAMES = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "dense"]
-
-
-def _runnable(name: str, H: int, kv: torch.Tensor) -> None:
-    call = dispatch.Call(runtime.arch(), H, 512, torch.bfloat16, kv)
-    why = dispatch.kernel(name).unavailable(call)
-    if why and runtime.arch() == "sm90":
-        pytest.fail(f"{name} refuses H={H} on sm90: {why}")
-    if why:
-        pytest.skip(f"{name}: {why}")
 
 
 @pytest.mark.gpu
