@@ -448,18 +448,13 @@ def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cf
     T, H, D = q.shape
     interpret = runtime.runs_interpreted(q)
     has_sink = attn_sink is not None
-    dense = validation.dense_form(kv_indices, kv_indptr)
+    dense, ptr, per_row = validation.dense_launch(kv_indices, kv_indptr)
     kw = _triton_launch(cfg, H, D, has_sink, interpret and q.dtype == torch.bfloat16, interpret,
                         dense)  # fmt: skip
     qk_scale = float(softmax_scale) * (_LOG2E if cfg.USE_EXP2 else 1.0)
     sink = attn_sink if has_sink else _no_sink(q.device)
     grid = (T, runtime.cdiv(H, cfg.BLOCK_H))
     (qs0, qs1, _), (os0, os1, _) = q.stride(), out.stride()
-    # Dense: ids_per_row is K; kv_indices stands in for the unused kv_indptr pointer, or the
-    # lengths take its place.
-    ptr, per_row = kv_indptr, 0
-    if dense:
-        ptr, per_row = (kv_indices if kv_indptr is None else kv_indptr), kv_indices.shape[1]
     args = (q, kv2, kv_indices, ptr, sink, out, qs0, qs1, kv2.stride(0), os0, os1,
             H, D, kv2.shape[0], kv_indices.numel(), qk_scale, per_row)  # fmt: skip
     if interpret:
@@ -471,10 +466,10 @@ def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cf
 
 @functools.lru_cache(maxsize=1024)
 def _triton_launch(cfg: PrefillConfig, H: int, D: int, has_sink: bool, interp_bf16: bool,
-                   interpret: bool, dense: int = 0) -> dict[str, Any]:  # fmt: skip
+                   interpret: bool, dense: bool | int | None = None) -> dict[str, Any]:  # fmt: skip
     """The constexprs and options of a Triton launch (cached: they depend on no tensor).
-    ``DENSE_IDS`` (``dense``: 1 dense rows, 2 with their lengths) is passed only when set, so a
-    CSR launch is the kernel it always was."""
+    ``DENSE_IDS`` (``dense``: :func:`sparse_mla.validation.dense_launch`'s) is passed only when
+    set, so a CSR launch is the kernel it always was."""
     block_d = triton.next_power_of_2(D)
     even_hd = _even_hd_ok(cfg, H, D, block_d) if cfg.EVEN_HD is None else cfg.EVEN_HD
     options = cfg.compile_options("hip" if not interpret and runtime.is_amd() else "cuda")
@@ -482,7 +477,7 @@ def _triton_launch(cfg: PrefillConfig, H: int, D: int, has_sink: bool, interp_bf
         "BLOCK_H": cfg.BLOCK_H, "BLOCK_K": cfg.BLOCK_K, "BLOCK_D": block_d,
         "HAS_SINK": has_sink, "EVEN_HD": even_hd, "USE_EXP2": cfg.USE_EXP2,
         "PREFETCH_KV": cfg.PREFETCH_KV, "INTERP_BF16": interp_bf16,
-        **({"DENSE_IDS": True if dense == 1 else dense} if dense else {}), **options,
+        **({"DENSE_IDS": dense} if dense else {}), **options,
     }  # fmt: skip
 
 

@@ -39,7 +39,7 @@ from ._env import getenv
 
 __all__ = [
     "ENV_VALIDATE", "Inputs", "check_indptr", "check_lengths", "check_ptr_values", "dense_as_csr",
-    "dense_form", "dense_lengths_csr", "validate_inputs",
+    "dense_form", "dense_ids_value", "dense_launch", "dense_lengths_csr", "validate_inputs",
 ]  # fmt: skip
 
 ENV_VALIDATE = "SPARSE_MLA_VALIDATE"
@@ -536,6 +536,24 @@ def dense_form(kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None) -> int:
     if kv_indptr is None:
         return 1
     return 2 if kv_indptr.numel() == kv_indices.shape[0] else 0
+
+
+def dense_ids_value(form: int | bool):
+    """The kernels' ``DENSE_IDS`` constexpr for a :func:`dense_form` (or a compile shape's
+    ``dense`` flag: True / 1 / 2): True for dense rows, 2 with their lengths (only passed when
+    set, so a CSR launch is the kernel it always was)."""
+    return True if form is True or form == 1 else 2
+
+
+def dense_launch(kv_indices: torch.Tensor, kv_indptr: torch.Tensor | None):
+    """A launch's (``DENSE_IDS`` or None for CSR, kv_indptr argument, ``ids_per_row``): CSR as
+    it is with 0; dense rows with K, kv_indices standing in for the unused kv_indptr pointer;
+    dense rows with their lengths with K, the lengths in its place (:func:`dense_form`)."""
+    form = dense_form(kv_indices, kv_indptr)
+    if form == 0:
+        return None, kv_indptr, 0
+    ptr = kv_indices if form == 1 else kv_indptr
+    return dense_ids_value(form), ptr, kv_indices.shape[1]
 
 
 def dense_lengths_csr(

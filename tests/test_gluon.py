@@ -1201,6 +1201,21 @@ def test_persistent_launch_arguments(monkeypatch):
     assert got["out_ptr"] is not None and got["out_ptr"].data_ptr() == out.data_ptr()
     assert (got["stride_or"], got["stride_oh"]) == (H * 512, 512)
     assert torch.equal(got["sink_ptr"], sink) and got["stride_qh"] == 520
+    assert got["ids_per_row"] == 0 and got["indptr_ptr"].data_ptr() == ptr.data_ptr()
+    assert "DENSE_IDS" not in calls[0][2]  # CSR: the kernel it always was
+    # Dense ids [R, K]: DENSE_IDS and K, the ids standing in for the unused kv_indptr pointer;
+    # with the rows' lengths, DENSE_IDS = 2 and the lengths in that pointer's place.
+    dense = torch.zeros(2, 7, dtype=torch.int32)
+    lengths = torch.tensor([3, 7], dtype=torch.int32)
+    for indptr, want_flag, want_ptr in ((None, True, dense), (lengths, 2, lengths)):
+        calls.clear()
+        launch._launch_persistent(FakeKernel(), 16, qb[:2, :, :512], kv, dense, indptr, sink,
+                                  out[:2], 0.25, 0)  # fmt: skip
+        (_, args, kw), = calls  # fmt: skip
+        got = dict(zip(names, args, strict=True))
+        assert kw["DENSE_IDS"] is want_flag or kw["DENSE_IDS"] == want_flag == 2
+        assert got["indptr_ptr"] is want_ptr and got["ids_per_row"] == 7
+        assert got["idx_ptr"] is dense and got["nnz"] == 14
 
 
 # ------------------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from ..validation import (
     _shares_memory,
     _slot_lists,
     dense_form,
+    dense_ids_value,
+    dense_launch,
     dense_lengths_csr,
     validate_inputs,
 )  # fmt: skip
@@ -726,7 +728,7 @@ def compile_args(
             constexprs["NUM_SPLITS"] = num_splits  # (the run passes it only when > 1)
         dense = shape.get("dense", False)
         if dense:  # only when set: a CSR launch passes none (2: dense with lengths)
-            constexprs["DENSE_IDS"] = True if dense is True or dense == 1 else 2
+            constexprs["DENSE_IDS"] = dense_ids_value(dense)
         if name == "gluon_ws" and shape.get("l2_rows", False):
             constexprs["L2_ROWS"] = True  # only when set, as the run (hopper_ws.l2_rows)
         if hasattr(module, "small_call"):
@@ -1219,11 +1221,9 @@ def _launch_persistent(
     items = R * runtime.cdiv(H, heads_per_item) * splits
     grid = (min(items, _num_compute_units(dev)),)
     extra = {} if small_call is None else {"SMALL": small_call(kv_indices.numel(), grid[0])}
-    per_row = 0
-    form = dense_form(kv_indices, kv_indptr)
-    if form:  # dense ids (DENSE_IDS is passed only when set: CSR is unchanged)
-        extra["DENSE_IDS"] = True if form == 1 else 2
-        kv_indptr, per_row = (kv_indices if form == 1 else kv_indptr), kv_indices.shape[1]
+    dense, kv_indptr, per_row = dense_launch(kv_indices, kv_indptr)
+    if dense:  # dense ids (DENSE_IDS is passed only when set: CSR is unchanged)
+        extra["DENSE_IDS"] = dense
     if pos_scale and sm_scale > 0:  # passed only when set, like DENSE_IDS
         extra["POS_SCALE"] = True
     if l2_rows:  # passed only when set, like DENSE_IDS

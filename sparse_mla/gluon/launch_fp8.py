@@ -21,6 +21,7 @@ import torch
 from .. import dispatch, fastlaunch, runtime
 from .._consts import LOG2E
 from ..fp8 import HEAD_DIM, KV_FORMAT, FP8Cache
+from ..validation import dense_ids_value
 from . import hopper_fp8, hopper_ws, hopper_ws_fp8, hopper_ws_small
 from . import launch as _launch
 from .launch import SmallWSConfig, WSConfig, _regs_field, get_target
@@ -283,7 +284,7 @@ def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtyp
     consts = _ws_constexprs(cfg, block_size)
     consts["SMALL"] = bool(small)
     if dense:
-        consts["DENSE_IDS"] = True if dense is True or dense == 1 else 2
+        consts["DENSE_IDS"] = dense_ids_value(dense)
     if pos_scale:
         consts["POS_SCALE"] = True
     sig.update({k: "constexpr" for k in consts})
