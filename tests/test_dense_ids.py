@@ -392,20 +392,22 @@ def test_gpu_every_kernel_dense(name, H):
         assert torch.equal(out, again), f"{name} H={H}: repeat calls differ"
 
 
+# (kernel, H, T, K) of the bitwise cases of the kernels that read dense ids (test_dense_lengths
+# takes them too)
+BITWISE_CASES = [
+    ("gluon_ws", 64, 40, 640),  # a small call (SMALL): the small-call order
+    ("gluon_ws", 128, 64, 1152),
+    ("gluon_ws", 100, 700, 640),  # a large call: the steady-state order, clipped heads
+    ("gluon_ws_small", 16, 50, 640),
+    ("gluon_ws_small", 32, 500, 640),  # two head groups
+    ("gluon_ws_small", 5, 20, 1),
+    ("triton", 64, 30, 640),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize(
-    ("name", "H", "T", "K"),
-    [
-        ("gluon_ws", 64, 40, 640),  # a small call (SMALL): the small-call order
-        ("gluon_ws", 128, 64, 1152),
-        ("gluon_ws", 100, 700, 640),  # a large call: the steady-state order, clipped heads
-        ("gluon_ws_small", 16, 50, 640),
-        ("gluon_ws_small", 32, 500, 640),  # two head groups
-        ("gluon_ws_small", 5, 20, 1),
-        ("triton", 64, 30, 640),
-    ],
-)
+@pytest.mark.parametrize(("name", "H", "T", "K"), BITWISE_CASES)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_dense_equals_equivalent_csr_bitwise(name, H, T, K, index_dtype):
     case = make_dense_case(T, H, 512, K, N=4000, index_dtype=index_dtype, seed=T + H + K,
