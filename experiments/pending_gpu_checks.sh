@@ -47,7 +47,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -197,6 +197,16 @@
 #             Predicted: whole lists T = 128 H64 and T = 64 H128 -3..-8%, T = 16384 H64 / H128
 #             and GLM H64 -1..-4%, the grid's T = 64 H64 / H128 0..-2%. Measured: slower
 #             everywhere (+0.6..+5.7%)
+#   lentests  the GPU tests of the lengths step alone (tests/test_dense_lengths.py, the dense-ids
+#             and FP8 dense tests; about 1.5 minutes): the thirtieth session's first run, after
+#             e9fa3e5's refactor of the launchers' dense arguments (CPU-tested only)
+#   l2policy  step 36 (thirtieth session): experiments/ws_l2_256b.py --variants rows_last+q_first,
+#             gluon_ws with FlashMLA's two L2 policies added to its PTX (the row gathers'
+#             cp.async evict_last, Q's TMA loads evict_first) against the package kernel, in
+#             turns: whole lists T = 128 H64 and T = 64 H128, the grid's T = 64 H128, T = 16384
+#             H128 (about 3 minutes). Predicted: whole lists -2..-5% if the policies are what
+#             FlashMLA's higher L2 hit rate there (77% against 66%, step 21) is made of; the
+#             others within +-1%
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -508,17 +518,27 @@ if want l2b256; then  # step 32: the gathers' cp.async asking L2 for 256-byte bl
     > "$OUT/ws_l2_256b_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "l2b256: rc=$?"; cat "$OUT/ws_l2_256b_ab_h200_${COMMIT:0:7}.log"
 fi
+if want l2policy; then  # step 36: FlashMLA's L2 policies (rows evict_last, Q evict_first) by PTX rewrite
+  TRITON_ALWAYS_COMPILE=1 PYTHONPATH=$PWD timeout 300 python3 experiments/ws_l2_256b.py \
+    --variants rows_last+q_first --points ctx65536:128:64:512 ctx65536:64:128:1024 \
+    64:128:1024 16384:128:1024 > "$OUT/ws_l2_policy_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "l2policy: rc=$?"; cat "$OUT/ws_l2_policy_ab_h200_${COMMIT:0:7}.log"
+fi
 if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 128 H64 and T = 64 H128
   TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \
     --pairs --points ctx65536:128:64 ctx65536:64:128 > "$OUT/ws_clk_pairs_h200_${COMMIT:0:7}.log" 2>&1
   echo "pairs: rc=$?"; cat "$OUT/ws_clk_pairs_h200_${COMMIT:0:7}.log"
 fi
-if want lengths; then  # kv_lengths: the GPU tests, then dense with and without lengths timed
+lengths_tests() {  # the dense-ids and kv_lengths GPU tests (every kernel, plans, graphs, FP8)
   xdist
   PYTHONPATH=$PWD:/tmp/site timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
     tests/test_dense_lengths.py tests/test_dense_ids.py tests/test_fp8_prefill.py -k "dense or lengths" \
     > "$OUT/gpu_tests_lengths_${COMMIT:0:7}.log" 2>&1
   echo "lengths tests: rc=$?"; tail -n 3 "$OUT/gpu_tests_lengths_${COMMIT:0:7}.log"
+}
+if want lentests; then lengths_tests; fi
+if want lengths; then  # kv_lengths: the GPU tests, then dense with and without lengths timed
+  lengths_tests
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 230 \
     python3 -m sparse_mla.cli bench --grid --no-glm --heads 8,16,32,64,96,128 \
     --tokens 64,256,1024,4096,16384 --providers default,default_dense,default_dense_len,flashmla \

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,37 @@ def test_clock_probe_anchors_apply_to_the_current_kernel():
     slots = {int(m) for m in re.findall(r"_stamp\((\d+), ", paired)}
     assert set(ws_clk_now.PAIR_NAMES) <= slots, "a printed pair stamp is never written"
     assert not set(ws_clk_now.PAIR_NAMES) & set(ws_clk_now.NAMES), "two stamps share a slot"
+
+
+def test_l2_hint_rewrite_builds_for_sm90():
+    # experiments/ws_l2_256b.py adds L2 hints to gluon_ws's PTX by regular expressions: each
+    # variant must change every row gather (and Q's TMA loads) and still assemble for sm90.
+    from triton.backends.nvidia import compiler as nv
+
+    from sparse_mla import inspect
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import ws_l2_256b
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    _, res = inspect.compile_kernel("gluon_ws", "sm90", num_heads=64, index_dtype="int32")
+    ptx = res.asm["ptx"]
+    gathers = ptx.count(ws_l2_256b.GATHER + " [")
+    q_loads = ptx.count(ws_l2_256b.Q_LOAD + " [")
+    assert gathers == 64 and q_loads >= 1, (gathers, q_loads)
+    ptxas = nv.get_ptxas(90).path
+    for variant in ("256B", "rows_last+q_first"):
+        text, counts = ws_l2_256b.rewrite(ptx, ws_l2_256b.hints_of(variant))
+        assert counts["gathers"] == gathers, (variant, counts)
+        assert counts.get("q_loads", q_loads) == q_loads, (variant, counts)
+        with tempfile.TemporaryDirectory() as d:
+            src = Path(d) / "k.ptx"
+            src.write_text(text)
+            out = subprocess.run(
+                [ptxas, "-arch=sm_90a", str(src), "-o", str(src.with_suffix(".cubin"))],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            assert out.returncode == 0, (variant, out.stderr[-2000:])
+    with pytest.raises(SystemExit):
+        ws_l2_256b.hints_of("rows_first")
