@@ -126,6 +126,7 @@ def _register_all() -> None:
             },
             compile_args=_lazy("gluon.launch_fp8", "compile_args"),
             kv_format=FP8_FORMAT,
+            dense_ids=True,
         )
     )
 

@@ -317,6 +317,8 @@ def test_registry_says_which_kernels_read_dense_ids():
     assert not dispatch.kernel("gluon_mma").dense_ids
     assert not dispatch.kernel("gluon_wgmma").dense_ids
     assert not dispatch.kernel("triton_fp8").dense_ids
+    assert dispatch.kernel("gluon_ws_fp8").dense_ids
+    assert dispatch.kernel("gluon_ws_small_fp8").dense_ids
 
 
 def test_dense_fp8_cache_through_the_entry():

@@ -515,3 +515,71 @@ def test_mla_gluon_takes_kv_lengths_and_names_bad_ones():
         mla_gluon(q, None, kv, None, ids, None, 0.1, kv_lengths=n + 2, validate=True, **kw)
     with pytest.raises(RuntimeError, match="needs a GPU"):
         mla_gluon(q, None, kv, None, ids, None, 0.1, kv_lengths=n, **kw)
+
+
+FP8_DENSE_CASES = [  # (kernel, H, T, launch): the FP8 kernels that read dense ids themselves
+    ("gluon_ws_small_fp8", 16, 37, None),
+    ("gluon_ws_small_fp8", 32, 400, None),  # two head groups, several items a program
+    ("gluon_ws_small_fp8", 8, 300, {"PRODUCERS": 3, "PRODUCER_REGS": 112}),
+    ("gluon_ws_small_fp8", 16, 300, {"PRODUCERS": 1, "PRODUCER_REGS": 256, "PIPELINE": True}),
+    ("gluon_ws_fp8", 64, 37, None),
+    ("gluon_ws_fp8", 100, 400, None),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize(("name", "H", "T", "launch"), FP8_DENSE_CASES)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gpu_fp8_dense_forms_equal_their_csr_bitwise(name, H, T, launch, index_dtype):
+    """The FP8 kernels that read dense ids (with and without the rows' lengths) give bit for
+    bit what they give on the same lists as CSR; both right against the reference, and no
+    poisoned slot past a length is read."""
+    from test_fp8_prefill import _on, make_fp8_case
+
+    from sparse_mla import fp8
+
+    assert dispatch.kernel(name).dense_ids
+    case = make_fp8_case(T, H, num_blocks=20, block_size=64, max_slots=10, seed=T + H)
+    n_slots = case.cache.num_slots
+    v = case.kv_indices.long()
+    used = torch.zeros(n_slots, dtype=torch.bool)
+    used[v[(v >= 0) & (v < n_slots)]] = True
+    good, poison = used.nonzero().flatten(), (~used).nonzero().flatten()
+    g = torch.Generator().manual_seed(T * H)
+    K = 200
+    ids = good[torch.randint(0, good.numel(), (T, K), generator=g)]
+    ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
+    ids[torch.rand(ids.shape, generator=g) < 0.05] = n_slots
+    n = torch.randint(0, K + 1, (T,), generator=g)
+    n[1] = 0
+    n[2] = K
+    past = torch.arange(K)[None, :] >= n[:, None]
+    ids = torch.where(past, poison[torch.randint(0, poison.numel(), ids.shape, generator=g)], ids)
+    c = _on(case, "cuda")
+    ids, n = ids.to(index_dtype).cuda(), n.to(torch.int32).cuda()
+    choice = dispatch.Choice(name, launch)
+    rows = fp8.dequantize(c.cache)
+
+    def run(i, p, **kw):
+        out = poisoned_like(c.q)
+        sparse_mla_prefill(c.q, c.cache, i, p, c.softmax_scale, attn_sink=c.attn_sink, out=out,
+                           config=choice, **kw)  # fmt: skip
+        return out
+
+    with_len = run(ids, None, kv_lengths=n)
+    assert not torch.isnan(with_len).any(), "a poisoned slot past a length was read"
+    rep = check_against_reference(with_len, c.q, rows, ids, None, c.softmax_scale,
+                                  attn_sink=c.attn_sink, kv_lengths=n)  # fmt: skip
+    assert rep.ok, str(rep)
+    idx, ptr = validation.dense_lengths_csr(ids.contiguous(), n)
+    assert torch.equal(with_len, run(idx, ptr)), f"{name}: dense with lengths and CSR differ"
+    # without lengths: every row whole (the poisoned ids made absent first)
+    whole = torch.where(past.cuda(), torch.full_like(ids, -1), ids)
+    dense = run(whole, None)
+    rep = check_against_reference(dense, c.q, rows, whole, None, c.softmax_scale,
+                                  attn_sink=c.attn_sink)  # fmt: skip
+    assert rep.ok, str(rep)
+    T_, K_ = whole.shape
+    flat_ptr = torch.arange(0, T_ * K_ + 1, K_, dtype=index_dtype, device="cuda")
+    assert torch.equal(dense, run(whole.reshape(-1), flat_ptr)), f"{name}: dense and CSR differ"

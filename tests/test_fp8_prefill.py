@@ -291,20 +291,29 @@ def test_cross_compiles_with_isa_and_registers(target):
 
 
 @pytest.mark.parametrize(
-    ("H", "config"),
+    ("H", "config", "dense"),
     [
-        (16, None),  # two producers of 128 registers, one head group
-        (32, None),  # two head groups, a 2-tile ring
-        (16, {"PRODUCERS": 3, "PRODUCER_REGS": 112}),
-        (16, {"PRODUCERS": 1, "PRODUCER_REGS": 256, "PIPELINE": True}),
+        (16, None, False),  # two producers of 128 registers, one head group
+        (32, None, False),  # two head groups, a 2-tile ring
+        (16, {"PRODUCERS": 3, "PRODUCER_REGS": 112}, False),
+        (16, {"PRODUCERS": 1, "PRODUCER_REGS": 256, "PIPELINE": True}, False),
+        (16, None, 1),  # dense ids
+        (32, None, 2),  # dense ids with the rows' lengths
+        (16, {"PRODUCERS": 1, "PRODUCER_REGS": 256, "PIPELINE": True}, 2),
     ],
 )
-def test_gluon_fp8_kernel_cross_compiles_without_spills(H, config):
+def test_gluon_fp8_kernel_cross_compiles_without_spills(H, config, dense):
     from sparse_mla import inspect as si
     from sparse_mla.gluon.launch_fp8 import FP8SmallConfig
 
     cfg = None if config is None else FP8SmallConfig(HEAD_GROUPS=1 if H <= 16 else 2, **config)
-    name, res = si.compile_kernel("gluon_ws_small_fp8", "sm90", num_heads=H, config=cfg)
+    if dense:  # the dense builds: the kernel's own compile_args (inspect compiles CSR launches)
+        k = dispatch.kernel("gluon_ws_small_fp8")
+        kernel, sig, consts, opts = k.compile_args("sm90", num_heads=H, config=cfg, dense=dense)
+        assert consts["DENSE_IDS"] == (True if dense == 1 else 2)
+        name, res = k.name, si.compile(kernel, si.get_target("sm90"), consts, opts, sig)
+    else:
+        name, res = si.compile_kernel("gluon_ws_small_fp8", "sm90", num_heads=H, config=cfg)
     rows = dict(res.resources.as_rows())
     assert name == "gluon_ws_small_fp8" and "HGMMA" in res.isa
     assert rows["local bytes"] == 0 and rows["stack bytes"] == 0, "the producer spills"

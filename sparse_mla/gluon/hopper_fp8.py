@@ -281,17 +281,11 @@ def _store_tile(tile, x0, e0, x1, e1, x2, e2, rope):
 
 
 @gluon.jit
-def _csr_range(item, indptr_ptr, nnz, num_heads, HEADS: gl.constexpr):
-    """:func:`hopper_ws._item_range` of a CSR launch (this kernel takes CSR lists only)."""
-    return _item_range(item, indptr_ptr, nnz, num_heads, HEADS, 0, False)
-
-
-@gluon.jit
 def _producer(
     q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block, num_heads,
-    num_slots, nnz, num_items, block_size, block_shift, q_smem, kv_smem, bars,
+    num_slots, nnz, num_items, block_size, block_shift, ids_per_row, q_smem, kv_smem, bars,
     HEAD_GROUPS: gl.constexpr, STAGES: gl.constexpr, POW2: gl.constexpr, PIPELINE: gl.constexpr,
-    PID: gl.constexpr, NPROD: gl.constexpr,
+    PID: gl.constexpr, NPROD: gl.constexpr, DENSE_IDS: gl.constexpr = False,
 ):  # fmt: skip
     """Producer ``PID`` of ``NPROD``: fills the ring's tiles g = PID, PID + NPROD, ... (over all
     of the program's items); producer 0 also copies each item's Q."""
@@ -304,16 +298,22 @@ def _producer(
     it = 0
     if PIPELINE:
         # (NPROD == 1) The first item's first tile; each tile then loads the one after it.
-        _, _, lo0, hi0, _ = _csr_range(gl.program_id(0), indptr_ptr, nnz, num_heads, heads)
+        _, _, lo0, hi0, _ = _item_range(
+            gl.program_id(0), indptr_ptr, nnz, num_heads, heads, ids_per_row, DENSE_IDS
+        )
         x0, e0, x1, e1, x2, e2, rope = _load_tile(
             cache_ptr, idx_ptr, lo0, hi0, num_slots, block_size, block_shift, stride_block, POW2
         )
     for item in range(gl.program_id(0), num_items, nprog):
-        pid_r, pid_h, lo, hi, num_tiles = _csr_range(item, indptr_ptr, nnz, num_heads, heads)
+        pid_r, pid_h, lo, hi, num_tiles = _item_range(
+            item, indptr_ptr, nnz, num_heads, heads, ids_per_row, DENSE_IDS
+        )
         if PIPELINE:
             # The next item's range: its first tile loads during this item's last.
             nxt = gl.minimum(item + nprog, num_items - 1)
-            _, _, nlo, nhi, _ = _csr_range(nxt, indptr_ptr, nnz, num_heads, heads)
+            _, _, nlo, nhi, _ = _item_range(
+                nxt, indptr_ptr, nnz, num_heads, heads, ids_per_row, DENSE_IDS
+            )
             nhi = gl.where(item + nprog < num_items, nhi, nlo)
         if PID == 0:
             mbarrier.wait(bars.index(Q_FREE), (it & 1) ^ 1)
@@ -380,8 +380,8 @@ def _check_pipeline(pipeline, producers, stages):
 def _prefill_ws_small_fp8_kernel(
     q_ptr,  # [R, H, 512] bf16
     cache_ptr,  # the cache's bytes (uint8), MODEL1 layout
-    idx_ptr,  # [nnz] int32 | int64
-    indptr_ptr,  # [R + 1]
+    idx_ptr,  # [nnz] int32 | int64 (DENSE_IDS: [R, ids_per_row], contiguous)
+    indptr_ptr,  # [R + 1] (DENSE_IDS True: unused; 2: the rows' lengths [R])
     sink_ptr,  # [H] fp32 sink logits (-inf: no sink)
     out_ptr,  # [R, H, 512] bf16
     stride_qr,
@@ -396,23 +396,24 @@ def _prefill_ws_small_fp8_kernel(
     num_items,  # R * cdiv(H, 16 * HEAD_GROUPS)
     block_size,
     block_shift,  # log2(block_size) when POW2
+    ids_per_row,  # DENSE_IDS: K of the dense [R, K] ids (CSR: 0, unused)
     HEAD_GROUPS: gl.constexpr = 1,
     STAGES: gl.constexpr = None,
     PRODUCERS: gl.constexpr = 2,  # producer warpgroups (tiles round-robin)
     PRODUCER_REGS: gl.constexpr = None,
     POW2: gl.constexpr = True,  # block_size is a power of two
     PIPELINE: gl.constexpr = False,  # (PRODUCERS = 1) load a tile's successor before storing it
+    DENSE_IDS: gl.constexpr = False,  # dense [R, ids_per_row] ids (2: with the rows' lengths)
 ):
     """Persistent: grid (min(items, SMs),); num_warps=4: the consumer here + 4 warps a
     producer."""
     groups: gl.constexpr = _head_groups(HEAD_GROUPS)
     pipe: gl.constexpr = _check_pipeline(PIPELINE, PRODUCERS, ring_stages(groups, STAGES))
     regs: gl.constexpr = _worker_regs(PRODUCERS, PRODUCER_REGS, groups)
-    # CSR lists only (the entry turns dense ids into CSR for this kernel: ids_per_row 0,
-    # DENSE_IDS False). READY: one arrival (a producer warpgroup's, after its stores), not
-    # cp.async's 128. The
-    # partitions' arguments written out in each call: a tuple assigned to a name would turn
-    # its constexprs into tensors.
+    # The lists as hopper_ws._item_range reads them: CSR, dense rows (DENSE_IDS) or dense
+    # rows with their lengths (2). READY: one arrival (a producer warpgroup's, after its
+    # stores), not cp.async's 128. The partitions' arguments written out in each call: a
+    # tuple assigned to a name would turn its constexprs into tensors.
     q_smem, kv_smem, p_smem, bars = _shared_state(gl.bfloat16, groups, STAGES, 1)
     if PRODUCERS == 1:
         gl.warp_specialize(
@@ -420,12 +421,13 @@ def _prefill_ws_small_fp8_kernel(
             (_consumer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
                 stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale,
-                num_items, 0, q_smem, kv_smem, p_smem, bars, groups, STAGES, False,
+                num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, groups, STAGES, DENSE_IDS,
             )),
             (_producer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block,
-                num_heads, num_slots, nnz, num_items, block_size, block_shift, q_smem, kv_smem,
-                bars, groups, STAGES, POW2, pipe, 0, 1,
+                num_heads, num_slots, nnz, num_items, block_size, block_shift, ids_per_row, q_smem,
+                kv_smem,
+                bars, groups, STAGES, POW2, pipe, 0, 1, DENSE_IDS,
             )),
             ],
             [4],
@@ -437,17 +439,19 @@ def _prefill_ws_small_fp8_kernel(
             (_consumer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
                 stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale,
-                num_items, 0, q_smem, kv_smem, p_smem, bars, groups, STAGES, False,
+                num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, groups, STAGES, DENSE_IDS,
             )),
             (_producer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block,
-                num_heads, num_slots, nnz, num_items, block_size, block_shift, q_smem, kv_smem,
-                bars, groups, STAGES, POW2, False, 0, 2,
+                num_heads, num_slots, nnz, num_items, block_size, block_shift, ids_per_row, q_smem,
+                kv_smem,
+                bars, groups, STAGES, POW2, False, 0, 2, DENSE_IDS,
             )),
             (_producer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block,
-                num_heads, num_slots, nnz, num_items, block_size, block_shift, q_smem, kv_smem,
-                bars, groups, STAGES, POW2, False, 1, 2,
+                num_heads, num_slots, nnz, num_items, block_size, block_shift, ids_per_row, q_smem,
+                kv_smem,
+                bars, groups, STAGES, POW2, False, 1, 2, DENSE_IDS,
             )),
             ],
             [4, 4],
@@ -459,22 +463,25 @@ def _prefill_ws_small_fp8_kernel(
             (_consumer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
                 stride_block, stride_or, stride_oh, num_heads, num_slots, nnz, qk_scale,
-                num_items, 0, q_smem, kv_smem, p_smem, bars, groups, STAGES, False,
+                num_items, ids_per_row, q_smem, kv_smem, p_smem, bars, groups, STAGES, DENSE_IDS,
             )),
             (_producer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block,
-                num_heads, num_slots, nnz, num_items, block_size, block_shift, q_smem, kv_smem,
-                bars, groups, STAGES, POW2, False, 0, 3,
+                num_heads, num_slots, nnz, num_items, block_size, block_shift, ids_per_row, q_smem,
+                kv_smem,
+                bars, groups, STAGES, POW2, False, 0, 3, DENSE_IDS,
             )),
             (_producer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block,
-                num_heads, num_slots, nnz, num_items, block_size, block_shift, q_smem, kv_smem,
-                bars, groups, STAGES, POW2, False, 1, 3,
+                num_heads, num_slots, nnz, num_items, block_size, block_shift, ids_per_row, q_smem,
+                kv_smem,
+                bars, groups, STAGES, POW2, False, 1, 3, DENSE_IDS,
             )),
             (_producer, (
                 q_ptr, cache_ptr, idx_ptr, indptr_ptr, stride_qr, stride_qh, stride_block,
-                num_heads, num_slots, nnz, num_items, block_size, block_shift, q_smem, kv_smem,
-                bars, groups, STAGES, POW2, False, 2, 3,
+                num_heads, num_slots, nnz, num_items, block_size, block_shift, ids_per_row, q_smem,
+                kv_smem,
+                bars, groups, STAGES, POW2, False, 2, 3, DENSE_IDS,
             )),
             ],
             [4, 4, 4],

@@ -5,7 +5,8 @@
 
 ``gluon_ws_small_fp8``'s launch mirrors the bf16 heads-on-N kernel's: persistent, one program
 per SM over R x cdiv(H, 16 x HEAD_GROUPS) work items, 4 warps in the default partition (the
-consumer) + 4 in each of the PRODUCERS producer partitions. ``gluon_ws_fp8`` is launched as the
+consumer) + 4 in each of the PRODUCERS producer partitions; CSR lists or dense ids (with or
+without the rows' lengths), read as they are. ``gluon_ws_fp8`` is launched as the
 bf16 heads-on-M kernel is (:func:`launch._launch_persistent`: R x cdiv(H, 64) items, Q and O
 by TMA, the small-call order, dense ids), with the cache's bytes for the pool.
 """
@@ -21,7 +22,7 @@ import torch
 from .. import dispatch, fastlaunch, runtime
 from .._consts import LOG2E
 from ..fp8 import HEAD_DIM, KV_FORMAT, FP8Cache
-from ..validation import dense_ids_value
+from ..validation import dense_ids_value, dense_launch
 from . import hopper_fp8, hopper_ws, hopper_ws_fp8, hopper_ws_small
 from . import launch as _launch
 from .launch import SmallWSConfig, WSConfig, _regs_field, get_target
@@ -184,7 +185,9 @@ def _constexprs(cfg: FP8SmallConfig, block_size: int) -> dict[str, Any]:
 
 
 def run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
-    """Launch on validated inputs (T > 0, at least one block)."""
+    """Launch on validated inputs (T > 0, at least one block): CSR, dense [T, K] ids
+    (``kv_indptr`` None) or dense ids with their rows' lengths in ``kv_indptr``'s place, read
+    as they are (:func:`~sparse_mla.validation.dense_launch`)."""
     R, H, _ = q.shape
     if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8 or q.stride(2) != 1:
         q = q.contiguous()  # the producer copies Q rows with 16-byte cp.async
@@ -194,7 +197,11 @@ def run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out
     # Through the module: one cached SM count for every launcher (and one place to stub it).
     grid = (min(items, _launch._num_compute_units(q.device.index or 0)),)
     bs = cache.block_size
-    kwargs = fastlaunch.frozen(**_constexprs(cfg, bs), num_warps=4, num_stages=1)
+    consts = _constexprs(cfg, bs)
+    dense, kv_indptr, per_row = dense_launch(kv_indices, kv_indptr)
+    if dense:  # passed only when set: a CSR launch is the kernel it always was
+        consts["DENSE_IDS"] = dense
+    kwargs = fastlaunch.frozen(**consts, num_warps=4, num_stages=1)
     dst = out
     if out.stride(2) != 1 or out.data_ptr() % 16 or out.stride(0) % 8 or out.stride(1) % 8:
         dst = torch.empty(out.shape, dtype=out.dtype, device=out.device)
@@ -203,7 +210,7 @@ def run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out
         (q, cache.kernel_bytes(), kv_indices, kv_indptr, sink, dst, q.stride(0), q.stride(1),
          cache.block_stride, dst.stride(0), dst.stride(1), H, cache.num_slots,
          kv_indices.numel(), float(softmax_scale) * LOG2E, items, bs,
-         int(math.log2(bs)) if bs & (bs - 1) == 0 else 0),
+         int(math.log2(bs)) if bs & (bs - 1) == 0 else 0, per_row),
         kwargs,
     )  # fmt: skip
     if dst is not out:
@@ -223,18 +230,21 @@ def _compile_setup(name: str, resolve_fn, target: str, num_heads: int, config, i
 
 
 def compile_args(target: str, *, num_heads: int = 16, config=None, index_dtype=torch.int32,
-                 block_size: int = 64, **_ignored):  # fmt: skip
+                 block_size: int = 64, dense: bool | int = False, **_ignored):  # fmt: skip
     """(kernel, signature, constexprs, options) to cross-compile the kernel for ``target`` as a
-    launch at ``num_heads`` would (:func:`sparse_mla.inspect.compile_kernel`)."""
+    launch at ``num_heads`` would (:func:`sparse_mla.inspect.compile_kernel`; ``dense``: dense
+    [R, K] ids, 2: with the rows' lengths)."""
     cfg, ix = _compile_setup(NAME, resolve, target, num_heads, config, index_dtype)
     sig = {
         "q_ptr": "*bf16", "cache_ptr": "*u8", "idx_ptr": ix, "indptr_ptr": ix,
         "sink_ptr": "*fp32", "out_ptr": "*bf16", "stride_qr": "i32", "stride_qh": "i32",
         "stride_block": "i64", "stride_or": "i32", "stride_oh": "i32", "num_heads": "i32",
         "num_slots": "i32", "nnz": "i32", "qk_scale": "fp32", "num_items": "i32",
-        "block_size": "i32", "block_shift": "i32",
+        "block_size": "i32", "block_shift": "i32", "ids_per_row": "i32",
     }  # fmt: skip
     consts = _constexprs(cfg, block_size)
+    if dense:
+        consts["DENSE_IDS"] = dense_ids_value(dense)
     sig.update({k: "constexpr" for k in consts})
     return hopper_fp8._prefill_ws_small_fp8_kernel, sig, consts, {"num_warps": 4, "num_stages": 1}
 
