@@ -47,7 +47,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -207,6 +207,10 @@
 #             H128 (about 3 minutes). Predicted: whole lists -2..-5% if the policies are what
 #             FlashMLA's higher L2 hit rate there (77% against 66%, step 21) is made of; the
 #             others within +-1%
+#   fp8lengths the FP8 cache's dense ids with lengths (thirtieth session: gluon_ws_small_fp8 reads
+#             them itself now, as gluon_ws_fp8 did): `sparse-mla bench --fp8` with fp8_default
+#             and fp8_default_dense_len at H 8-64 x T 64-16384 (about 2 minutes). Predicted:
+#             fp8_default_dense_len within 1.03 of fp8_default (CSR) at every point
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -382,6 +386,15 @@ if want fp8bench; then
     python3 -m sparse_mla.cli bench --fp8 --time-limit 150 --commit "$COMMIT" \
     --out "$OUT/nvidia-h200_fp8.csv" > "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log" 2>&1
   echo "fp8bench: rc=$?"; grep "^\[" "$OUT/nvidia-h200_fp8_${COMMIT:0:7}.log"
+fi
+if want fp8lengths; then  # gluon_ws_small_fp8 reading dense ids with lengths: the FP8 entry's
+  # config=None on FlashMLA's dense ids with their lengths against CSR, small T where the
+  # heads-on-N FP8 kernel is the default (no peer built: the package's own providers)
+  PYTHONPATH=$PWD timeout 200 python3 -m sparse_mla.cli bench --fp8 --heads 8,16,32,64 \
+    --tokens 64,256,1024,16384 --providers fp8_default,fp8_default_dense_len --time-limit 150 \
+    --commit "$COMMIT" --out "$OUT/nvidia-h200_fp8_lengths.csv" \
+    > "$OUT/nvidia-h200_fp8_lengths_${COMMIT:0:7}.log" 2>&1
+  echo "fp8lengths: rc=$?"; grep "^\[" "$OUT/nvidia-h200_fp8_lengths_${COMMIT:0:7}.log"
 fi
 if want trims; then
   xdist

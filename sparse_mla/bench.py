@@ -1969,15 +1969,16 @@ def fp8_kernels() -> tuple[str, ...]:
 
 
 def fp8_provider_names() -> tuple[str, ...]:
-    """Every provider of an FP8 run, in the order they run: ``fp8_default``, the package's FP8
-    kernels but the fallback (``fp8_<name>``), the peers (:data:`FP8_PEERS`), the fallback."""
+    """Every provider of an FP8 run, in the order they run: ``fp8_default``,
+    ``fp8_default_dense_len``, the package's FP8 kernels but the fallback (``fp8_<name>``), the
+    peers (:data:`FP8_PEERS`), the fallback."""
     from . import dispatch, fp8
 
     ks = fp8_kernels()
     last = dispatch.FALLBACKS.get(fp8.KV_FORMAT)
     first = [f"fp8_{k}" for k in ks if k != last]
     tail = [f"fp8_{k}" for k in ks if k == last]
-    return ("fp8_default", *first, *FP8_PEERS, *tail)
+    return ("fp8_default", "fp8_default_dense_len", *first, *FP8_PEERS, *tail)
 
 
 def fp8_points(
@@ -2032,6 +2033,8 @@ def _fp8_kernel_provider(name: str, p: _FP8Point, device: torch.device) -> Prepa
     from .prefill import sparse_mla_prefill
 
     call_info = _fp8_call(p, device)
+    if name == "fp8_default_dense_len":
+        return _fp8_default_dense_len(p, call_info)
     if name == "fp8_default":
         choice = dispatch.choose(call_info)
         config = None
@@ -2052,6 +2055,30 @@ def _fp8_kernel_provider(name: str, p: _FP8Point, device: torch.device) -> Prepa
                                   config=config)  # fmt: skip
 
     return Prepared(name, call, cfg)
+
+
+def _fp8_default_dense_len(p: _FP8Point, call_info) -> Prepared:
+    """``fp8_default_dense_len``: config=None on the cache with the ids as FlashMLA's peers get
+    them, dense [T, K] int32 (-1 padded, :func:`_dense_topk`) with the rows' lengths as
+    ``kv_lengths`` (an engine's top-k output with its ``topk_length``)."""
+    import dataclasses
+
+    from . import dispatch
+    from .prefill import sparse_mla_prefill
+
+    q, _, idx, indptr, scale = p.w.args()
+    cache, sink = p.cache, p.w.attn_sink
+    dense, n = _dense_topk(idx, indptr, cache.num_slots, 128)
+    choice = dispatch.choose(dataclasses.replace(call_info, nnz=dense.numel()))
+    reads = "as they are" if dispatch.kernel(choice.kernel).dense_ids else "as CSR"
+    cfg = _fp8_cfg(p, kernel=choice.kernel, ids=f"dense [T, {dense.shape[1]}] with lengths "
+                   f"{reads}", **choice.launch_dict())  # fmt: skip
+
+    def call(out):
+        return sparse_mla_prefill(q, cache, dense, None, scale, attn_sink=sink, out=out,
+                                  kv_lengths=n)  # fmt: skip
+
+    return Prepared("fp8_default_dense_len", call, cfg)
 
 
 def _bf16_default_dequant(p: _FP8Point, device: torch.device) -> Prepared:
@@ -2183,7 +2210,9 @@ def _fp8_provider(name: str, p: _FP8Point, device: torch.device, peers: Peers) -
         return _flashmla_fp8decode(p, device, peers.flash_mla())
     if name == "bf16_default_dequant":
         return _bf16_default_dequant(p, device)
-    if name == "fp8_default" or (name.startswith("fp8_") and name[4:] in fp8_kernels()):
+    if name in ("fp8_default", "fp8_default_dense_len") or (
+        name.startswith("fp8_") and name[4:] in fp8_kernels()
+    ):
         return _fp8_kernel_provider(name, p, device)
     raise ValueError(f"unknown FP8 provider {name!r}; expected one of {list(fp8_provider_names())}")
 
@@ -2333,6 +2362,8 @@ def run_fp8(
 
     - ``fp8_default``: ``sparse_mla_prefill(q, cache, ...)`` with config=None (its config names
       the kernel the dispatch picked);
+    - ``fp8_default_dense_len``: the same on the ids as FlashMLA's peers get them, dense
+      [T, K] with the rows' lengths (``kv_lengths``);
     - ``fp8_<name>``: each registered FP8 kernel (``kv_format`` "fp8_model1") that can run the
       call, forced with ``config=dispatch.Choice(name)``;
     - ``flashmla_fp8ws`` (rows ``flashmla_pad64_fp8ws``, ``flashmla_fp8ws``, ...), peer (a),

@@ -557,7 +557,8 @@ def test_fp8_points_and_providers():
     assert all(p.kind == "dsv4_csa" for p in pts)
     names = bench.fp8_provider_names()
     fp8_kernels = [n for n, k in dispatch.KERNELS.items() if k.kv_format == "fp8_model1"]
-    assert fp8_kernels and set(names) == {"fp8_default", *(f"fp8_{k}" for k in fp8_kernels),
+    assert fp8_kernels and set(names) == {"fp8_default", "fp8_default_dense_len",
+                                          *(f"fp8_{k}" for k in fp8_kernels),
                                           "flashmla_fp8ws", "flashmla_fp8decode",
                                           "bf16_default_dequant"}  # fmt: skip
     assert names[0] == "fp8_default" and names[-1] == "fp8_triton_fp8"  # the slow one last
@@ -586,6 +587,7 @@ def test_fp8_bench_cpu_rows_fill_the_schema(fake_flash_mla, monkeypatch, tmp_pat
         == [r["provider"] for r in rows]
         == [
             "fp8_default",
+            "fp8_default_dense_len",
             "flashmla_pad64_fp8ws",
             "flashmla_pad64_fp8decode",
             "bf16_default_dequant",
@@ -613,6 +615,8 @@ def test_fp8_bench_cpu_rows_fill_the_schema(fake_flash_mla, monkeypatch, tmp_pat
         assert r["frac_of_floor"] == pytest.approx(floor / r["ms"], rel=1e-4)
     by = {r["provider"]: r for r in got}
     assert by["fp8_default"]["config"]["kernel"] == "triton_fp8"  # the interpreter's choice
+    lens = by["fp8_default_dense_len"]["config"]
+    assert lens["kernel"] == "triton_fp8" and lens["ids"] == "dense [T, 128] with lengths as CSR"
     assert by["bf16_default_dequant"]["config"]["kernel"] == "triton"
     ws = by["flashmla_pad64_fp8ws"]["config"]
     assert ws["heads"] == 64 and ws["topk"] == 128 and ws["workspace_rows"] == 10
