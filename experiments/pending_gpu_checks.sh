@@ -48,7 +48,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -212,6 +212,15 @@
 #             them itself now, as gluon_ws_fp8 did): `sparse-mla bench --fp8` with fp8_default
 #             and fp8_default_dense_len at H 8-64 x T 64-16384 (about 2 minutes). Predicted:
 #             fp8_default_dense_len within 1.03 of fp8_default (CSR) at every point
+#   nowait    step 37 (thirtieth session): gluon_ws (and gluon_ws_fp8, which shares the
+#             consumers) no longer waits for the TMA engine to have read a program's last
+#             output block before the program ends (FlashMLA's epilogue does not either): the
+#             GPU tests of every gluon_ws path, then ws_bars_ab.py against 2d17d54's file
+#             (.ab_base/hopper_ws_before.py, carried) at the grid's T = 64 H128 / H64 and
+#             T = 256 H64, whole lists T = 64 H128 and T = 16384 H128 (about 4 minutes).
+#             Predicted: T = 64 -1..-2% (the last block's read, 0.2-0.3 us in step 24's
+#             stamps, off the program's end), T = 256 -0.5%, T = 16384 and whole lists
+#             within noise
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -537,6 +546,12 @@ if want l2policy; then  # step 36: FlashMLA's L2 policies (rows evict_last, Q ev
     --variants rows_last+q_first --points ctx65536:128:64:512 ctx65536:64:128:1024 \
     64:128:1024 16384:128:1024 > "$OUT/ws_l2_policy_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "l2policy: rc=$?"; cat "$OUT/ws_l2_policy_ab_h200_${COMMIT:0:7}.log"
+fi
+if want nowait; then  # step 37: no wait for the last item's output reads before the program ends
+  cp .ab_base/hopper_ws_before.py /tmp/hopper_ws_before.py || exit 1  # 2d17d54's, the wait kept
+  ws_gpu_tests nowait
+  ws_ab nowait --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:512 256:64:512 \
+    ctx65536:64:128:1024 16384:128:1024
 fi
 if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 128 H64 and T = 64 H128
   TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \
