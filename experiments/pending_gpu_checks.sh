@@ -49,7 +49,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -222,6 +222,11 @@
 #             Predicted: T = 64 -1..-2% (the last block's read, 0.2-0.3 us in step 24's
 #             stamps, off the program's end), T = 256 -0.5%, T = 16384 and whole lists
 #             within noise
+#   ctxlengths steps of a long request (whole lists, T 1-128, H 8-128) with FlashMLA's dense
+#             ids and their lengths (`default_dense_len`) beside CSR `default` and FlashMLA,
+#             rows into nvidia-h200_ctx_lengths.csv (not the context grid's CSV, whose latest
+#             run the kernel-choice export reads; about 2 minutes). Predicted: within 1.03 of
+#             `default` (at whole lists the padding is at most 127 ids a row)
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -553,6 +558,14 @@ if want nowait; then  # step 37: no wait for the last item's output reads before
   ws_gpu_tests nowait
   ws_ab nowait --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:512 256:64:512 \
     ctx65536:64:128:1024 16384:128:1024
+fi
+if want ctxlengths; then  # whole lists at small T with FlashMLA's dense ids and their lengths
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 150 \
+    python3 -m sparse_mla.cli bench --grid --context 65536 --tokens 1,4,16,64,128 \
+    --heads 8,16,32,64,128 --providers default,default_dense_len,flashmla --time-limit 110 \
+    --commit "$COMMIT" --out "$OUT/nvidia-h200_ctx_lengths.csv" \
+    > "$OUT/nvidia-h200_ctx_lengths_${COMMIT:0:7}.log" 2>&1
+  echo "ctxlengths: rc=$?"; tail -n 4 "$OUT/nvidia-h200_ctx_lengths_${COMMIT:0:7}.log"
 fi
 if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 128 H64 and T = 64 H128
   TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \
