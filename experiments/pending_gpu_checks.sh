@@ -44,7 +44,8 @@
 # the lengths tests again on 332dbcc, gpu_tests_lengths_332dbcc.log), earlypv on 0e5194d
 # (*earlypv*0e5194d*: step 35, not kept); in the thirtieth, lentests, l2policy (step 36, not
 # kept) and fp8lengths on ca24298 (*ca24298*), nowait on 959d8b9 (*nowait*959d8b9*, step 37,
-# kept); the grid and ctxlengths on fb3bbfe (*fb3bbfe*).) Open: none.
+# kept); the grid and ctxlengths on fb3bbfe (*fb3bbfe*), the suite on 4cd0507
+# (gpu_suite_4cd0507.log: 1014 passed).) Open: none.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
