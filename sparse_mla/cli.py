@@ -180,10 +180,11 @@ def _sweep_kernel(args: argparse.Namespace) -> int:
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
-    """Every registered kernel: name, targets, knobs (field: allowed values), summary."""
+    """Every registered kernel: name, targets, knobs (field: allowed values), what it reads,
+    summary."""
     import json
 
-    from . import tune
+    from . import dispatch, tune
 
     cat = tune.catalog()
     if args.json:
@@ -193,6 +194,9 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
         knobs = "; ".join(f"{f}={','.join(str(v) for v in vs)}" for f, vs in k["knobs"].items())
         print(f"{k['name']}  [{', '.join(k['targets'])}]")
         print(f"  knobs: {knobs or 'none'}")
+        ids = ("CSR, dense ids and dense ids with lengths, as they are" if k["dense_ids"]
+               else "CSR (the entry packs dense ids to CSR for it)")  # fmt: skip
+        print(f"  reads: {dispatch.FORMATS[k['kv_format']]}; slot lists {ids}")
         print(f"  {k['summary']}")
     return 0
 
@@ -232,9 +236,11 @@ def _isa_kernel(args: argparse.Namespace, target) -> int:
         print(f"sparse-mla isa: {name} refuses this launch: {e}", file=sys.stderr)
         return 1
     kw = dict(num_heads=args.heads, head_dim=args.head_dim, dtype=args.dtype,
-              index_dtype=args.index_dtype)  # fmt: skip
+              index_dtype=args.index_dtype, dense=args.ids)  # fmt: skip
     try:
         _, res = si.compile_kernel(name, target, config=launch, **kw)
+    except ValueError as e:  # e.g. --ids dense for a kernel that reads CSR only
+        raise UsageError(str(e)) from None
     except si.CompileFailed as e:
         print(f"sparse-mla isa: {e.summary}", file=sys.stderr)
         return 1
@@ -627,6 +633,7 @@ def _cmd_isa(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         has_sink=args.sink,
         index_dtype=args.index_dtype,
+        dense=args.ids,
     )
     origin = _config_origin(target.name, args.heads, args.head_dim)
     if args.set:
@@ -1084,6 +1091,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-dim", type=int, default=512)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--index-dtype", choices=["int32", "int64"], default="int32")
+    p.add_argument(
+        "--ids",
+        choices=["csr", "dense", "lengths"],
+        default="csr",
+        help="the slot lists' form the build reads: CSR, dense [T, K] ids (DENSE_IDS), or dense "
+        "ids with the rows' lengths (kv_lengths); the dense forms for the kernels that read "
+        "them (`sparse-mla kernels` says which)",
+    )
     p.add_argument("--sink", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument(
         "--asm",

@@ -1662,6 +1662,29 @@ _DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"
 _INDEX_DTYPES = {"int32": "i32", "i32": "i32", "int64": "i64", "i64": "i64"}
 
 
+# The slot lists' forms a compile can take (``dense`` of :func:`compile_kernel`), by name.
+IDS_FORMS = {"csr": 0, "dense": 1, "lengths": 2}
+
+
+def _ids_form(dense) -> int:
+    """``dense`` (a bool, 0 / 1 / 2 or a name of :data:`IDS_FORMS`) as 0 / 1 / 2."""
+    if isinstance(dense, str):
+        if dense not in IDS_FORMS:
+            raise ValueError(f"dense: one of {sorted(IDS_FORMS)}, got {dense!r}")
+        return IDS_FORMS[dense]
+    if dense in (False, True, 0, 1, 2):
+        return int(dense)
+    raise ValueError(
+        f"dense must be False/True, 0/1/2 or one of {sorted(IDS_FORMS)}, got {dense!r}"
+    )
+
+
+def _dense_value(dense):
+    from .validation import dense_ids_value
+
+    return dense_ids_value(_ids_form(dense))
+
+
 def compile_prefill(
     target: str | Target,
     config=None,
@@ -1672,6 +1695,7 @@ def compile_prefill(
     has_sink: bool = True,
     index_dtype: str = "int32",
     options: Mapping[str, Any] | None = None,
+    dense: bool | int = False,
 ) -> CompileResult:
     """Compile the Triton prefill kernel as a launch with these shapes would, for ``target``.
 
@@ -1684,6 +1708,8 @@ def compile_prefill(
         has_sink: compile the attn_sink path.
         index_dtype: "int32" or "int64" for kv_indices and kv_indptr.
         options: extra compiler options over the config's (e.g. ``matrix_instr_nonkdim``).
+        dense: the slot lists' form (:data:`IDS_FORMS`): 0 / False CSR, 1 / True dense
+            [T, K] ids, 2 dense ids with the rows' lengths (``DENSE_IDS``).
     """
     import torch
 
@@ -1700,6 +1726,8 @@ def compile_prefill(
     cfg = prefill.resolve_config(num_heads, head_dim, config, t.name)
     torch_dtype = torch.bfloat16 if _DTYPES[dtype] == "bf16" else torch.float16
     consts = prefill.launch_constexprs(num_heads, head_dim, torch_dtype, cfg, has_sink=has_sink)
+    if _ids_form(dense):  # only when set, as the launcher passes it
+        consts["DENSE_IDS"] = _dense_value(dense)
     if cfg.EVEN_HD and not prefill._even_hd_ok(cfg, num_heads, head_dim, consts["BLOCK_D"]):
         raise ValueError(
             f"config: EVEN_HD needs head_dim == BLOCK_D and H % BLOCK_H == 0; got "
@@ -1885,12 +1913,16 @@ def compile_kernel(
     config=None,
     dtype: str = "bf16",
     index_dtype: str = "int32",
+    dense: bool | int = False,
 ) -> tuple[str, CompileResult]:
     """Cross-compile a registered kernel of the sparse prefill for ``target`` as a launch at
     (H, D) would: ``name`` a name of :data:`sparse_mla.dispatch.KERNELS`, or ``"default"`` for
     the one ``sparse_mla_prefill(config=None)`` runs there (the dispatch's own choice for the
     target's arch, H, D and ``num_tokens``: the same selector serves the run and this compile).
     ``config`` is the kernel's launch (None: its default, or for ``default`` the chosen one).
+    ``dense``: the slot lists' form (:data:`IDS_FORMS`; 0 CSR, 1 dense ids, 2 dense ids with
+    the rows' lengths), for a kernel that reads dense ids itself (``Kernel.dense_ids``; the
+    entry gives the others CSR).
 
     Returns (kernel name, CompileResult).
     """
@@ -1907,9 +1939,16 @@ def compile_kernel(
                                           num_tokens=num_tokens))  # fmt: skip
         name, config = c.kernel, c.launch
     k = dispatch.kernel(name)
+    form = _ids_form(dense)
+    if form and not k.dense_ids:
+        raise ValueError(
+            f"compile_kernel: {name} reads CSR lists only (the entry packs dense ids to CSR "
+            f"for it); the kernels that read dense ids: "
+            f"{', '.join(n for n, kk in dispatch.KERNELS.items() if kk.dense_ids)}"
+        )
     if name == dispatch.FALLBACK:
         res = compile_prefill(t, config, num_heads=num_heads, head_dim=head_dim, dtype=dtype,
-                              index_dtype=index_dtype)  # fmt: skip
+                              index_dtype=index_dtype, dense=form)  # fmt: skip
         return name, res
     if k.compile_args is None:
         raise ValueError(f"compile_kernel: kernel {name!r} cannot be cross-compiled")
@@ -1929,6 +1968,8 @@ def compile_kernel(
     }
     if config is not None:
         shape["config"] = config
+    if form:
+        shape["dense"] = form
     kernel, signature, constexprs, options = k.compile_args(t.name, **shape)
     res = compile(kernel, t, constexprs, options, signature, divisible=("stride_kvn",))
     return name, res

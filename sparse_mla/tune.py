@@ -1358,8 +1358,9 @@ def kernel_targets(name: str) -> tuple[str, ...]:
 
 def catalog() -> list[dict[str, Any]]:
     """Every registered kernel as JSON: name, targets (named ones), knobs (field -> allowed
-    values), summary, config_type and whether it can be cross-compiled (``sparse-mla kernels
-    --json`` prints this list)."""
+    values), summary, config_type, whether it can be cross-compiled, the pool format it reads
+    and whether it reads dense [T, K] ids itself (``sparse-mla kernels --json`` prints this
+    list)."""
     from . import dispatch
 
     out = []
@@ -1371,6 +1372,8 @@ def catalog() -> list[dict[str, Any]]:
             "summary": k.summary,
             "config_type": k.config_type,
             "compiles": name == dispatch.FALLBACK or k.compile_args is not None,
+            "kv_format": k.kv_format,
+            "dense_ids": k.dense_ids,
         })  # fmt: skip
     return out
 

@@ -37,6 +37,10 @@ def _mistakes(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "negative tokens": (["check", "--tokens", "-1"], "--tokens"),
         "bad heads list": (["sweep", "--heads", "8,x", "--target", "sm90"], "8,x"),
         "bad setting": (["isa", "--target", "sm90", "--set", "BLOCK_K=24"], "BLOCK_K"),
+        "dense ids for a CSR-only kernel": (
+            ["isa", "--target", "sm90", "--kernel", "gluon_mma", "--ids", "dense"],
+            "gluon_mma",
+        ),
         "malformed configs JSON": (
             ["export", str(SWEEP_CSV), "--arch", "sm90", "--root", str(root), "--dry-run"],
             "DEFAULT.json",

@@ -372,6 +372,44 @@ def test_lengths_builds_cross_compile_with_one_more_load(name):
     assert n_len > n_plain, (n_len, n_plain)
 
 
+@pytest.mark.parametrize(("name", "H"), [("triton", 16), ("gluon_ws", 64),
+                                       ("gluon_ws_small_fp8", 16)])  # fmt: skip
+def test_inspect_compiles_each_ids_form(name, H):
+    """``inspect.compile_kernel(dense=...)`` (``sparse-mla isa --ids``) builds the form a launch
+    reads: the lengths build loads each row's length, the dense build no kv_indptr, so the
+    three builds' global 32-bit loads differ; a kernel that reads CSR only refuses the dense
+    forms by name."""
+    import re
+
+    from sparse_mla import inspect
+
+    loads = r"ld\.global(?:\.[a-z0-9]+)*\.b32"
+    counts = {}
+    for form in ("csr", "dense", "lengths"):
+        _, res = inspect.compile_kernel(name, "sm90", num_heads=H, dense=form)
+        counts[form] = len(re.findall(loads, res.asm["ptx"]))
+    assert counts["lengths"] > counts["dense"], counts
+    assert counts["csr"] != counts["dense"], counts
+    with pytest.raises(ValueError, match="gluon_mma reads CSR lists only"):
+        inspect.compile_kernel("gluon_mma", "sm90", num_heads=16, dense=1)
+    with pytest.raises(ValueError, match="dense"):
+        inspect.compile_kernel(name, "sm90", num_heads=H, dense="rows")
+
+
+def test_isa_cli_prints_a_lengths_build(capsys):
+    from sparse_mla.cli import main
+
+    args = ["isa", "--target", "sm90", "--kernel", "gluon_ws_small", "--heads", "16"]
+    assert main([*args, "--ids", "lengths"]) == 0
+    text = capsys.readouterr().out
+    assert "kernel: gluon_ws_small" in text
+    assert main([*args, "--ids", "lengths", "--asm", "ttgir"]) == 0
+    with_len = capsys.readouterr().out
+    assert main([*args, "--asm", "ttgir"]) == 0
+    csr = capsys.readouterr().out
+    assert with_len != csr
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU
 # ----------------------------------------------------------------------------------------------

@@ -30,10 +30,14 @@ def test_kernels_json_lists_the_registry(capsys):
         assert k["knobs"] == {f: list(v) for f, v in reg.knobs.items()}
         assert k["targets"] and set(k["targets"]) <= {"sm90", "sm100", "gfx942", "gfx950"}
         assert k["summary"] == reg.summary
+        assert k["kv_format"] == reg.kv_format and k["dense_ids"] is reg.dense_ids
     assert main(["kernels"]) == 0
     text = capsys.readouterr().out
-    for name in dispatch.KERNELS:
+    for name, reg in dispatch.KERNELS.items():
         assert f"{name}  [" in text
+        block = text.split(f"{name}  [", 1)[1].split("\n")[2]  # the "reads:" line
+        want = "as they are" if reg.dense_ids else "packs dense ids to CSR"
+        assert block.startswith("  reads: ") and want in block, (name, block)
 
 
 def _two_points(name: str, target: str, H: int) -> dict[str, list]:
