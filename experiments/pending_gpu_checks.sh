@@ -45,12 +45,12 @@
 # (*earlypv*0e5194d*: step 35, not kept); in the thirtieth, lentests, l2policy (step 36, not
 # kept) and fp8lengths on ca24298 (*ca24298*), nowait on 959d8b9 (*nowait*959d8b9*, step 37,
 # kept); the grid and ctxlengths on fb3bbfe (*fb3bbfe*), the suite on 4cd0507
-# (gpu_suite_4cd0507.log: 1014 passed).) Open: none.
+# (gpu_suite_4cd0507.log: 1014 passed).) Open: l2split (prepared, optional).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -228,6 +228,10 @@
 #             rows into nvidia-h200_ctx_lengths.csv (not the context grid's CSV, whose latest
 #             run the kernel-choice export reads; about 2 minutes). Predicted: within 1.03 of
 #             `default` (at whole lists the padding is at most 127 ids a row)
+#   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
+#             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
+#             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
+#             whole-list gain (the rows' reuse across tokens), q_first nothing beyond noise
 #   smallsink step 29, a patch (experiments/patches/ws_small_sink_early.diff): gluon_ws_small's
 #             GPU tests with it, then ws_bars_ab.py --kernel gluon_ws_small against the package
 #             file at T = 64 H4-48, T = 256, 16384 and GLM H16 (under 5 minutes)
@@ -567,6 +571,12 @@ if want ctxlengths; then  # whole lists at small T with FlashMLA's dense ids and
     --commit "$COMMIT" --out "$OUT/nvidia-h200_ctx_lengths.csv" \
     > "$OUT/nvidia-h200_ctx_lengths_${COMMIT:0:7}.log" 2>&1
   echo "ctxlengths: rc=$?"; tail -n 4 "$OUT/nvidia-h200_ctx_lengths_${COMMIT:0:7}.log"
+fi
+if want l2split; then  # step 36's two policies apart: which one holds the 1.2-1.6%
+  TRITON_ALWAYS_COMPILE=1 PYTHONPATH=$PWD timeout 400 python3 experiments/ws_l2_256b.py \
+    --variants rows_last q_first --points ctx65536:128:64:512 ctx65536:64:128:1024 \
+    16384:128:1024 > "$OUT/ws_l2_split_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "l2split: rc=$?"; cat "$OUT/ws_l2_split_ab_h200_${COMMIT:0:7}.log"
 fi
 if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 128 H64 and T = 64 H128
   TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \
