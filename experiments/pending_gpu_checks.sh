@@ -44,7 +44,7 @@
 # the lengths tests again on 332dbcc, gpu_tests_lengths_332dbcc.log), earlypv on 0e5194d
 # (*earlypv*0e5194d*: step 35, not kept); in the thirtieth, lentests, l2policy (step 36, not
 # kept) and fp8lengths on ca24298 (*ca24298*), nowait on 959d8b9 (*nowait*959d8b9*, step 37,
-# kept); the grid and ctxlengths on fb3bbfe (*fb3bbfe*), the suite on 4cd0507
+# kept, then taken out: see PERF_NOTES); the grid and ctxlengths on fb3bbfe (*fb3bbfe*), the suite on 4cd0507
 # (gpu_suite_4cd0507.log: 1014 passed).) Open: l2split (prepared, optional).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
@@ -214,8 +214,9 @@
 #             them itself now, as gluon_ws_fp8 did): `sparse-mla bench --fp8` with fp8_default
 #             and fp8_default_dense_len at H 8-64 x T 64-16384 (about 2 minutes). Predicted:
 #             fp8_default_dense_len within 1.03 of fp8_default (CSR) at every point
-#   nowait    step 37 (thirtieth session): gluon_ws (and gluon_ws_fp8, which shares the
-#             consumers) no longer waits for the TMA engine to have read a program's last
+#   nowait    step 37 (thirtieth session; a patch since, experiments/patches/
+#             ws_nowait_last_read.diff, applied by the step): gluon_ws (and gluon_ws_fp8, which shares the
+#             consumers) no longer waited for the TMA engine to have read a program's last
 #             output block before the program ends (FlashMLA's epilogue does not either): the
 #             GPU tests of every gluon_ws path, then ws_bars_ab.py against 2d17d54's file
 #             (.ab_base/hopper_ws_before.py, carried) at the grid's T = 64 H128 / H64 and
@@ -558,11 +559,13 @@ if want l2policy; then  # step 36: FlashMLA's L2 policies (rows evict_last, Q ev
     64:128:1024 16384:128:1024 > "$OUT/ws_l2_policy_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "l2policy: rc=$?"; cat "$OUT/ws_l2_policy_ab_h200_${COMMIT:0:7}.log"
 fi
-if want nowait; then  # step 37: no wait for the last item's output reads before the program ends
+if want nowait; then  # step 37, a patch since: no wait for the last output reads before the end
   cp .ab_base/hopper_ws_before.py /tmp/hopper_ws_before.py || exit 1  # 2d17d54's, the wait kept
+  apply_patch experiments/patches/ws_nowait_last_read.diff || exit 1
   ws_gpu_tests nowait
   ws_ab nowait --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:512 256:64:512 \
     ctx65536:64:128:1024 16384:128:1024
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's file again
 fi
 if want ctxlengths; then  # whole lists at small T with FlashMLA's dense ids and their lengths
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 150 \

@@ -104,10 +104,8 @@ EDITS = [
         "    l_tot = l_i + l_other.load(ROW_S)\n"
         "    if col0 == 0:\n        _stamp(13, gl.sum(l_tot, 0).to(gl.int32))\n",
     ),
-    (  # the stamped kernel waits for the last block's read after every item (step 37's
-        # package skips it after a program's last item): stamp 22 is that read's end
-        "        if more:  # the P buffer is written again in the next item (none after the last)\n"
-        "            tma.store_wait(0)\n",
+    (
+        "        tma.store_wait(0)  # the P buffer is written again in the next item\n",
         "        if col0 == 0:\n            _stamp(14, 0)\n"
         "        tma.store_wait(0)  # the P buffer is written again in the next item\n"
         "        if col0 == 0:\n            _stamp(22, 0)\n",
@@ -158,11 +156,9 @@ EDITS = [
     ),
     (
         "            HALF, pid_r, pid_h, sink, out_desc, p1_smem.index(0), num_heads,\n"
-        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n"
-        "            item + gl.num_programs(0) < num_items,\n        )  # fmt: skip\n",
+        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n        )  # fmt: skip\n",
         "            HALF, pid_r, pid_h, sink, out_desc, p1_smem.index(0), num_heads,\n"
-        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n"
-        "            item + gl.num_programs(0) < num_items,\n        )  # fmt: skip\n"
+        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n        )  # fmt: skip\n"
         "        if it == 0:\n            _stamp(19, 0)\n",
     ),
 ]

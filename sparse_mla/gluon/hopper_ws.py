@@ -562,17 +562,14 @@ def _bar_sync(bar_id: gl.constexpr):
 @gluon.jit
 def _epilogue(
     acc, m_i, l_i, l_mine, l_other, col0, pid_r, pid_h, sink, out_desc, stage, num_heads,
-    pid_s=0, opart_ptr=None, lsepart_ptr=None, NUM_SPLITS: gl.constexpr = 1, more=True,
+    pid_s=0, opart_ptr=None, lsepart_ptr=None, NUM_SPLITS: gl.constexpr = 1,
 ):  # fmt: skip
     """Add the two partial sums, fold in the sink (``sink``: its logits, :func:`_load_sink`,
     loaded at the item's start so that no global load sits on this stretch; PERF_NOTES "No
     cliffs" step 27), normalise and write this O half (TMA, through ``stage``). The sums'
     slots alternate by item: a consumer writes an item's slot only after the barrier of the
     item before, which the other passes only after reading the slot two items back.
-    ``NUM_SPLITS`` > 1: the split's partial instead (:func:`_partial`). ``more``: the program
-    has another item; after its last one the program ends without waiting for the TMA engine
-    to have read the last block out of ``stage`` (as FlashMLA's epilogue does; PERF_NOTES "No
-    cliffs" step 37): nothing writes the buffer again, and the stores complete with the grid."""
+    ``NUM_SPLITS`` > 1: the split's partial instead (:func:`_partial`)."""
     l_mine.store(l_i)
     _bar_sync(NB_L)
     l_tot = l_i + l_other.load(ROW_S)
@@ -597,8 +594,7 @@ def _epilogue(
         _tma_block(c1, stage, out_desc, row, h0, col0 + OUT_BLOCK)
         _tma_block(c2, stage, out_desc, row, h0, col0 + 2 * OUT_BLOCK)
         _tma_block(c3, stage, out_desc, row, h0, col0 + 3 * OUT_BLOCK)
-        if more:  # the P buffer is written again in the next item (none after the last)
-            tma.store_wait(0)
+        tma.store_wait(0)  # the P buffer is written again in the next item
 
 
 @gluon.jit
@@ -832,7 +828,6 @@ def _consumer0(
             acc, m_i, l_i, l_smem.index(2 * (it & 1)), l_smem.index(1 + 2 * (it & 1)), 0,
             pid_r, pid_h, sink, out_desc, p0_smem.index(0), num_heads,
             item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,
-            item + gl.num_programs(0) < num_items,
         )  # fmt: skip
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
@@ -890,7 +885,6 @@ def _consumer1(
             acc, m_i, l_i, l_smem.index(1 + 2 * (it & 1)), l_smem.index(2 * (it & 1)),
             HALF, pid_r, pid_h, sink, out_desc, p1_smem.index(0), num_heads,
             item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,
-            item + gl.num_programs(0) < num_items,
         )  # fmt: skip
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
