@@ -795,6 +795,15 @@ def _default(w, device: torch.device) -> Prepared:
     return Prepared("default", call, cfg)
 
 
+def _dense_ids_note(kernel: str, K: int, lengths: bool) -> str:
+    """A dense-ids provider's ``ids`` config entry: the form, and whether ``kernel`` reads it
+    as it is or gets it packed to CSR by the entry."""
+    from . import dispatch
+
+    reads = "as they are" if dispatch.kernel(kernel).dense_ids else "as CSR"
+    return f"dense [T, {K}]{' with lengths' if lengths else ''} {reads}"
+
+
 def _default_dense(w, device: torch.device, lengths: bool = False) -> Prepared:
     """``sparse_mla_prefill(..., config=None)`` on dense ids: the [T, K] int32 matrix, -1
     padded, that :func:`_flashmla` passes FlashMLA (:func:`_dense_topk`), with
@@ -802,7 +811,6 @@ def _default_dense(w, device: torch.device, lengths: bool = False) -> Prepared:
     ``kv_lengths``, FlashMLA's ``topk_length`` (``default_dense_len``)."""
     import dataclasses
 
-    from . import dispatch
     from .prefill import sparse_mla_prefill
 
     q, kv, idx, indptr, scale = w.args()
@@ -811,8 +819,7 @@ def _default_dense(w, device: torch.device, lengths: bool = False) -> Prepared:
     n = n if lengths else None
     call_info = dataclasses.replace(_dispatch_call(w, device), nnz=dense.numel())
     choice = _entry_choice(call_info)
-    reads = "as they are" if dispatch.kernel(choice.kernel).dense_ids else "as CSR"
-    ids = f"dense [T, {dense.shape[1]}]{' with lengths' if lengths else ''} {reads}"
+    ids = _dense_ids_note(choice.kernel, dense.shape[1], lengths)
     cfg = {"kernel": choice.kernel, "ids": ids, **choice.launch_dict()}
 
     def call(out):
@@ -2070,9 +2077,8 @@ def _fp8_default_dense_len(p: _FP8Point, call_info) -> Prepared:
     cache, sink = p.cache, p.w.attn_sink
     dense, n = _dense_topk(idx, indptr, cache.num_slots, 128)
     choice = dispatch.choose(dataclasses.replace(call_info, nnz=dense.numel()))
-    reads = "as they are" if dispatch.kernel(choice.kernel).dense_ids else "as CSR"
-    cfg = _fp8_cfg(p, kernel=choice.kernel, ids=f"dense [T, {dense.shape[1]}] with lengths "
-                   f"{reads}", **choice.launch_dict())  # fmt: skip
+    ids = _dense_ids_note(choice.kernel, dense.shape[1], True)
+    cfg = _fp8_cfg(p, kernel=choice.kernel, ids=ids, **choice.launch_dict())
 
     def call(out):
         return sparse_mla_prefill(q, cache, dense, None, scale, attn_sink=sink, out=out,

@@ -1679,12 +1679,6 @@ def _ids_form(dense) -> int:
     )
 
 
-def _dense_value(dense):
-    from .validation import dense_ids_value
-
-    return dense_ids_value(_ids_form(dense))
-
-
 def compile_prefill(
     target: str | Target,
     config=None,
@@ -1727,7 +1721,9 @@ def compile_prefill(
     torch_dtype = torch.bfloat16 if _DTYPES[dtype] == "bf16" else torch.float16
     consts = prefill.launch_constexprs(num_heads, head_dim, torch_dtype, cfg, has_sink=has_sink)
     if _ids_form(dense):  # only when set, as the launcher passes it
-        consts["DENSE_IDS"] = _dense_value(dense)
+        from .validation import dense_ids_value
+
+        consts["DENSE_IDS"] = dense_ids_value(_ids_form(dense))
     if cfg.EVEN_HD and not prefill._even_hd_ok(cfg, num_heads, head_dim, consts["BLOCK_D"]):
         raise ValueError(
             f"config: EVEN_HD needs head_dim == BLOCK_D and H % BLOCK_H == 0; got "

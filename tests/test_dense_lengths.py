@@ -498,6 +498,31 @@ def test_gpu_default_replays_with_new_lengths_and_under_cuda_graphs(H):
         assert rep.ok, f"graph replay {i}: {rep}"
 
 
+def _fp8_ids_past_lengths(case, K, *, seed, empty, full, out_of_range=False):
+    """Dense ids [T, K] into ``case``'s FP8 cache with their rows' lengths [T] (CPU tensors)
+    and the mask of the entries past each length. Inside a length: random slots the case's
+    lists use, 20% absent (-1) and, with ``out_of_range``, 5% the first slot past the cache;
+    past it: the case's poisoned slots (0xFF: NaN if read). Row ``empty`` has length 0, row
+    ``full`` length K."""
+    n_slots = case.cache.num_slots
+    v = case.kv_indices.long()
+    used = torch.zeros(n_slots, dtype=torch.bool)
+    used[v[(v >= 0) & (v < n_slots)]] = True
+    good, poison = used.nonzero().flatten(), (~used).nonzero().flatten()
+    T = case.q.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    ids = good[torch.randint(0, good.numel(), (T, K), generator=g)]
+    ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
+    if out_of_range:
+        ids[torch.rand(ids.shape, generator=g) < 0.05] = n_slots
+    n = torch.randint(0, K + 1, (T,), generator=g)
+    n[empty] = 0
+    n[full] = K
+    past = torch.arange(K)[None, :] >= n[:, None]
+    ids = torch.where(past, poison[torch.randint(0, poison.numel(), ids.shape, generator=g)], ids)
+    return ids, n, past
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", [None, *FP8_KERNELS])
 @pytest.mark.parametrize("H", [16, 64, 128])
@@ -509,19 +534,7 @@ def test_gpu_fp8_lengths(kernel, H):
 
     kw = _gpu_config(kernel)
     case = make_fp8_case(37, H, num_blocks=20, block_size=64, max_slots=10, seed=H)
-    n_slots = case.cache.num_slots
-    v = case.kv_indices.long()
-    used = torch.zeros(n_slots, dtype=torch.bool)
-    used[v[(v >= 0) & (v < n_slots)]] = True
-    good, poison = used.nonzero().flatten(), (~used).nonzero().flatten()
-    g = torch.Generator().manual_seed(H)
-    ids = good[torch.randint(0, good.numel(), (37, 300), generator=g)]
-    ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
-    n = torch.randint(0, 301, (37,), generator=g)
-    n[3] = 0
-    n[5] = 300
-    past = torch.arange(300)[None, :] >= n[:, None]
-    ids = torch.where(past, poison[torch.randint(0, poison.numel(), ids.shape, generator=g)], ids)
+    ids, n, _ = _fp8_ids_past_lengths(case, 300, seed=H, empty=3, full=5)
     c = _on(case, "cuda")
     ids, n = ids.to(torch.int32).cuda(), n.to(torch.int32).cuda()
     out = poisoned_like(c.q)
@@ -579,21 +592,8 @@ def test_gpu_fp8_dense_forms_equal_their_csr_bitwise(name, H, T, launch, index_d
 
     assert dispatch.kernel(name).dense_ids
     case = make_fp8_case(T, H, num_blocks=20, block_size=64, max_slots=10, seed=T + H)
-    n_slots = case.cache.num_slots
-    v = case.kv_indices.long()
-    used = torch.zeros(n_slots, dtype=torch.bool)
-    used[v[(v >= 0) & (v < n_slots)]] = True
-    good, poison = used.nonzero().flatten(), (~used).nonzero().flatten()
-    g = torch.Generator().manual_seed(T * H)
-    K = 200
-    ids = good[torch.randint(0, good.numel(), (T, K), generator=g)]
-    ids[torch.rand(ids.shape, generator=g) < 0.2] = -1
-    ids[torch.rand(ids.shape, generator=g) < 0.05] = n_slots
-    n = torch.randint(0, K + 1, (T,), generator=g)
-    n[1] = 0
-    n[2] = K
-    past = torch.arange(K)[None, :] >= n[:, None]
-    ids = torch.where(past, poison[torch.randint(0, poison.numel(), ids.shape, generator=g)], ids)
+    ids, n, past = _fp8_ids_past_lengths(case, 200, seed=T * H, empty=1, full=2,
+                                         out_of_range=True)  # fmt: skip
     c = _on(case, "cuda")
     ids, n = ids.to(index_dtype).cuda(), n.to(torch.int32).cuda()
     choice = dispatch.Choice(name, launch)
