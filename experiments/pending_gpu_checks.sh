@@ -50,7 +50,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -229,6 +229,11 @@
 #             rows into nvidia-h200_ctx_lengths.csv (not the context grid's CSV, whose latest
 #             run the kernel-choice export reads; about 2 minutes). Predicted: within 1.03 of
 #             `default` (at whole lists the padding is at most 127 ids a row)
+#   densewidth the lengths GPU tests (the FP8 ones' ids moved into a helper at fb30d3a), then
+#             experiments/dense_width.py: dense ids at an engine's fixed width (top-k + 128) with
+#             kv_lengths on short contexts (256, 1024) at T 1-16, H 16-128, against their CSR
+#             form and FlashMLA (about 4 minutes). Predicted: the width's extra split pieces
+#             (empty ones, and the reduce they imply) slower than CSR where CSR does not split
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -580,6 +585,12 @@ if want l2split; then  # step 36's two policies apart: which one holds the 1.2-1
     --variants rows_last q_first --points ctx65536:128:64:512 ctx65536:64:128:1024 \
     16384:128:1024 > "$OUT/ws_l2_split_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "l2split: rc=$?"; cat "$OUT/ws_l2_split_ab_h200_${COMMIT:0:7}.log"
+fi
+if want densewidth; then  # an engine's fixed-width dense ids with lengths on a short context
+  lengths_tests
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
+    python3 experiments/dense_width.py > "$OUT/dense_width_h200_${COMMIT:0:7}.log" 2>&1
+  echo "densewidth: rc=$?"; cat "$OUT/dense_width_h200_${COMMIT:0:7}.log"
 fi
 if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 128 H64 and T = 64 H128
   TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \
