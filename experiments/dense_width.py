@@ -5,8 +5,9 @@ An engine's top-k matrix is [T, K] with K its top-k + window whatever the contex
 not the lengths (no host sync), so a small call on a short context may split lists that its
 CSR form would not. At each (T, H, context) this times, in turns (8 rounds), each checked
 against the fp32 reference first: ``config=None`` on the CSR lists, on the dense ids padded to
-the engine's width (top-k + 128) with ``kv_lengths``, on the same ids padded only to the
-longest list (rounded up to 128, as the bench's dense providers pad), and FlashMLA padded.
+the engine's width (top-k + 128) with ``kv_lengths``, without and with ``max_kv_length`` (the
+longest list, as an engine knows it), on the same ids padded only to the longest list (rounded
+up to 128, as the bench's dense providers pad), and FlashMLA padded.
 
     PYTHONPATH=.:.peers python experiments/dense_width.py [TxHxCONTEXT ...]   # an H200
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 from turns import add_checked, add_flashmla, in_turns, main
 
-from sparse_mla import bench, dispatch
+from sparse_mla import bench, dispatch, validation
 from sparse_mla.gluon import launch
 from sparse_mla.prefill import sparse_mla_prefill
 
@@ -41,24 +42,26 @@ def point(T: int, H: int, context: int, dev: torch.device, peers: bench.Peers) -
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     fns, names = [], []
     kernels = {}
-    for name, ids, ptr, lens in (
-        ("csr", idx, indptr, None),
-        (f"dense{wide.shape[1]}_len", wide, None, n),
-        (f"dense{tight.shape[1]}_len", tight, None, n),
+    longest = int(n.max())
+    for name, ids, ptr, lens, m in (
+        ("csr", idx, indptr, None, None),
+        (f"dense{wide.shape[1]}_len", wide, None, n, None),
+        (f"dense{wide.shape[1]}_len_max", wide, None, n, longest),
+        (f"dense{tight.shape[1]}_len", tight, None, n, None),
     ):
-        nnz = ids.numel()  # what the entry's choice and split count see
+        # what the entry's choice and split count see
+        nnz = validation.planned_nnz(ids, None if m is None else validation.length_bound(m, ids, n))
         k = dispatch.choose(dispatch.Call("sm90", H, q.shape[2], q.dtype, kv2, T, nnz)).kernel
         kernels[name] = k + (f" x{launch.ws_num_splits(T, H, nnz, sms)}" if k == "gluon_ws" else "")
 
-        def run(o, ids=ids, ptr=ptr, lens=lens):
+        def run(o, ids=ids, ptr=ptr, lens=lens, m=m):
             return sparse_mla_prefill(q, kv, ids, ptr, scale, attn_sink=w.attn_sink, out=o,
-                                      kv_lengths=lens)  # fmt: skip
+                                      kv_lengths=lens, max_kv_length=m)  # fmt: skip
 
         bad = add_checked(name, run, (q, kv, idx, indptr, scale), w.attn_sink, fns, names)
         if bad:
             return f"T={T:5d} H={H:3d} ctx={context}: {name} WRONG ({bad})"
     add_flashmla(w, dev, peers, q, fns, names)
-    longest = int(n.max())
     head = f"T={T:5d} H={H:3d} ctx={context:5d} (lists <= {longest}) {kernels or ''}"
     return in_turns(head, fns, names, lambda n: True)
 

@@ -229,11 +229,12 @@
 #             rows into nvidia-h200_ctx_lengths.csv (not the context grid's CSV, whose latest
 #             run the kernel-choice export reads; about 2 minutes). Predicted: within 1.03 of
 #             `default` (at whole lists the padding is at most 127 ids a row)
-#   densewidth the lengths GPU tests (the FP8 ones' ids moved into a helper at fb30d3a), then
+#   densewidth the lengths GPU tests (the FP8 ones' ids moved into a helper at fb30d3a), the
+#             plans' and the op's (max_kv_length is in the plan key and the op's schema), then
 #             experiments/dense_width.py: dense ids at an engine's fixed width (top-k + 128) with
 #             kv_lengths on short contexts (256, 1024) at T 1-16, H 16-128, against their CSR
-#             form and FlashMLA (about 4 minutes). Predicted: the width's extra split pieces
-#             (empty ones, and the reduce they imply) slower than CSR where CSR does not split
+#             form and FlashMLA, and with max_kv_length (about 4 minutes). Predicted (PERF_NOTES
+#             step 38): with the bound within 0.97-1.03 of CSR at every point
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -586,12 +587,6 @@ if want l2split; then  # step 36's two policies apart: which one holds the 1.2-1
     16384:128:1024 > "$OUT/ws_l2_split_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "l2split: rc=$?"; cat "$OUT/ws_l2_split_ab_h200_${COMMIT:0:7}.log"
 fi
-if want densewidth; then  # an engine's fixed-width dense ids with lengths on a short context
-  lengths_tests
-  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
-    python3 experiments/dense_width.py > "$OUT/dense_width_h200_${COMMIT:0:7}.log" 2>&1
-  echo "densewidth: rc=$?"; cat "$OUT/dense_width_h200_${COMMIT:0:7}.log"
-fi
 if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 128 H64 and T = 64 H128
   TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \
     --pairs --points ctx65536:128:64 ctx65536:64:128 > "$OUT/ws_clk_pairs_h200_${COMMIT:0:7}.log" 2>&1
@@ -605,6 +600,16 @@ lengths_tests() {  # the dense-ids and kv_lengths GPU tests (every kernel, plans
   echo "lengths tests: rc=$?"; tail -n 3 "$OUT/gpu_tests_lengths_${COMMIT:0:7}.log"
 }
 if want lentests; then lengths_tests; fi
+if want densewidth; then  # an engine's fixed-width dense ids with lengths on a short context
+  lengths_tests
+  PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_plans.py tests/test_plans_fp8.py tests/test_op.py tests/test_op_fp8.py \
+    > "$OUT/gpu_tests_plans_op_${COMMIT:0:7}.log" 2>&1
+  echo "plans/op tests: rc=$?"; tail -n 3 "$OUT/gpu_tests_plans_op_${COMMIT:0:7}.log"
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 200 \
+    python3 experiments/dense_width.py > "$OUT/dense_width_h200_${COMMIT:0:7}.log" 2>&1
+  echo "densewidth: rc=$?"; cat "$OUT/dense_width_h200_${COMMIT:0:7}.log"
+fi
 if want lengths; then  # kv_lengths: the GPU tests, then dense with and without lengths timed
   lengths_tests
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 230 \

@@ -54,7 +54,7 @@ from .prefill import (
     resolve_config,
 )  # fmt: skip
 from .prefill import default_config as prefill_default_config
-from .validation import _shares_memory, _slot_lists, validate_inputs
+from .validation import _shares_memory, _slot_lists, length_bound, planned_nnz, validate_inputs
 
 __all__ = ["NAME", "compile_args", "default_config", "sparse_mla_prefill_fp8"]
 
@@ -228,9 +228,11 @@ def _constexprs(cfg: PrefillConfig, num_heads: int, *, has_sink: bool, interp_bf
     }
 
 
-def _run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+def _run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg,
+         nnz=None):  # fmt: skip
     """Launch on validated inputs (T > 0, at least one block): compiled, through the direct
-    path (:mod:`sparse_mla.fastlaunch`, as the bf16 Triton kernel), or interpreted."""
+    path (:mod:`sparse_mla.fastlaunch`, as the bf16 Triton kernel), or interpreted. ``nnz``
+    plans nothing here (one program per token and head block)."""
     T, H, _ = q.shape
     interpret = runtime.runs_interpreted(q)
     has_sink = attn_sink is not None
@@ -324,7 +326,7 @@ def compile_args(target: str, *, num_heads: int = 16, config=None, index_dtype=t
 
 def sparse_mla_prefill_fp8(
     q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None, out=None,
-    config=None, validate=None, kv_lengths=None,
+    config=None, validate=None, kv_lengths=None, max_kv_length=None,
 ):  # fmt: skip
     """:func:`sparse_mla.sparse_mla_prefill` with ``kv`` an :class:`~sparse_mla.fp8.FP8Cache`.
 
@@ -332,7 +334,8 @@ def sparse_mla_prefill_fp8(
         q: [T, H, 512] bf16 (448 NoPE + 64 RoPE).
         cache: the FP8 cache; slot s is valid iff 0 <= s < num_blocks x block_size.
         the rest: as :func:`sparse_mla.sparse_mla_prefill` (CSR, or dense [T, K] ids with
-            ``kv_indptr=None`` and optionally their rows' ``kv_lengths``; sink, ``out=``,
+            ``kv_indptr=None`` and optionally their rows' ``kv_lengths`` and its bound
+            ``max_kv_length``, which steers the kernel choice only; sink, ``out=``,
             validation; ``config`` a PrefillConfig / dict / ``dispatch.Choice``).
 
     Returns:
@@ -340,16 +343,17 @@ def sparse_mla_prefill_fp8(
         dequantize`); zeros for a token with no valid slot.
     """
     kv_indptr = _slot_lists(kv_indices, kv_indptr, kv_lengths)
+    bound = length_bound(max_kv_length, kv_indices, kv_lengths)
     return _prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
-                        validate)  # fmt: skip
+                        validate, bound)  # fmt: skip
 
 
 def _prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
-                 validate):  # fmt: skip
+                 validate, max_kv_length=None):  # fmt: skip
     """:func:`sparse_mla_prefill_fp8` on the op's form of the lists (dense rows' lengths in
     ``kv_indptr``'s place, :mod:`sparse_mla.validation`)."""
     x, choice = _checked(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
-                         validate)  # fmt: skip
+                         validate, max_kv_length)  # fmt: skip
     if out is None:
         out = torch.empty_like(x.q, memory_format=torch.contiguous_format)
     _launch(x, cache, choice, out)
@@ -357,9 +361,9 @@ def _prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
 
 
 def _checked(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
-             validate):  # fmt: skip
+             validate, max_kv_length=None):  # fmt: skip
     """The entry's checks (raising by name, in this order) and its kernel choice:
-    (validated inputs, choice)."""
+    (validated inputs, choice); ``max_kv_length`` bounds dense ids' lengths for the choice."""
     if isinstance(q, torch.Tensor) and q.dtype != torch.bfloat16:
         raise TypeError(f"q must be bfloat16 with an FP8 KV cache (RoPE is bf16), got {q.dtype}")
     if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[-1] != HEAD_DIM:
@@ -379,7 +383,8 @@ def _checked(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink
     q = x.q
     T, H, D = q.shape
     arch = None if runtime.runs_interpreted(q) else runtime.arch(q.get_device())
-    call = dispatch.Call(arch, H, D, q.dtype, cache, T, x.kv_indices.numel(), kv_format=KV_FORMAT)
+    nnz = planned_nnz(x.kv_indices, length_bound(max_kv_length, x.kv_indices, x.kv_indptr))
+    call = dispatch.Call(arch, H, D, q.dtype, cache, T, nnz, kv_format=KV_FORMAT)
     return x, dispatch.choose(call, config=config)
 
 

@@ -56,7 +56,8 @@ __all__ = [
 NAMESPACE = "sparse_mla"
 SCHEMA = (
     "prefill(Tensor q, Tensor kv, Tensor kv_indices, Tensor? kv_indptr, float softmax_scale, "
-    "Tensor? attn_sink, Tensor(a!) out, str? config=None, bool? validate=None) -> ()"
+    "Tensor? attn_sink, Tensor(a!) out, str? config=None, bool? validate=None, "
+    "int? max_kv_length=None) -> ()"
 )
 
 # The FP8-cache entry's op: an FP8Cache is a frozen dataclass over the engine's tensor, so the op
@@ -64,7 +65,7 @@ SCHEMA = (
 SCHEMA_FP8 = (
     "prefill_fp8(Tensor q, Tensor kv_cache, int block_size, Tensor kv_indices, "
     "Tensor? kv_indptr, float softmax_scale, Tensor? attn_sink, Tensor(a!) out, str? config=None, "
-    "bool? validate=None) -> ()"
+    "bool? validate=None, int? max_kv_length=None) -> ()"
 )
 
 # One Library per namespace and process: every operator of the package is defined on it.
@@ -88,7 +89,8 @@ def register_impl(fn) -> None:
 
 
 @torch.library.register_fake(f"{NAMESPACE}::prefill", lib=LIB)
-def _fake(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None):
+def _fake(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None,
+          max_kv_length=None):  # fmt: skip
     # out is written in place and nothing is returned: the fake kernel has nothing to build.
     # Shape and dtype errors are raised by the real kernel (validate_inputs) when it runs.
     return None
@@ -96,7 +98,7 @@ def _fake(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
 
 @torch.library.register_fake(f"{NAMESPACE}::prefill_fp8", lib=LIB)
 def _fake_fp8(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
-              config=None, validate=None):  # fmt: skip
+              config=None, validate=None, max_kv_length=None):  # fmt: skip
     return None  # as _fake: out is written in place
 
 
@@ -375,7 +377,7 @@ def _scratch(empties):
     )
 
 
-def _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, s, out, config):
+def _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, s, out, config, bound=None):
     return (
         q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
         kv.shape, kv.stride(), kv.dtype, kv.device, kv.data_ptr() & 15,
@@ -385,7 +387,7 @@ def _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, s, out, config):
                                         kv_indptr.device, kv_indptr.data_ptr() & 15),
         None if s is None else (s.shape, s.stride(), s.dtype, s.device, s.data_ptr() & 15),
         out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15,
-        softmax_scale, config,
+        softmax_scale, config, bound,
     )  # fmt: skip
 
 
@@ -400,7 +402,8 @@ def _value_check(validate, q) -> bool:
     return check
 
 
-def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None):
+def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None,
+          max_kv_length=None):  # fmt: skip
     """The op's CPU and CUDA kernel: the call's plan replayed when it has a valid one, else
     ``_prefill_impl`` (recording a plan when the call can have one). See above."""
     if (
@@ -409,20 +412,24 @@ def _impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=No
         and (attn_sink is None or type(attn_sink) is _T)
         and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
     ):  # fmt: skip
-        _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+        _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate,
+                 max_kv_length)  # fmt: skip
     else:
-        _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+        _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate,
+                 max_kv_length)  # fmt: skip
 
 
-def _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate):
+def _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate,
+             bound=None):  # fmt: skip
     """:func:`_impl` past its gate (plans on, plain tensors, a compiled launch, no dispatch
-    mode): the plan replayed when valid, else the full path, recording a plan when it may."""
-    head = (softmax_scale, config, None, attn_sink is None, kv_indptr is None)
+    mode): the plan replayed when valid, else the full path, recording a plan when it may.
+    ``bound``: the entry's ``max_kv_length`` (part of the key: it may change the launch)."""
+    head = (softmax_scale, config, None, attn_sink is None, kv_indptr is None, bound)
     p = _last(_LAST, q, kv, kv_indices, kv_indptr, attn_sink, out, head)
     if p is not None and _replayable(p, q, kv, kv_indices, kv_indptr, attn_sink, out, validate):
         p.replay((q, kv, kv_indices, kv_indptr, attn_sink, out), p.scratch)
         return
-    key = _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config)
+    key = _plan_key(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, bound)
     p = _PLANS.get(key)
     if type(p) is _Plan:
         if _replayable(p, q, kv, kv_indices, kv_indptr, attn_sink, out, validate):
@@ -433,9 +440,10 @@ def _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config
         p = None  # stale, or the overlap check fails: the full path (raises by name)
     if p is None or p < _PLAN_TRIES:
         _record(key, 0 if p is None else p, q, kv, kv_indices, kv_indptr, softmax_scale,
-                attn_sink, out, config, validate, head)  # fmt: skip
+                attn_sink, out, config, validate, head, bound)  # fmt: skip
         return
-    _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+    _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate,
+             bound)  # fmt: skip
 
 
 def _replayable(p, q, pool, kv_indices, kv_indptr, attn_sink, out, validate) -> bool:
@@ -455,7 +463,7 @@ def _replayable(p, q, pool, kv_indices, kv_indptr, attn_sink, out, validate) -> 
 
 
 def _record(key, tries, q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
-            validate, head):  # fmt: skip
+            validate, head, bound=None):  # fmt: skip
     """``_prefill_impl`` on a call that may get a plan: the checks first (the same errors in the
     same order), then the call itself recorded (launches and torch ops); a plan when it can be
     replayed, else one try fewer for this key."""
@@ -469,7 +477,7 @@ def _record(key, tries, q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, 
     inputs = (q, kv, kv_indices, kv_indptr, attn_sink, out)
     if layout is None or x.q is not q or x.kv is not kv:  # a layout the kernels see through views
         _store(key, _PLAN_TRIES)
-        impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False)
+        impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False, bound)
         return
     arch = _prefill._arch_of(q)
     stamp = dispatch.choice_stamp(arch)
@@ -481,7 +489,9 @@ def _record(key, tries, q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, 
         layout,
         inputs,
         out,
-        lambda: impl(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False),
+        lambda: impl(
+            q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, False, bound
+        ),
         (_LAST, inputs, head),
     )
 
@@ -548,7 +558,8 @@ def _eager(q, kv, kv_indices, kv_indptr, attn_sink, out) -> bool:
     )  # fmt: skip
 
 
-def call(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate) -> None:
+def call(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate,
+         max_kv_length=None) -> None:  # fmt: skip
     """``torch.ops.sparse_mla.prefill(...)`` as :func:`sparse_mla.sparse_mla_prefill` makes it.
 
     In plain eager mode the op's kernel is called without the dispatcher (a few microseconds a
@@ -562,12 +573,14 @@ def call(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, va
     straight to :func:`_planned`.)"""
     if _eager(q, kv, kv_indices, kv_indptr, attn_sink, out):
         if runtime.runs_interpreted(q):
-            _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+            _IMPL[0](q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate,
+                     max_kv_length)  # fmt: skip
         else:
             _planned(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config,
-                     validate)  # fmt: skip
+                     validate, max_kv_length)  # fmt: skip
     else:
-        prefill_op(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate)
+        prefill_op(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, validate,
+                   max_kv_length)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -576,7 +589,7 @@ def call(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config, va
 
 
 def prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=None, out=None,
-                config=None, validate=None):  # fmt: skip
+                config=None, validate=None, max_kv_length=None):  # fmt: skip
     """:func:`sparse_mla.sparse_mla_prefill` with ``kv`` an :class:`~sparse_mla.fp8.FP8Cache`,
     through ``torch.ops.sparse_mla.prefill_fp8`` (the cache's tensor and block size; the op's
     kernel makes the FP8Cache again and runs :func:`sparse_mla.fp8_prefill.
@@ -587,17 +600,19 @@ def prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, *, attn_sink=Non
         from .fp8_prefill import _prefill_fp8
 
         return _prefill_fp8(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
-                            config, validate)  # fmt: skip
+                            config, validate, max_kv_length)  # fmt: skip
     spec = None if config is None else spec_of(config)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     scale = float(softmax_scale)
     v = None if validate is None else bool(validate)
+    m = max_kv_length
     if _eager(q, data, kv_indices, kv_indptr, attn_sink, out):
-        _fp8_impl(q, data, cache.block_size, kv_indices, kv_indptr, scale, attn_sink, out, spec, v)
+        _fp8_impl(q, data, cache.block_size, kv_indices, kv_indptr, scale, attn_sink, out, spec, v,
+                  m)  # fmt: skip
     else:
         prefill_fp8_op(q, data, cache.block_size, kv_indices, kv_indptr, scale, attn_sink, out,
-                       spec, v)  # fmt: skip
+                       spec, v, m)  # fmt: skip
     return out
 
 
@@ -615,7 +630,7 @@ _U8 = torch.uint8
 
 
 def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
-              config=None, validate=None):  # fmt: skip
+              config=None, validate=None, max_kv_length=None):  # fmt: skip
     """The CPU and CUDA kernel of ``torch.ops.sparse_mla.prefill_fp8``: the call's plan replayed
     when it has a valid one, else :func:`_fp8_full` (recording a plan when the call can have
     one). See above."""
@@ -626,14 +641,15 @@ def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
         and (attn_sink is None or type(attn_sink) is _T)
         and not runtime.runs_interpreted(q) and not torch._C._len_torch_dispatch_stack()
     ):  # fmt: skip
-        head = (softmax_scale, config, block_size, attn_sink is None, kv_indptr is None)
+        bound = max_kv_length
+        head = (softmax_scale, config, block_size, attn_sink is None, kv_indptr is None, bound)
         p = _last(_LAST_FP8, q, kv_cache, kv_indices, kv_indptr, attn_sink, out, head)
         if p is not None and _replayable(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out,
                                          validate):  # fmt: skip
             _replay_fp8(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out)
             return
         key = (_plan_key(q, kv_cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
-                         config), block_size)  # fmt: skip
+                         config, bound), block_size)  # fmt: skip
         p = _PLANS.get(key)
         if type(p) is _Plan:
             if _replayable(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out, validate):
@@ -645,10 +661,10 @@ def _fp8_impl(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
         if p is None or p < _PLAN_TRIES:
             _record_fp8(key, 0 if p is None else p, q, kv_cache, block_size, kv_indices,
                         kv_indptr, softmax_scale, attn_sink, out, config, validate,
-                        head)  # fmt: skip
+                        head, bound)  # fmt: skip
             return
     _fp8_full(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
-              config, validate)  # fmt: skip
+              config, validate, max_kv_length)  # fmt: skip
 
 
 def _replay_fp8(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out) -> None:
@@ -658,7 +674,7 @@ def _replay_fp8(p, q, kv_cache, kv_indices, kv_indptr, attn_sink, out) -> None:
 
 
 def _fp8_full(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, attn_sink, out,
-              config=None, validate=None):  # fmt: skip
+              config=None, validate=None, max_kv_length=None):  # fmt: skip
     """The FP8 op's full path: the FP8Cache (its checks run here, on the real tensor), then the
     FP8 entry's checks, choice and launch."""
     from .fp8 import FP8Cache
@@ -667,11 +683,12 @@ def _fp8_full(q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale, att
     _prefill_fp8(
         q, FP8Cache(kv_cache, block_size), kv_indices, kv_indptr, softmax_scale, attn_sink, out,
         None if config is None else config_object(config), _value_check(validate, q),
+        max_kv_length,
     )  # fmt: skip
 
 
 def _record_fp8(key, tries, q, kv_cache, block_size, kv_indices, kv_indptr, softmax_scale,
-                attn_sink, out, config, validate, head):  # fmt: skip
+                attn_sink, out, config, validate, head, bound=None):  # fmt: skip
     """:func:`_fp8_full` on a call that may get a plan: the cache's and the entry's checks and
     the choice first (the same errors in the same order), then the launch recorded; a plan when
     it can be replayed, else one try fewer for this key (as :func:`_record`)."""
@@ -683,7 +700,7 @@ def _record_fp8(key, tries, q, kv_cache, block_size, kv_indices, kv_indptr, soft
     cache = FP8Cache(kv_cache, block_size)
     conf = None if config is None else config_object(config)
     x, choice = fp8_prefill._checked(q, cache, kv_indices, kv_indptr, softmax_scale, attn_sink,
-                                     out, conf, _value_check(validate, q))  # fmt: skip
+                                     out, conf, _value_check(validate, q), bound)  # fmt: skip
     stub = fp8_prefill._stub(cache.device)
     lkey = validation._layout_key(q, stub, kv_indices, kv_indptr, attn_sink, out, None)
     layout = validation._LAYOUTS.get(lkey)

@@ -276,6 +276,7 @@ def sparse_mla_prefill(
     config: PrefillConfig | dict[str, Any] | None = None,
     validate: bool | None = None,
     kv_lengths: torch.Tensor | None = None,
+    max_kv_length: int | None = None,
 ) -> torch.Tensor:
     """Sparse MLA prefill attention: each token attends to its own list of pool slots, given as
     CSR (``kv_indices`` [nnz] + ``kv_indptr`` [T+1]) or dense (``kv_indices`` [T, K],
@@ -327,6 +328,14 @@ def sparse_mla_prefill(
             ``kv_indices[t, :kv_lengths[t]]`` (FlashMLA's ``topk_length``); ids past it are
             never read. 0 <= kv_lengths[t] <= K, checked as kv_indptr is (``validate``);
             unchecked, the kernels clamp each length to [0, K].
+        max_kv_length: with ``kv_lengths`` only: a host int the caller knows bounds them (the
+            batch's longest list, as FlashAttention's ``max_seqlen_k``; e.g. min(top-k,
+            context) + window). The kernel choice and the KV split count cannot read the
+            lengths without a sync, so without it they take every row as K long: an engine's
+            fixed-width top-k on a short context then splits lists that are a few tiles long
+            (1.3x the CSR call's time, H200, docs/PERF_NOTES.md step 38). It steers only that
+            choice (rounded up to a multiple of 64, at most K); every list is still read to
+            its ``kv_lengths[t]``, so a bound below a length costs speed, never correctness.
 
     Returns:
         out: [T, H, D] in q's dtype. A token with no valid slot gets zeros, whatever the sink
@@ -347,10 +356,11 @@ def sparse_mla_prefill(
     if softmax_scale is None:
         raise TypeError("sparse_mla_prefill: softmax_scale is required (e.g. head_dim ** -0.5)")
     kv_indptr = validation._slot_lists(kv_indices, kv_indptr, kv_lengths)
+    bound = validation.length_bound(max_kv_length, kv_indices, kv_lengths)
     if isinstance(kv, FP8Cache):  # torch.ops.sparse_mla.prefill_fp8: the FP8 kernels
         return op.prefill_fp8(
             q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
-            config=config, validate=validate,
+            config=config, validate=validate, max_kv_length=bound,
         )  # fmt: skip
     if not _op_args(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out):
         # Not what the operator's schema takes: raise the named TypeError/ValueError.
@@ -362,7 +372,7 @@ def sparse_mla_prefill(
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     op.call(q, kv, kv_indices, kv_indptr, float(softmax_scale), attn_sink, out, spec,
-            None if validate is None else bool(validate))  # fmt: skip
+            None if validate is None else bool(validate), bound)  # fmt: skip
     return out
 
 
@@ -390,14 +400,16 @@ def _fits_float(x) -> bool:
 
 
 def _prefill_impl(
-    q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None
+    q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, config=None, validate=None,
+    max_kv_length=None,
 ):  # fmt: skip
     """The real kernel of ``torch.ops.sparse_mla.prefill`` (:mod:`sparse_mla.op`): validate,
     choose the kernel (cached: :func:`sparse_mla.dispatch.choose_cached`), launch into ``out``.
 
     ``config``: None or a :func:`sparse_mla.op.config_spec` string. ``validate``: as the
     entry's; inside a CUDA-graph capture the value check is skipped (a replay could not run
-    it), see :mod:`sparse_mla.op`."""
+    it), see :mod:`sparse_mla.op`. ``max_kv_length``: the entry's bound on dense ids' lengths
+    (:func:`sparse_mla.validation.length_bound`), for the choice and the split count only."""
     check = op._value_check(validate, q)
     x = validate_inputs(
         q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink=attn_sink, out=out,
@@ -410,8 +422,10 @@ def _prefill_impl(
     else:
         conf = op.config_object(config)
         key = (config, id(conf))
-    choice = dispatch.choose_cached(_arch_of(q), H, D, q.dtype, kv2, T, x.kv_indices.numel(),
-                                    config=conf, config_key=key)  # fmt: skip
+    bound = validation.length_bound(max_kv_length, x.kv_indices, x.kv_indptr)
+    nnz = validation.planned_nnz(x.kv_indices, bound)
+    choice = dispatch.choose_cached(_arch_of(q), H, D, q.dtype, kv2, T, nnz, config=conf,
+                                    config_key=key)  # fmt: skip
     k = dispatch.kernel(choice.kernel)
     if out.numel() == 0:
         return
@@ -419,7 +433,10 @@ def _prefill_impl(
         out.zero_()  # every slot is invalid: every token is empty
         return
     ids, ptr = _csr_for(k, x.kv_indices, x.kv_indptr)
-    k.run(q, kv2, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
+    if bound is None:
+        k.run(q, kv2, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch)
+    else:  # the split count planned for the bound, not for T x K
+        k.run(q, kv2, ids, ptr, x.softmax_scale, x.attn_sink, out, choice.launch, nnz=nnz)
 
 
 def _csr_for(k: dispatch.Kernel, ids, ptr):
@@ -441,10 +458,12 @@ def _arch_of(q: torch.Tensor) -> str | None:
     return None if q.is_cpu else runtime.arch(q.get_device())  # (get_device: no device object)
 
 
-def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg: PrefillConfig):
+def _run_triton(q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg: PrefillConfig,
+                nnz=None):  # fmt: skip
     """Launch the Triton kernel on validated, non-empty inputs (``kv2`` is [N, D]); CSR, or
     dense [T, K] ids with ``kv_indptr`` None (``DENSE_IDS``: row t at t x K, no indptr load) or
-    their rows' lengths [T] (``DENSE_IDS`` = 2)."""
+    their rows' lengths [T] (``DENSE_IDS`` = 2). ``nnz`` (a planned total length) plans nothing
+    here: one program per (token, head block)."""
     T, H, D = q.shape
     interpret = runtime.runs_interpreted(q)
     has_sink = attn_sink is not None
@@ -550,13 +569,14 @@ def _resolve_gluon(name: str, launch, call: dispatch.Call):
     return gluon_launch.resolve_launch(name, launch, call.num_heads, target)
 
 
-def _run_gluon(name: str, q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+def _run_gluon(name: str, q, kv2, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg,
+               nnz=None):  # fmt: skip
     from .gluon import launch as gluon_launch
 
     with runtime.compiling():  # a launch may compile: not while another thread interprets
         return gluon_launch.run_validated(
             q, None, kv2, None, kv_indices, kv_indptr, softmax_scale, has_pe=False,
-            attn_sink=attn_sink, out=out, config=cfg, kernel=name,
+            attn_sink=attn_sink, out=out, config=cfg, kernel=name, nnz=nnz,
         )  # fmt: skip
 
 

@@ -29,6 +29,7 @@ environment (read per call). The kernels also clamp each token's CSR range to
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,8 +39,9 @@ from ._consts import LOG2E as _LOG2E
 from ._env import getenv
 
 __all__ = [
-    "ENV_VALIDATE", "Inputs", "check_indptr", "check_lengths", "check_ptr_values", "dense_as_csr",
-    "dense_form", "dense_ids_value", "dense_launch", "dense_lengths_csr", "validate_inputs",
+    "ENV_VALIDATE", "LENGTH_BOUND_STEP", "Inputs", "check_indptr", "check_lengths",
+    "check_ptr_values", "dense_as_csr", "dense_form", "dense_ids_value", "dense_launch",
+    "dense_lengths_csr", "length_bound", "planned_nnz", "validate_inputs",
 ]  # fmt: skip
 
 ENV_VALIDATE = "SPARSE_MLA_VALIDATE"
@@ -173,6 +175,41 @@ def _slot_lists(kv_indices, kv_indptr, kv_lengths):
             "lengths, if any, as kv_lengths), or a 1-D kv_indices with kv_indptr (CSR)"
         )
     return kv_indptr
+
+
+# max_kv_length rounds up to whole 64-slot tiles (the kernels' KV tile), so a bound that grows
+# by a token a step keeps one plan (and one kernel choice) for 64 steps.
+LENGTH_BOUND_STEP = 64
+
+
+def length_bound(max_kv_length, kv_indices, kv_lengths) -> int | None:
+    """The entry's ``max_kv_length`` as the kernel choice and split count use it: None when it
+    is not given; else, checked (an int >= 0, given with dense ids and their ``kv_lengths``),
+    rounded up to a multiple of :data:`LENGTH_BOUND_STEP` and at most K (the ids' row length).
+    TypeError/ValueError naming it otherwise."""
+    if max_kv_length is None:
+        return None
+    if isinstance(max_kv_length, bool) or not hasattr(type(max_kv_length), "__index__"):
+        raise TypeError(f"max_kv_length must be an int or None, got {type(max_kv_length).__name__}")
+    max_kv_length = operator.index(max_kv_length)  # a numpy or torch integer scalar too
+    if max_kv_length < 0:
+        raise ValueError(f"max_kv_length must be >= 0, got {max_kv_length}")
+    if kv_lengths is None or not isinstance(kv_indices, torch.Tensor) or kv_indices.dim() != 2:
+        raise ValueError(
+            "max_kv_length bounds the rows' kv_lengths: it goes with dense [T, K] kv_indices and "
+            "their kv_lengths (a CSR call's lists are known by their total length already)"
+        )
+    step = LENGTH_BOUND_STEP
+    return min(kv_indices.shape[1], -(-max_kv_length // step) * step)
+
+
+def planned_nnz(kv_indices: torch.Tensor, bound: int | None) -> int:
+    """The lists' total length a call's kernel choice and split count plan for: T x ``bound``
+    (:func:`length_bound`'s) when given, else ``kv_indices.numel()`` (for dense ids with
+    lengths, T x K: every row taken as whole, since reading the lengths would sync)."""
+    if bound is None:
+        return kv_indices.numel()
+    return kv_indices.shape[0] * bound
 
 
 def _wants_value_check(validate: bool | None, device: torch.device) -> bool:

@@ -621,3 +621,215 @@ def test_gpu_fp8_dense_forms_equal_their_csr_bitwise(name, H, T, launch, index_d
     T_, K_ = whole.shape
     flat_ptr = torch.arange(0, T_ * K_ + 1, K_, dtype=index_dtype, device="cuda")
     assert torch.equal(dense, run(whole.reshape(-1), flat_ptr)), f"{name}: dense and CSR differ"
+
+
+# ----------------------------------------------------------------------------------------------
+# max_kv_length: the caller's bound on the lengths, for the kernel choice and split count only
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("m", "form", "exc", "needle"),
+    [
+        (True, "lengths", TypeError, "max_kv_length must be an int or None, got bool"),
+        (2.0, "lengths", TypeError, "max_kv_length must be an int or None, got float"),
+        ("3", "lengths", TypeError, "max_kv_length must be an int or None, got str"),
+        (-1, "lengths", ValueError, "max_kv_length must be >= 0, got -1"),
+        (3, "dense", ValueError, "max_kv_length bounds the rows' kv_lengths"),
+        (3, "csr", ValueError, "max_kv_length bounds the rows' kv_lengths"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("fp8_cache", [False, True])
+def test_max_kv_length_bad_input_is_named_and_out_untouched(m, form, exc, needle, fp8_cache):
+    q, kv, ids, n = _good()
+    if fp8_cache:
+        from sparse_mla import fp8
+
+        q = torch.randn(3, 4, 512, generator=torch.Generator().manual_seed(5)).bfloat16()
+        kv = fp8.quantize(torch.randn(10, 512).bfloat16(), block_size=4)
+    args = {
+        "lengths": (ids, None, n),
+        "dense": (ids, None, None),
+        "csr": (ids.flatten(), torch.tensor([0, 3, 6, 9]), None),
+    }[form]
+    out = torch.full_like(q, 7.0)
+    for _ in range(2):
+        with pytest.raises(exc, match=needle):
+            sparse_mla_prefill(q, kv, args[0], args[1], 0.125, out=out, kv_lengths=args[2],
+                               max_kv_length=m)  # fmt: skip
+        assert torch.equal(out, torch.full_like(q, 7.0))
+
+
+def test_length_bound_rounds_up_to_whole_tiles_at_most_k():
+    import numpy as np
+
+    ids = torch.zeros(3, 1152, dtype=torch.int32)
+    n = torch.zeros(3, dtype=torch.int32)
+    got = [validation.length_bound(m, ids, n) for m in (0, 1, 64, 65, 193, 1100, 1153, 10**9)]
+    assert got == [0, 64, 64, 128, 256, 1152, 1152, 1152]
+    assert validation.length_bound(np.int64(200), ids, n) == 256  # an integer scalar of numpy
+    assert validation.length_bound(None, ids, n) is None
+    assert validation.planned_nnz(ids, 256) == 3 * 256
+    assert validation.planned_nnz(ids, None) == 3 * 1152
+
+
+@pytest.mark.parametrize("m", [0, 3, 9, 10**6])
+def test_max_kv_length_never_changes_what_is_read(m):
+    """A bound below some lengths (0, 3), at K and past it: every list is still read to its
+    length, so the result is the same bit for bit (the interpreter runs one kernel here)."""
+    case = make_lengths_case(6, 4, 32, 9, seed=31)
+    assert int(case.lengths.max()) == 9 and int(case.lengths.min()) == 0
+    want = _check(case)
+    assert torch.equal(_check(case, max_kv_length=m), want)
+
+
+def test_max_kv_length_fp8_cache_reads_every_length():
+    from test_fp8_prefill import make_fp8_case
+
+    from sparse_mla import fp8
+
+    c = make_fp8_case(6, 8, num_blocks=3, block_size=4, max_slots=9, seed=4)
+    ids, n, _ = _fp8_ids_past_lengths(c, 12, seed=3, empty=1, full=2)
+    ids = ids.to(c.kv_indices.dtype)
+    outs = []
+    for m in (None, 0, 12):
+        out = poisoned_like(c.q)
+        sparse_mla_prefill(c.q, c.cache, ids, None, c.softmax_scale, attn_sink=c.attn_sink,
+                           out=out, kv_lengths=n, max_kv_length=m)  # fmt: skip
+        assert not torch.isnan(out).any(), "a poisoned slot past a length was read"
+        outs.append(out)
+    rep = check_against_reference(outs[0], c.q, fp8.dequantize(c.cache), ids, None,
+                                  c.softmax_scale, attn_sink=c.attn_sink, kv_lengths=n)  # fmt: skip
+    assert rep.ok, rep
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
+@pytest.mark.parametrize("fp8_cache", [False, True])
+def test_max_kv_length_is_what_the_choice_sees(monkeypatch, fp8_cache):
+    """The entry's kernel choice is asked about T x the rounded bound (not T x K), and the
+    kernel's launch gets it as ``nnz`` for its split count; without a bound, T x K."""
+    from sparse_mla import fp8_prefill, prefill
+
+    seen = []
+    if fp8_cache:
+        from test_fp8_prefill import make_fp8_case
+
+        c = make_fp8_case(6, 8, num_blocks=3, block_size=4, max_slots=9, seed=4)
+        ids, n, _ = _fp8_ids_past_lengths(c, 200, seed=3, empty=1, full=2)
+        q, kv, scale = c.q, c.cache, c.softmax_scale
+        real = fp8_prefill.dispatch.choose
+
+        def spy(call, **kw):
+            seen.append(call.nnz)
+            return real(call, **kw)
+
+        monkeypatch.setattr(fp8_prefill.dispatch, "choose", spy)
+    else:
+        case = make_lengths_case(6, 4, 32, 200, seed=8)
+        q, kv, ids, n, scale = case.q, case.kv, case.ids, case.lengths, case.softmax_scale
+        real = prefill.dispatch.choose_cached
+
+        def spy(*a, **kw):
+            seen.append(a[6])  # (arch, H, D, dtype, kv, T, nnz)
+            return real(*a, **kw)
+
+        monkeypatch.setattr(prefill.dispatch, "choose_cached", spy)
+        triton = dispatch.kernel("triton")
+        runs = []
+
+        def run(*a, **kw):
+            runs.append(kw.get("nnz"))
+            return triton.run(*a, **kw)
+
+        monkeypatch.setitem(dispatch.KERNELS, "triton", dataclasses.replace(triton, run=run))
+    for m, want in ((None, 6 * 200), (70, 6 * 128), (0, 0), (500, 6 * 200)):
+        seen.clear()
+        sparse_mla_prefill(q, kv, ids, None, scale, kv_lengths=n, max_kv_length=m)
+        assert seen == [want], (m, seen)
+    if not fp8_cache:
+        assert runs == [None, 6 * 128, 0, 6 * 200]
+
+
+def test_max_kv_length_plans_a_short_context_as_its_csr_form():
+    """What experiments/dense_width.py measured (PERF_NOTES step 38): an engine's fixed-width
+    top-k (K = top-k + 128) on a short context, lists of at most ~200 slots, at small T. With
+    the bound, the sm90 choice and ``gluon_ws``'s split count are those of the same lists as
+    CSR (their true total), at every such point."""
+    from sparse_mla import bench
+    from sparse_mla.gluon import launch
+
+    ids = torch.zeros(1, 1, dtype=torch.int32)
+    for T, H, longest in itertools.product((1, 4, 16), (16, 64, 128), (192, 196)):
+        K = bench._grid_topk(H) + 128
+        bound = validation.length_bound(longest, ids.expand(T, K), torch.zeros(T))
+        plans = []
+        for nnz in (T * (longest - 3), validation.planned_nnz(ids.expand(T, K), bound)):
+            call = dispatch.Call("sm90", H, 512, torch.bfloat16, None, T, nnz)
+            k = dispatch.choose(call).kernel
+            plans.append((k, launch.ws_num_splits(T, H, nnz, 132) if k == "gluon_ws" else 1))
+        assert plans[1] == plans[0], (T, H, longest, plans)
+
+
+def test_max_kv_length_keys_the_plan():
+    """Two calls of one layout with different bounds may launch differently: the op's plan key
+    (and the last-plan shortcut's head) holds the bound."""
+    from sparse_mla import op
+
+    case = make_lengths_case(4, 4, 32, 9, seed=2)
+    out = poisoned_like(case.q)
+    key = [op._plan_key(case.q, case.kv, case.ids, case.lengths, 0.1, None, out, None, b)
+           for b in (None, 64, 128)]  # fmt: skip
+    assert len(set(key)) == 3
+
+
+def test_max_kv_length_through_the_op_and_torch_compile():
+    case = make_lengths_case(4, 4, 32, 10, seed=21)
+
+    def f(q, kv, ids, n, m):
+        return sparse_mla_prefill(q, kv, ids, None, 32**-0.5, attn_sink=case.attn_sink,
+                                  kv_lengths=n, max_kv_length=m)  # fmt: skip
+
+    eager = f(case.q, case.kv, case.ids, case.lengths, 3)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    for m in (3, 7, 64):  # an int the graph takes (no recompile needed to stay right)
+        assert torch.equal(compiled(case.q, case.kv, case.ids, case.lengths, m), eager)
+    op = torch.ops.sparse_mla.prefill.default
+    out = poisoned_like(case.q)
+    args = (case.q, case.kv, case.ids, case.lengths, case.softmax_scale, case.attn_sink, out)
+    torch.library.opcheck(op, (*args, None, None, 64))
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize(("T", "H"), [(1, 128), (4, 128), (4, 64), (16, 16)])
+def test_gpu_max_kv_length_plans_short_lists_as_short(T, H):
+    """An engine's fixed-width top-k (K = top-k + 128) on a short context: lengths of at most
+    200 (poisoned rows past them). Without a bound ``gluon_ws`` splits the lists as K long (its
+    launch and the reduce's); with it the call plans as the lists' CSR form does (one launch:
+    no split at these points). Both right, alternately on one layout (the plans replayed), and
+    a bound below the lengths right too."""
+    from sparse_mla import bench, fastlaunch, op
+
+    K = bench._grid_topk(H) + 128
+    case = make_lengths_case(T, H, 512, K, N=3000, seed=T + H, device="cuda")
+    n = (case.lengths.float() * 200 / K).to(torch.int32)  # shorter: poisoned rows lie past
+    n[0] = 200
+    case = dataclasses.replace(case, lengths=n)
+    prev = op.set_plans_enabled(False)  # every call takes the full path: its launches counted
+    try:
+        counts = {}
+        for m in (None, 200):
+            with fastlaunch.recording() as launches:
+                _check(case, max_kv_length=m)
+            counts[m] = len(launches)
+    finally:
+        op.set_plans_enabled(prev)
+    assert counts[200] == 1, counts
+    csr = dispatch.Call("sm90", H, 512, torch.bfloat16, None, T, int(n.sum()))
+    k = dispatch.choose(csr).kernel
+    from sparse_mla.gluon import launch
+
+    assert k != "gluon_ws" or launch.ws_num_splits(T, H, int(n.sum()), 132) == 1
+    for m in (None, 200, None, 200, 64, 0):  # plans recorded, then replayed, per bound
+        _check(case, max_kv_length=m)

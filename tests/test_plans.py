@@ -291,14 +291,15 @@ def test_the_last_plan_is_taken_only_where_its_key_would_be(standin, monkeypatch
     assert op._PLANS[op._LAST] == (p,) and p.guard is not None
 
     def last(q, kv, idx, ptr, sink, out, head=None):  # the head as the call makes it
-        head = head or (scale, None, None, sink is None, ptr is None)
+        head = head or (scale, None, None, sink is None, ptr is None, None)
         return op._last(op._LAST, q, kv, idx, ptr, sink, out, head)
 
     fresh = (*_fresh(c, 7), torch.empty_like(c.q))
     assert last(*first) is p and last(*fresh) is p
-    assert last(*fresh, head=(scale * 2, None, None, not sink, False)) is None
+    assert last(*fresh, head=(scale * 2, None, None, not sink, False, None)) is None
+    assert last(*fresh, head=(scale, None, None, not sink, False, 64)) is None  # a bound
     cfg = op.spec_of(dispatch.Choice("triton"))
-    assert last(*fresh, head=(scale, cfg, None, not sink, False)) is None
+    assert last(*fresh, head=(scale, cfg, None, not sink, False, None)) is None
     for what, v in _variants(c, out):
         assert last(v["q"], v["kv"], v["idx"], v["ptr"], v["sink"], v["out"]) is None, what
         if what != "q needs a gradient":  # (never planned: op._eager's gate; the guard's)
@@ -366,7 +367,7 @@ def test_dense_ids_replay_what_the_full_path_launches(standin, name):
         kept = validation._DENSE_PTRS[(K, torch.int32, torch.device("cpu"))][-1]
         want = validation.dense_as_csr(first[2])[1]
         assert torch.equal(kept[: T + 1], want)
-    head = (0.05, op.spec_of(cfg), None, False, True)
+    head = (0.05, op.spec_of(cfg), None, False, True, None)
     for seed in (2, 3):
         inputs = (q.clone(), kv.clone(), _dense_ids(T, K, N, seed), None, sink.clone(),
                   torch.empty_like(q))  # fmt: skip
@@ -384,7 +385,7 @@ def test_dense_ids_replay_what_the_full_path_launches(standin, name):
     assert op._plan_key(q, kv, *csr, 0.05, sink, first[5], head[1]) != op._plan_key(
         q, kv, first[2], None, 0.05, sink, first[5], head[1])  # fmt: skip
     if op._GUARDS is not None:
-        assert op._last(op._LAST, q, kv, *csr, sink, first[5], (*head[:4], False)) is None
+        assert op._last(op._LAST, q, kv, *csr, sink, first[5], (*head[:4], False, None)) is None
 
 
 def test_the_op_is_seen_where_something_watches(standin):
@@ -459,7 +460,7 @@ def test_gpu_replays_equal_the_full_path_every_kernel(H, T):
                                      for t in _fresh(c, seed))  # fmt: skip
             args = (q, kv, idx, ptr, c.softmax_scale)
             got = poisoned_like(q)
-            head = (float(c.softmax_scale), op.spec_of(cfg), None, sink is None, False)
+            head = (float(c.softmax_scale), op.spec_of(cfg), None, sink is None, False, None)
             # the replay is the last plan's, matched by its guard on these CUDA tensors
             assert op._GUARDS is None or op._last(op._LAST, q, kv, idx, ptr, sink, got, head)
             prefill.sparse_mla_prefill(*args, attn_sink=sink, out=got, config=cfg)
@@ -509,7 +510,7 @@ def test_gpu_dense_ids_replays_equal_the_full_path(H, T):
             ids = _dense_ids(T, K, N, seed).cuda()
             q2, kv2 = torch.randn_like(q), torch.randn_like(kv)
             got = poisoned_like(q2)
-            head = (0.05, None if cfg is None else op.spec_of(cfg), None, False, True)
+            head = (0.05, None if cfg is None else op.spec_of(cfg), None, False, True, None)
             assert op._GUARDS is None or op._last(op._LAST, q2, kv2, ids, None, sink, got, head)
             prefill.sparse_mla_prefill(q2, kv2, ids, None, 0.05, attn_sink=sink, out=got,
                                        config=cfg)  # fmt: skip

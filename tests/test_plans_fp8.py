@@ -330,7 +330,7 @@ def test_the_last_fp8_plan_is_its_ops_own(standin):
         _call(*first, block_size=64, scale=c.softmax_scale)
     (p,) = _plans()
     assert op._PLANS[op._LAST_FP8] == (p,) and op._LAST not in op._PLANS
-    head = (c.softmax_scale, None, 64, False, False)
+    head = (c.softmax_scale, None, 64, False, False, None)
     fresh = (*_fresh(c, 3), torch.empty_like(c.q))
     assert op._last(op._LAST_FP8, *fresh, head) is p
     assert op._last(op._LAST_FP8, *fresh[:1], c.cache.data[:2], *fresh[2:], head) is None

@@ -1000,11 +1000,14 @@ def _cached(constexprs_fn):
 def run_validated(
     q_nope, q_pe, kv2, kpe2, kv_indices, kv_indptr, sm_scale, *, has_pe, attn_sink=None,
     out=None, num_kv_splits=None, return_lse=False, target=None, config=None, kernel=None,
+    nnz=None,
 ):  # fmt: skip
     """:func:`mla_gluon` after its validation (``kv2``/``kpe2`` are the [N, 512]/[N, 64] pools):
     for a caller that validated the inputs already, e.g. ``sparse_mla_prefill``'s dispatch.
     ``kernel`` (default ``gluon_mma``) runs with ``config`` (None: its default); ValueError
-    saying why when it cannot run the call."""
+    saying why when it cannot run the call. ``nnz``: the lists' total length the split count
+    plans for (None: ``kv_indices.numel()``; the entry's ``max_kv_length`` makes it T x that
+    bound for dense ids with lengths)."""
     if runtime.runs_interpreted(q_nope):
         raise RuntimeError(
             "mla_gluon needs a GPU: Gluon kernels do not run in Triton's interpreter; "
@@ -1019,6 +1022,7 @@ def run_validated(
     R, H, _ = q_nope.shape
     cfg = _checked_launch(name, config, H, tgt, has_pe, return_lse, num_kv_splits)
     N = kv2.shape[0]
+    planned = kv_indices.numel() if nnz is None else nnz
     form = dense_form(kv_indices, kv_indptr)
     if form and not (name in _WS and KERNELS[name].dense_ids):
         # dense ids as CSR, no host sync: a kept kv_indptr, or with lengths the lists packed
@@ -1042,8 +1046,8 @@ def run_validated(
         if name == "gluon_ws":
             splits = num_kv_splits
             if not splits:  # the rule the bench records too (split_plan: ws_num_splits)
-                _, splits = split_plan(name, cfg, R, H, kv_indices.numel(), tgt,
-                                       _num_compute_units(dev), own_launch=False)  # fmt: skip
+                _, splits = split_plan(name, cfg, R, H, planned, tgt, _num_compute_units(dev),
+                                       own_launch=False)  # fmt: skip
             if splits > 1:
                 opart = torch.empty(R, splits, H, HEAD_DIM, dtype=torch.float32,
                                     device=q_nope.device)  # fmt: skip
@@ -1069,10 +1073,10 @@ def run_validated(
         splits = num_kv_splits
     else:  # a prefill call too small to fill the GPU may trade gluon_mma's own head blocks
         own = config is None or config is _default_mma(H, tgt)
-        planned, splits = split_plan(name, cfg, R, H, kv_indices.numel(), tgt, units,
-                                     own_launch=own, has_pe=has_pe)  # fmt: skip
-        if planned is not cfg:
-            cfg = _checked_launch(name, planned, H, tgt, has_pe, return_lse, None)
+        plan_cfg, splits = split_plan(name, cfg, R, H, planned, tgt, units, own_launch=own,
+                                      has_pe=has_pe)  # fmt: skip
+        if plan_cfg is not cfg:
+            cfg = _checked_launch(name, plan_cfg, H, tgt, has_pe, return_lse, None)
     block_h = cfg.BLOCK_H
     pools = (kv2, kpe2) if has_pe else (kv2,)
     sink = attn_sink.contiguous() if attn_sink is not None else _unused(q_nope.device)

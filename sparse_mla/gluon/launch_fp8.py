@@ -184,10 +184,11 @@ def _constexprs(cfg: FP8SmallConfig, block_size: int) -> dict[str, Any]:
     }
 
 
-def run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+def run(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg, nnz=None):
     """Launch on validated inputs (T > 0, at least one block): CSR, dense [T, K] ids
     (``kv_indptr`` None) or dense ids with their rows' lengths in ``kv_indptr``'s place, read
-    as they are (:func:`~sparse_mla.validation.dense_launch`)."""
+    as they are (:func:`~sparse_mla.validation.dense_launch`). ``nnz`` plans nothing here (no
+    KV split)."""
     R, H, _ = q.shape
     if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8 or q.stride(2) != 1:
         q = q.contiguous()  # the producer copies Q rows with 16-byte cp.async
@@ -258,9 +259,10 @@ def _ws_constexprs(cfg: FP8WSConfig, block_size: int) -> dict[str, Any]:
     }
 
 
-def run_ws(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg):
+def run_ws(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, out, cfg,
+           nnz=None):  # fmt: skip
     """Launch ``gluon_ws_fp8`` on validated inputs (T > 0, at least one block; ``kv_indptr``
-    None: dense [T, K] ids, read as they are)."""
+    None: dense [T, K] ids, read as they are). ``nnz`` plans nothing here (no KV split)."""
     bs = cache.block_size
     _launch._launch_persistent(
         hopper_ws_fp8._prefill_ws_fp8_kernel, hopper_ws.BLOCK_H.value, q, cache.kernel_bytes(),
