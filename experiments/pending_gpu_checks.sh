@@ -45,7 +45,8 @@
 # (*earlypv*0e5194d*: step 35, not kept); in the thirtieth, lentests, l2policy (step 36, not
 # kept) and fp8lengths on ca24298 (*ca24298*), nowait on 959d8b9 (*nowait*959d8b9*, step 37,
 # kept, then taken out: see PERF_NOTES); the grid and ctxlengths on fb3bbfe (*fb3bbfe*), the suite on 4cd0507
-# (gpu_suite_4cd0507.log: 1014 passed).) Open: l2split (prepared, optional).
+# (gpu_suite_4cd0507.log: 1014 passed); in the thirty-first, densewidth on c70ccf8 and 90cbd32
+# (*90cbd32*: step 38).) Open: l2split (prepared, optional).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
