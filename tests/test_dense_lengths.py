@@ -566,6 +566,12 @@ def test_mla_gluon_takes_kv_lengths_and_names_bad_ones():
         mla_gluon(q, None, kv, None, ids, None, 0.1, kv_lengths=n + 2, validate=True, **kw)
     with pytest.raises(RuntimeError, match="needs a GPU"):
         mla_gluon(q, None, kv, None, ids, None, 0.1, kv_lengths=n, **kw)
+    with pytest.raises(ValueError, match="max_kv_length bounds the rows' kv_lengths"):
+        mla_gluon(q, None, kv, None, ids, None, 0.1, max_kv_length=2, **kw)
+    with pytest.raises(ValueError, match="max_kv_length must be >= 0"):
+        mla_gluon(q, None, kv, None, ids, None, 0.1, kv_lengths=n, max_kv_length=-2, **kw)
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        mla_gluon(q, None, kv, None, ids, None, 0.1, kv_lengths=n, max_kv_length=2, **kw)
 
 
 FP8_DENSE_CASES = [  # (kernel, H, T, launch): the FP8 kernels that read dense ids themselves
@@ -808,7 +814,7 @@ def test_gpu_max_kv_length_plans_short_lists_as_short(T, H):
     200 (poisoned rows past them). Without a bound ``gluon_ws`` splits the lists as K long (its
     launch and the reduce's); with it the call plans as the lists' CSR form does (one launch:
     no split at these points). Both right, alternately on one layout (the plans replayed), and
-    a bound below the lengths right too."""
+    a bound below the lengths right too; ``mla_gluon``'s ``gluon_ws`` alike."""
     from sparse_mla import bench, fastlaunch, op
 
     K = bench._grid_topk(H) + 128
@@ -834,3 +840,19 @@ def test_gpu_max_kv_length_plans_short_lists_as_short(T, H):
     assert k != "gluon_ws" or launch.ws_num_splits(T, H, int(n.sum()), 132) == 1
     for m in (None, 200, None, 200, 64, 0):  # plans recorded, then replayed, per bound
         _check(case, max_kv_length=m)
+    from sparse_mla.gluon.launch import mla_gluon
+
+    def gluon_ws(m):  # the Gluon entry, gluon_ws forced: its split count takes the bound too
+        out = poisoned_like(case.q)
+        got = mla_gluon(case.q, None, case.kv, None, case.ids, None, case.softmax_scale,
+                        has_pe=False, attn_sink=case.attn_sink, out=out, kernel="gluon_ws",
+                        kv_lengths=n, max_kv_length=m)  # fmt: skip
+        assert got is out and not torch.isnan(out).any()
+        rep = check_against_reference(out, *case.args(), **case.kw())
+        assert rep.ok, rep
+
+    for m, want in ((None, 2), (200, 1), (0, 1)):
+        gluon_ws(m)
+        with fastlaunch.recording() as launches:
+            gluon_ws(m)
+        assert len(launches) == want, (m, launches)

@@ -29,6 +29,8 @@ from ..validation import (
     dense_ids_value,
     dense_launch,
     dense_lengths_csr,
+    length_bound,
+    planned_nnz,
     validate_inputs,
 )  # fmt: skip
 from . import cdna4, hopper, hopper_prefill, hopper_ws, hopper_ws_small
@@ -931,6 +933,7 @@ def mla_gluon(
     validate: bool | None = None,
     kernel: str | None = None,
     kv_lengths: torch.Tensor | None = None,
+    max_kv_length: int | None = None,
 ):
     """Unified MLA attention (Gluon): MLA decode with the RoPE part, or DSv4 sparse prefill.
 
@@ -964,6 +967,9 @@ def mla_gluon(
         kernel: the Gluon kernel (above).
         kv_lengths: dense kv_indices only: [R] int32/int64 rows' lengths, 0 <= n <= K (as
             :func:`sparse_mla.sparse_mla_prefill`'s).
+        max_kv_length: with ``kv_lengths`` only: a host int bounding them, which the split
+            count plans for in K's place (as :func:`sparse_mla.sparse_mla_prefill`'s; never
+            changes what is read).
         validate: check kv_indptr's (or kv_lengths') values on the host (see
             :func:`sparse_mla.validation.validate_inputs`; None: only with
             ``SPARSE_MLA_VALIDATE=1``, as the tensors are on a GPU). Unchecked, each row's range
@@ -973,6 +979,7 @@ def mla_gluon(
         out [R, H, 512] in q's dtype (rows with no valid slot are zeros), or (out, lse).
     """
     kv_indptr = _slot_lists(kv_indices, kv_indptr, kv_lengths)
+    bound = length_bound(max_kv_length, kv_indices, kv_lengths)
     x, kpe2 = _validate(
         q_nope, q_pe, kv_c, k_pe, kv_indices, kv_indptr, sm_scale, has_pe, attn_sink, out,
         num_kv_splits, validate,
@@ -986,6 +993,7 @@ def mla_gluon(
             x.q, q_pe, x.kv, kpe2, x.kv_indices, x.kv_indptr, x.softmax_scale,
             has_pe=has_pe, attn_sink=x.attn_sink, out=out, num_kv_splits=num_kv_splits,
             return_lse=return_lse, target=target, config=config, kernel=name,
+            nnz=None if bound is None else planned_nnz(x.kv_indices, bound),
         )  # fmt: skip
 
 
