@@ -12,9 +12,14 @@ T = 4 H64 ~18 us (0.75-0.8 of FlashMLA), T = 16 H64 ~21-22 (~0.9), T = 16 H128 ~
 no gain where the items already fill a quarter of the SMs.
 
     PYTHONPATH=.:.peers python experiments/ws_split.py [TxH ...]   # an H200
+
+``WS_SPLIT_CONTEXT`` (default 65536) sets the context (1024: the middling lists, about 384
+slots a token), ``WS_SPLIT_EXTRA`` the forced counts (default "2,4").
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from turns import add_checked, add_flashmla, in_turns, main
@@ -24,11 +29,12 @@ from sparse_mla.gluon import launch, mla_gluon
 from sparse_mla.prefill import sparse_mla_prefill
 
 POINTS = [(T, H) for H in (40, 64, 96, 128) for T in (1, 2, 4, 8, 16, 32, 64)]
-EXTRA = (2, 4)
+EXTRA = tuple(int(x) for x in os.environ.get("WS_SPLIT_EXTRA", "2,4").split(","))
+CONTEXT = int(os.environ.get("WS_SPLIT_CONTEXT", "65536"))
 
 
 def point(T: int, H: int, dev: torch.device, peers: bench.Peers) -> str:
-    w = bench.GridPoint("dsv4_csa", T, H, bench._grid_topk(H), context=65536).build(
+    w = bench.GridPoint("dsv4_csa", T, H, bench._grid_topk(H), context=CONTEXT).build(
         dev, seed=0, sink=True, big_buffer=True
     )
     q, kv, idx, indptr, scale = w.args()
