@@ -51,7 +51,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|headroom|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -241,10 +241,12 @@
 #             slots) at T 1-16, H 40-128: unsplit, the rule's count, x2-x4, config=None and
 #             FlashMLA (about 3 minutes). dense_width.py found gluon_ws x5 at 0.94x the CSR
 #             default at T = 4 H64 there, where the rule (WS_SPLIT_MIN_SAVED) does not split
-#   headroom  ws_split.py on whole lists (640 / 1152 slots, 5 / 9 pairs) at T 1-16, H64 / H128
-#             with 6 and 10 pieces forced: what one piece more than the pairs (empty on every
-#             list) costs, the price of a split rule with headroom for lists a pair longer than
-#             the average (PERF_NOTES step 39; about 3 minutes)
+#   mid1024   PERF_NOTES step 39: the middling-list grid (context 1024, T 1/4/16, every grid
+#             head, the kernels, default and FlashMLA) with gluon_ws's new split rule, appended
+#             to nvidia-h200_grid_ctx1024.csv and exported (sm90_export 3: in place of the run
+#             08:11:08), then default against gluon_ws, gluon_ws_small and FlashMLA with that
+#             export (about 4 minutes). Predicted: gluon_ws's rule x3 / x4 0.85-0.95x FlashMLA
+#             at T 1-4, chosen there; default at most 0.95x FlashMLA at T 1-4 after the export
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -608,11 +610,16 @@ if want midsplit; then  # gluon_ws split at middling lists: is WS_SPLIT_MIN_SAVE
     > "$OUT/ws_split_ctx1024_h200_${COMMIT:0:7}.log" 2>&1
   echo "midsplit: rc=$?"; cat "$OUT/ws_split_ctx1024_h200_${COMMIT:0:7}.log"
 fi
-if want headroom; then  # whole lists split into one piece more than their pairs (an empty piece)
-  WS_SPLIT_EXTRA=6,10 PYTHONPATH=$PWD:$PWD/.peers:$PWD/experiments \
-    FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 300 python3 experiments/ws_split.py \
-    1x64 4x64 16x64 1x128 4x128 16x128 > "$OUT/ws_split_headroom_h200_${COMMIT:0:7}.log" 2>&1
-  echo "headroom: rc=$?"; cat "$OUT/ws_split_headroom_h200_${COMMIT:0:7}.log"
+if want mid1024; then  # step 39: the split rule's change measured and exported at middling lists
+  D=data/bench/nvidia-h200 GRID_LIMIT=120
+  grid_run mid1024 --context 1024 --tokens 1,4,16 --out ${D}_grid_ctx1024.csv
+  sm90_export 3 "$OUT/mid1024_${COMMIT:0:7}.log"  # this run in place of 08:11:08 (T 1/4/16)
+  cp ${D}_grid_ctx1024.csv "$OUT/"
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 140 \
+    python3 -m sparse_mla.cli bench --grid --no-ceilings --context 1024 --tokens 1,4,16 \
+    --providers gluon_ws_small,gluon_ws,default,flashmla --time-limit 120 --commit "${COMMIT:0:7}" \
+    --out "$OUT/verify_mid1024.csv" > "$OUT/verify_mid1024_${COMMIT:0:7}.log" 2>&1
+  echo "verify: rc=$?"; tail -n 50 "$OUT/verify_mid1024_${COMMIT:0:7}.log" | cut -c1-200
 fi
 if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 128 H64 and T = 64 H128
   TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \

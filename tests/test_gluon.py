@@ -350,8 +350,9 @@ def test_split_rule():
 
 def test_ws_split_rule():
     """gluon_ws splits only calls whose items (rows x 64-head blocks) fill at most half the
-    SMs, into pieces of whole pairs of tiles of the average list, one wave, none empty, and
-    only when a piece is at least 6 tiles shorter than the list."""
+    SMs, into pieces of whole pairs of tiles of the average list rounded up, one wave, none
+    empty, and only when a piece is at least 6 tiles shorter than the list (4 tiles for at
+    most 4 items)."""
     from sparse_mla.gluon.launch import ws_num_splits
 
     # Whole DSv4 lists (640 slots: 5 pairs) at 64 heads: T = 4 and 16 take 5 pieces of a pair
@@ -366,9 +367,15 @@ def test_ws_split_rule():
     # 33 x 2 items split in two (5 + 4 pairs: 8 tiles saved), 34 x 2 do not (past half the SMs)
     assert ws_num_splits(33, 128, 33 * 1152, 132) == 2
     assert ws_num_splits(34, 128, 34 * 1152, 132) == 1
-    # middling lists (384 slots, 3 pairs) save at most 4 tiles: no split
-    assert ws_num_splits(4, 64, 4 * 384, 132) == 1
+    # middling lists (384 slots, 3 pairs) save at most 4 tiles: split only for at most 4 items
+    assert ws_num_splits(4, 64, 4 * 384, 132) == 3
+    assert ws_num_splits(2, 128, 2 * 384, 132) == 3
+    assert ws_num_splits(8, 64, 8 * 384, 132) == 1
+    assert ws_num_splits(4, 64, 4 * 256, 132) == 1  # 2 tiles saved
     assert ws_num_splits(4, 64, 4 * 128, 132) == 1
+    # one list a slot longer than the others: 4 pairs for it, so 4 pieces of one pair
+    assert ws_num_splits(8, 64, 8 * 384 + 1, 132) == 4
+    assert ws_num_splits(4, 64, 4 * 640 + 3, 132) == 6
     # long lists: at most MAX_SPLITS, and no empty piece (64 pairs over 16 pieces of 4)
     assert ws_num_splits(1, 64, 8192, 132) == 16
     assert ws_num_splits(1, 64, 9000, 132) == 15  # 71 pairs: 15 pieces of 5

@@ -436,26 +436,35 @@ def programs_per_sm(cfg: GluonConfig, target: Target) -> int | None:
 # gluon_ws splits a call's lists only while its (token, head block) items are at most
 # 1 / WS_SPLIT_FILL of the SMs, and only into pieces at least WS_SPLIT_MIN_SAVED tiles shorter
 # than the whole list: a split pays ~7-8 us (its fp32 partials and the reduce launch) and a
-# tile costs ~1.5 us (H200; PERF_NOTES "No cliffs" step 19).
+# tile costs ~1.5 us (H200; PERF_NOTES "No cliffs" step 19). Calls of at most
+# WS_SPLIT_FEW_ITEMS items split already for WS_SPLIT_MIN_SAVED_FEW tiles: there a pair of
+# tiles costs ~3-4 us and a split ~5 us (1-4 items on 384-slot lists: 3 pieces 0.85-0.91x the
+# unsplit call; 64 items on 640-slot lists, 2 pieces: 1.08x; PERF_NOTES step 39).
 WS_SPLIT_FILL = 2
 WS_SPLIT_MIN_SAVED = 6
+WS_SPLIT_FEW_ITEMS = 4
+WS_SPLIT_MIN_SAVED_FEW = 4
 
 
 def ws_num_splits(rows: int, num_heads: int, nnz: int, num_units: int) -> int:
     """``gluon_ws``'s KV splits for a call of ``rows`` rows, H heads and ``nnz`` slots (no
     host sync): 1 while its items (rows x cdiv(H, 64)) fill more than 1 / :data:`WS_SPLIT_FILL`
     of the ``num_units`` SMs; else as many as fit the SMs in one wave, each at least one pair
-    of 64-slot tiles of the average list (nnz / rows), at most :data:`MAX_SPLITS`, then as many
-    as the pieces of whole pairs that count makes (no empty piece on average lists), and 1
-    unless a piece is at least :data:`WS_SPLIT_MIN_SAVED` tiles shorter than the list."""
+    of 64-slot tiles of the average list rounded up (cdiv(nnz, rows): when the lists are not
+    all one length, some are longer than the average, and a piece of theirs would hold one
+    pair more), at most :data:`MAX_SPLITS`, then as many as the pieces of whole pairs that
+    count makes (no empty piece on average lists), and 1 unless a piece is at least
+    :data:`WS_SPLIT_MIN_SAVED` tiles shorter than the list (:data:`WS_SPLIT_MIN_SAVED_FEW`
+    for at most :data:`WS_SPLIT_FEW_ITEMS` items)."""
     items = rows * runtime.cdiv(num_heads, hopper_ws.BLOCK_H.value)
     if items == 0 or items * WS_SPLIT_FILL > num_units:
         return 1
     pair = 2 * hopper_ws.BLOCK_K.value
-    pairs = runtime.cdiv(max(nnz // rows, 1), pair)
+    pairs = runtime.cdiv(max(runtime.cdiv(nnz, rows), 1), pair)
     splits = max(1, min(num_units // items, pairs, MAX_SPLITS))
     per_piece = runtime.cdiv(pairs, splits)
-    if 2 * (pairs - per_piece) < WS_SPLIT_MIN_SAVED:
+    need = WS_SPLIT_MIN_SAVED_FEW if items <= WS_SPLIT_FEW_ITEMS else WS_SPLIT_MIN_SAVED
+    if 2 * (pairs - per_piece) < need:
         return 1
     return runtime.cdiv(pairs, per_piece)
 
