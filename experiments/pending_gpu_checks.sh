@@ -51,7 +51,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -243,10 +243,11 @@
 #             default at T = 4 H64 there, where the rule (WS_SPLIT_MIN_SAVED) does not split
 #   mid1024   PERF_NOTES step 39: the middling-list grid (context 1024, T 1/4/16, every grid
 #             head, the kernels, default and FlashMLA) with gluon_ws's new split rule, appended
-#             to nvidia-h200_grid_ctx1024.csv and exported (sm90_export 3: in place of the run
-#             08:11:08), then default against gluon_ws, gluon_ws_small and FlashMLA with that
-#             export (about 4 minutes). Predicted: gluon_ws's rule x3 / x4 0.85-0.95x FlashMLA
-#             at T 1-4, chosen there; default at most 0.95x FlashMLA at T 1-4 after the export
+#             to nvidia-h200_grid_ctx1024.csv (then exported on the CPU: sm90_export's runs, this
+#             one in place of 08:11:08; about 2 minutes). Predicted: gluon_ws's rule x3 / x4
+#             0.85-0.95x FlashMLA at T 1-4
+#   mid1024verify  after that export: default against gluon_ws, gluon_ws_small and FlashMLA at
+#             the same points (about 1 minute). Predicted: default at most 0.95x FlashMLA at T 1-4
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -610,11 +611,12 @@ if want midsplit; then  # gluon_ws split at middling lists: is WS_SPLIT_MIN_SAVE
     > "$OUT/ws_split_ctx1024_h200_${COMMIT:0:7}.log" 2>&1
   echo "midsplit: rc=$?"; cat "$OUT/ws_split_ctx1024_h200_${COMMIT:0:7}.log"
 fi
-if want mid1024; then  # step 39: the split rule's change measured and exported at middling lists
-  D=data/bench/nvidia-h200 GRID_LIMIT=120
+if want mid1024; then  # step 39: the split rule's change measured at middling lists
+  D=data/bench/nvidia-h200 GRID_LIMIT=100
   grid_run mid1024 --context 1024 --tokens 1,4,16 --out ${D}_grid_ctx1024.csv
-  sm90_export 3 "$OUT/mid1024_${COMMIT:0:7}.log"  # this run in place of 08:11:08 (T 1/4/16)
-  cp ${D}_grid_ctx1024.csv "$OUT/"
+  cp ${D}_grid_ctx1024.csv "$OUT/"; tail -n 52 "$OUT/mid1024_${COMMIT:0:7}.log" | cut -c1-220
+fi
+if want mid1024verify; then  # step 39 after its export: default at middling lists
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 140 \
     python3 -m sparse_mla.cli bench --grid --no-ceilings --context 1024 --tokens 1,4,16 \
     --providers gluon_ws_small,gluon_ws,default,flashmla --time-limit 120 --commit "${COMMIT:0:7}" \
