@@ -46,7 +46,9 @@
 # kept) and fp8lengths on ca24298 (*ca24298*), nowait on 959d8b9 (*nowait*959d8b9*, step 37,
 # kept, then taken out: see PERF_NOTES); the grid and ctxlengths on fb3bbfe (*fb3bbfe*), the suite on 4cd0507
 # (gpu_suite_4cd0507.log: 1014 passed); in the thirty-first, densewidth on c70ccf8 and 90cbd32
-# (*90cbd32*: step 38).) Open: l2split (prepared, optional).
+# (*90cbd32*: step 38), the suite on bd1b82c, midsplit on 65c024a and mid1024 on e5f79cf (step 39:
+# *65c024a*, *_grid_ctx1024_e5f79cf.log, exported on the CPU).) Open: mid1024verify, l2split
+# (prepared, optional).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
@@ -348,10 +350,12 @@ apply_patch() { git apply "$1" 2> /dev/null || patch -p1 -s < "$1"; }  # the dev
 # The shipped sm90 choice exported from the committed runs: the grid of 391741a, the latest $1
 # runs of the whole-list (ctx65536) and middling-list (ctx1024) files (each run covers every
 # grid head; the twenty-third session's middling run, 08:11:08, replaced the five before it),
-# every short-list run; the export's stderr appended to $2, the file copied to $OUT.
+# every short-list run; the export's stderr appended to $2, the file copied to $OUT. MID_RUNS:
+# the middling-list runs' count when it differs (5 since the thirty-first session's three runs
+# of T 1/4/16, e5f79cf, replaced 08:11:08 beside 09:29:28 and 17:19:26).
 sm90_export() {
   local D=data/bench/nvidia-h200 runs
-  runs=$(PYTHONPATH=$PWD python3 - $D "$1" <<'PYEOF'
+  runs=$(PYTHONPATH=$PWD python3 - $D "$1" "${MID_RUNS:-}" <<'PYEOF'
 import csv, sys
 d, n = sys.argv[1], int(sys.argv[2])
 def runs(name):
@@ -360,7 +364,8 @@ def runs(name):
             return sorted({r["timestamp"] for r in csv.DictReader(f) if r.get("T")})
     except FileNotFoundError:  # grid_mid_t: none before the first tmid run
         return []
-out = ["2026-12-02T12:41:51+00:00", *runs("grid_ctx65536")[-n:], *runs("grid_ctx1024")[-n:]]
+m = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else n
+out = ["2026-12-02T12:41:51+00:00", *runs("grid_ctx65536")[-n:], *runs("grid_ctx1024")[-m:]]
 for name in ("grid_ctx64", "grid_ctx256", "grid_small_t", "grid_mid_t"):
     out += runs(name)
 print(" ".join(f"--run {r}" for r in out))
