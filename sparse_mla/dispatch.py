@@ -87,7 +87,9 @@ class Kernel:
     """One kernel the entry can run.
 
     ``run(q, kv, kv_indices, kv_indptr, softmax_scale, attn_sink, out, launch)`` launches it on
-    validated inputs (``kv`` is [N, D], T > 0 and N > 0) and writes ``out``. ``resolve(launch,
+    validated inputs (``kv`` is [N, D], T > 0 and N > 0) and writes ``out``; the entry adds
+    ``nnz=`` (the lists' total length to plan a split for, in ``kv_indices.numel()``'s place)
+    when the caller bounds dense ids' lengths (``max_kv_length``). ``resolve(launch,
     call)`` turns None (the kernel's own default or tuned launch), a dict from configs/ or the
     kernel's config object into a validated config object. ``unavailable(call)`` says why the
     kernel cannot run a call (None: it can). ``config_type`` ("module:Class") is the config
