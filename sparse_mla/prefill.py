@@ -333,7 +333,7 @@ def sparse_mla_prefill(
             context) + window). The kernel choice and the KV split count cannot read the
             lengths without a sync, so without it they take every row as K long: an engine's
             fixed-width top-k on a short context then splits lists that are a few tiles long
-            (1.3x the CSR call's time, H200, docs/PERF_NOTES.md step 38). It steers only that
+            (1.25-1.54x the CSR call, H200, docs/PERF_NOTES.md step 38). It steers only that
             choice (rounded up to a multiple of 64, at most K); every list is still read to
             its ``kv_lengths[t]``, so a bound below a length costs speed, never correctness.
 
