@@ -23,6 +23,9 @@ clocks one particular other left. Providers:
   list rounded up to 128; built outside the timing); its config names the kernel and K;
 - ``default_dense_len``: the same with the rows' lengths (``kv_lengths``), as FlashMLA gets its
   ``topk_length``;
+- ``default_dense_wide``: the same lists as an engine's top-k holds them, K its fixed width
+  (the workload's top-k + window, at least the longest list rounded up to 128), with
+  ``kv_lengths`` and the bound the engine knows, ``max_kv_length`` (the longest list);
 - ``torch``: :func:`torch_gather_prefill`, a plain PyTorch gather and two batched matmuls;
 - peers, when importable (their code is never part of the package; ``../shared/peers/``):
   ``flashmla``, DeepSeek's ``flash_mla.flash_mla_sparse_fwd`` (H 64 or 128; fewer heads are
@@ -178,7 +181,8 @@ DEFAULT_WORKLOADS = (
     "glm_h16_topk2048",
 )
 # The providers of a default run besides the package's registered kernels (provider_names()).
-PROVIDERS = ("default", "default_dense", "default_dense_len", "torch", "flashmla", "aiter")
+PROVIDERS = ("default", "default_dense", "default_dense_len", "default_dense_wide", "torch",
+             "flashmla", "aiter")  # fmt: skip
 # The grid (run_grid): CSA at every H x T, top-k 1024 from GRID_TOPK1024_FROM_H heads (V4-Pro's
 # 128 heads and the head counts between it and V4-Flash's 64), GLM full top-k 2048 at a few H.
 GRID_HEADS = (1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128)
@@ -795,38 +799,58 @@ def _default(w, device: torch.device) -> Prepared:
     return Prepared("default", call, cfg)
 
 
-def _dense_ids_note(kernel: str, K: int, lengths: bool) -> str:
+def _dense_ids_note(kernel: str, K: int, lengths: bool, bound: int | None = None) -> str:
     """A dense-ids provider's ``ids`` config entry: the form, and whether ``kernel`` reads it
     as it is or gets it packed to CSR by the entry."""
     from . import dispatch
 
     reads = "as they are" if dispatch.kernel(kernel).dense_ids else "as CSR"
-    return f"dense [T, {K}]{' with lengths' if lengths else ''} {reads}"
+    bounded = "" if bound is None else f" and max_kv_length {bound}"
+    return f"dense [T, {K}]{' with lengths' if lengths else ''}{bounded} {reads}"
 
 
-def _default_dense(w, device: torch.device, lengths: bool = False) -> Prepared:
+def _engine_width(w, longest: int) -> int:
+    """The row length of an engine's top-k for workload ``w``: its top-k plus its window
+    (``meta``; a workload without them: ``longest``), at least ``longest``."""
+    topk = w.meta.get("topk") if isinstance(w.meta.get("topk"), int) else None
+    if topk is None:
+        return longest
+    window = w.meta.get("window")
+    return max(longest, topk + (window if isinstance(window, int) else 0))
+
+
+def _default_dense(w, device: torch.device, lengths: bool = False, wide: bool = False) -> Prepared:
     """``sparse_mla_prefill(..., config=None)`` on dense ids: the [T, K] int32 matrix, -1
     padded, that :func:`_flashmla` passes FlashMLA (:func:`_dense_topk`), with
     ``kv_indptr=None`` (``default_dense``), and with ``lengths`` its rows' lengths as
-    ``kv_lengths``, FlashMLA's ``topk_length`` (``default_dense_len``)."""
+    ``kv_lengths``, FlashMLA's ``topk_length`` (``default_dense_len``); ``wide``: padded to an
+    engine's fixed width (:func:`_engine_width`) with the lengths and their bound
+    ``max_kv_length`` (``default_dense_wide``)."""
     import dataclasses
 
+    from . import validation
     from .prefill import sparse_mla_prefill
 
     q, kv, idx, indptr, scale = w.args()
     kv2 = kv[:, 0, :] if kv.dim() == 3 else kv
     dense, n = _dense_topk(idx, indptr, kv2.shape[0], 128)
+    m = None
+    if wide:
+        width = _engine_width(w, dense.shape[1])
+        dense = torch.nn.functional.pad(dense, (0, width - dense.shape[1]), value=-1)
+        lengths, m = True, int(n.max()) if n.numel() else 0
     n = n if lengths else None
-    call_info = dataclasses.replace(_dispatch_call(w, device), nnz=dense.numel())
-    choice = _entry_choice(call_info)
-    ids = _dense_ids_note(choice.kernel, dense.shape[1], lengths)
+    nnz = validation.planned_nnz(dense, None if m is None else validation.length_bound(m, dense, n))
+    choice = _entry_choice(dataclasses.replace(_dispatch_call(w, device), nnz=nnz))
+    ids = _dense_ids_note(choice.kernel, dense.shape[1], lengths, m)
     cfg = {"kernel": choice.kernel, "ids": ids, **choice.launch_dict()}
 
     def call(out):
         return sparse_mla_prefill(q, kv, dense, None, scale, attn_sink=w.attn_sink, out=out,
-                                  kv_lengths=n)  # fmt: skip
+                                  kv_lengths=n, max_kv_length=m)  # fmt: skip
 
-    return Prepared("default_dense_len" if lengths else "default_dense", call, cfg)
+    name = "default_dense_wide" if wide else "default_dense_len" if lengths else "default_dense"
+    return Prepared(name, call, cfg)
 
 
 def _torch(w, device: torch.device) -> Prepared:
@@ -850,8 +874,9 @@ def _provider(name: str, w, device: torch.device, peers: Peers | None = None) ->
 
     if name == "default":
         return _default(w, device)
-    if name in ("default_dense", "default_dense_len"):
-        return _default_dense(w, device, lengths=name == "default_dense_len")
+    if name in ("default_dense", "default_dense_len", "default_dense_wide"):
+        return _default_dense(w, device, lengths=name == "default_dense_len",
+                              wide=name == "default_dense_wide")  # fmt: skip
     if name == "torch":
         return _torch(w, device)
     if name in _FLASHMLA_NAMES:

@@ -1179,8 +1179,9 @@ def build_parser() -> argparse.ArgumentParser:
         "default_dense, default_dense_len and flashmla): the package's kernels (every "
         "registered name), default (what config=None runs), default_dense and "
         "default_dense_len (config=None on FlashMLA's -1 padded [T, K] ids, without and with "
-        "the rows' lengths), torch, and the peers flashmla and aiter when importable (a "
-        "missing peer is a log line, no row)",
+        "the rows' lengths), default_dense_wide (the ids at an engine's fixed width, top-k + "
+        "window, with their lengths and max_kv_length), torch, and the peers flashmla and "
+        "aiter when importable (a missing peer is a log line, no row)",
     )
     p.add_argument(
         "--budget-ms",

@@ -147,7 +147,7 @@ def test_cli_cpu_end_to_end(capsys, tmp_path):
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["provider"] for r in rows] == [
-        "triton", "default", "default_dense", "default_dense_len", "torch",
+        "triton", "default", "default_dense", "default_dense_len", "default_dense_wide", "torch",
     ]  # fmt: skip
     for r in rows:
         assert r["ok"] == "True" and r["workload"] == "csa_h8_topk512"
@@ -166,6 +166,10 @@ def test_cli_cpu_end_to_end(capsys, tmp_path):
     # default_dense_len: the same with the rows' lengths (kv_lengths, FlashMLA's topk_length).
     want["ids"] = "dense [T, 128] with lengths as they are"
     assert json.loads(rows[3]["config"]) == want
+    # default_dense_wide: the ids at the engine's width (top-k 512 + window 128) with the
+    # lengths and their bound (the longest list: 8 // 4 + 8 slots at T = 8).
+    want["ids"] = "dense [T, 640] with lengths and max_kv_length 10 as they are"
+    assert json.loads(rows[4]["config"]) == want
     assert "flashmla: skipped" in text and "aiter: skipped" in text
 
 

@@ -59,7 +59,9 @@ MOONSHOT_MAX_H = 48
 MOONSHOT_MAX_T = 256
 
 # Providers that are not the package's kernels (prefix match for those ending in "*").
-_NOT_KERNELS = ("default", "default_dense", "default_dense_len", "torch", "aiter")
+_NOT_KERNELS = (
+    "default", "default_dense", "default_dense_len", "default_dense_wide", "torch", "aiter",
+)  # fmt: skip
 _NOT_KERNEL_PREFIXES = ("flashmla", "ceiling:")
 
 # The columns of :func:`table_cells` (keys of :func:`grid_table`'s points).
@@ -72,8 +74,8 @@ TABLE_COLUMNS = (
 
 def is_package_kernel(provider: str | None) -> bool:
     """True for a package kernel's provider name: anything but ``default``,
-    ``default_dense``, ``default_dense_len``, ``torch``, ``aiter``, ``flashmla*`` and
-    ``ceiling:*`` (the registry's names are never hard-coded)."""
+    ``default_dense``, ``default_dense_len``, ``default_dense_wide``, ``torch``, ``aiter``,
+    ``flashmla*`` and ``ceiling:*`` (the registry's names are never hard-coded)."""
     if not provider or provider in _NOT_KERNELS:
         return False
     return not provider.startswith(_NOT_KERNEL_PREFIXES)
