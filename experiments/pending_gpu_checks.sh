@@ -249,7 +249,9 @@
 #             one in place of 08:11:08; about 2 minutes). Predicted: gluon_ws's rule x3 / x4
 #             0.85-0.95x FlashMLA at T 1-4
 #   mid1024verify  after that export: default against gluon_ws, gluon_ws_small and FlashMLA at
-#             the same points (about 1 minute). Predicted: default at most 0.95x FlashMLA at T 1-4
+#             the same points, and the bench's default_dense_wide (an engine's 640-wide top-k
+#             with lengths and max_kv_length: not yet run on a GPU; about 2 minutes). Predicted:
+#             default at most 0.95x FlashMLA at T 1-4, default_dense_wide within 1.03 of default
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -624,7 +626,8 @@ fi
 if want mid1024verify; then  # step 39 after its export: default at middling lists
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 140 \
     python3 -m sparse_mla.cli bench --grid --no-ceilings --context 1024 --tokens 1,4,16 \
-    --providers gluon_ws_small,gluon_ws,default,flashmla --time-limit 120 --commit "${COMMIT:0:7}" \
+    --providers gluon_ws_small,gluon_ws,default,default_dense_wide,flashmla --time-limit 120 \
+    --commit "${COMMIT:0:7}" \
     --out "$OUT/verify_mid1024.csv" > "$OUT/verify_mid1024_${COMMIT:0:7}.log" 2>&1
   echo "verify: rc=$?"; tail -n 50 "$OUT/verify_mid1024_${COMMIT:0:7}.log" | cut -c1-200
 fi
