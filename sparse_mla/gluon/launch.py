@@ -1002,7 +1002,7 @@ def mla_gluon(
             x.q, q_pe, x.kv, kpe2, x.kv_indices, x.kv_indptr, x.softmax_scale,
             has_pe=has_pe, attn_sink=x.attn_sink, out=out, num_kv_splits=num_kv_splits,
             return_lse=return_lse, target=target, config=config, kernel=name,
-            nnz=None if bound is None else planned_nnz(x.kv_indices, bound),
+            nnz=planned_nnz(x.kv_indices, bound),
         )  # fmt: skip
 
 
