@@ -47,13 +47,13 @@
 # kept, then taken out: see PERF_NOTES); the grid and ctxlengths on fb3bbfe (*fb3bbfe*), the suite on 4cd0507
 # (gpu_suite_4cd0507.log: 1014 passed); in the thirty-first, densewidth on c70ccf8 and 90cbd32
 # (*90cbd32*: step 38), the suite on bd1b82c, midsplit on 65c024a and mid1024 on e5f79cf (step 39:
-# *65c024a*, *_grid_ctx1024_e5f79cf.log, exported on the CPU).) Open: mid1024verify, l2split
-# (prepared, optional).
+# *65c024a*, *_grid_ctx1024_e5f79cf.log, exported on the CPU).) Open: lenpub (thirty-second
+# session, step 40), mid1024verify, l2split (prepared, optional).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -252,6 +252,13 @@
 #             the same points, and the bench's default_dense_wide (an engine's 640-wide top-k
 #             with lengths and max_kv_length: not yet run on a GPU; about 2 minutes). Predicted:
 #             default at most 0.95x FlashMLA at T 1-4, default_dense_wide within 1.03 of default
+#   lenpub    PERF_NOTES step 40: a large call's consumers read each item's list length from
+#             the producer (published with its Q) instead of loading kv_indptr themselves
+#             after each epilogue: gluon_ws's GPU tests, then experiments/ws_bars_ab.py in
+#             turns against 13a3a8a's file (.ab_base/hopper_ws_13a3a8a.py, carried) at T =
+#             16384 H64 / H128, GLM H64, T = 4096 H128, T = 1024 H64 and two small-call
+#             controls (about 8 minutes). Predicted: T = 16384 H64 / H128 -1.5..-3.5%, GLM H64
+#             -0.5..-1.5%, T = 4096 / 1024 -1..-3%, the small calls (unchanged builds) +-0.5%
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -326,7 +333,7 @@ ws_ab() {
   local name=$1; shift
   [ $# -gt 0 ] || set -- --before /tmp/hopper_ws_before.py \
     --points 64:128:1024 16384:64:512 16384:128:1024 glm:16384:64:2048
-  TRITON_CACHE_DIR=/tmp/${name}_triton_cache PYTHONPATH=$PWD timeout 300 \
+  TRITON_CACHE_DIR=/tmp/${name}_triton_cache PYTHONPATH=$PWD timeout ${AB_TIME:-300} \
     python3 experiments/ws_bars_ab.py --repeat 2 "$@" \
     > "$OUT/ws_${name}_ab_h200_${COMMIT:0:7}.log" 2>&1
   echo "$name ab: rc=$?"; cat "$OUT/ws_${name}_ab_h200_${COMMIT:0:7}.log"
@@ -622,6 +629,12 @@ if want mid1024; then  # step 39: the split rule's change measured at middling l
   D=data/bench/nvidia-h200 GRID_LIMIT=100
   grid_run mid1024 --context 1024 --tokens 1,4,16 --out ${D}_grid_ctx1024.csv
   cp ${D}_grid_ctx1024.csv "$OUT/"; tail -n 52 "$OUT/mid1024_${COMMIT:0:7}.log" | cut -c1-220
+fi
+if want lenpub; then  # step 40: the list lengths published by the producer
+  cp .ab_base/hopper_ws_13a3a8a.py /tmp/hopper_ws_before.py || exit 1
+  ws_gpu_tests lenpub
+  AB_TIME=330 ws_ab lenpub --before /tmp/hopper_ws_before.py --points 16384:64:512 16384:128:1024 \
+    glm:16384:64:2048 4096:128:1024 1024:64:512 256:64:512 64:128:1024
 fi
 if want mid1024verify; then  # step 39 after its export: default at middling lists
   PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 140 \

@@ -1027,6 +1027,43 @@ def test_ws_l2_rows_build_prefetches_the_next_pairs_rows(shape):
     assert "cp.async.bulk.prefetch.L2" not in plain.asm["ptx"]
 
 
+def _ws_loads_and_spills(**shape):
+    """Each partition's global loads (LDG, not the gathers' LDGSTS) and spill stores of a
+    gluon_ws build, keyed by the partition's setmaxnreg (232, 224: the consumers; 48: the
+    producer)."""
+    from sparse_mla.gluon import launch
+
+    res = launch.compile_for("prefill", "sm90", "gluon_ws", **shape)
+    isa = inspect._clean_sass(inspect._cuobjdump(res.asm["cubin"], "--dump-sass"))
+    return inspect.partition_counts(isa, r"\bLDG\.E\b"), inspect.partition_counts(isa, "STL")
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_ws_large_call_consumers_load_no_range(index_dtype):
+    """A large call's producer publishes each item's list length with its Q, so its consumers
+    load only their sink logits (the dense-ids build's loads: no range there either), where a
+    small call's, a split call's (about an item a program) and a LONG_LISTS build's (2^31 ids
+    or more, whose lengths int32 may not hold) also load kv_indptr; every build without spills
+    (ptxas's allocation of the 48-register producer moved with the consumers' code as this was
+    written: an int64 length spilled, and so did split builds that published)."""
+    ix = {"index_dtype": index_dtype}
+    for shape, published in (
+        ({}, True), ({"dense": 2}, True), ({"small": True}, False),
+        ({"long_lists": True}, False), ({"small": True, "dense": 2}, False),
+        ({"num_splits": 4}, False), ({"num_splits": 4, "l2_rows": True}, False),
+    ):  # fmt: skip
+        loads, spills = _ws_loads_and_spills(**shape, **ix)
+        assert spills == {}, (shape, spills)
+        # the same build on dense ids without lengths: no range to load
+        none, spills = _ws_loads_and_spills(**{**shape, "dense": 1}, **ix)
+        assert spills == {}, (shape, spills)
+        for c in (232, 224):
+            if published:
+                assert loads.get(c, 0) == none.get(c, 0), (shape, loads, none)
+            else:
+                assert loads.get(c, 0) > none.get(c, 0), (shape, loads, none)
+
+
 def test_ws_l2_rows_rule_is_split_calls():
     """The run sets L2_ROWS only for calls that split their lists (measured gains there; unsplit
     calls of one wave and T = 16384 lost 3-5%)."""
@@ -1223,6 +1260,18 @@ def test_persistent_launch_arguments(monkeypatch):
         assert kw["DENSE_IDS"] is want_flag or kw["DENSE_IDS"] == want_flag == 2
         assert got["indptr_ptr"] is want_ptr and got["ids_per_row"] == 7
         assert got["idx_ptr"] is dense and got["nnz"] == 14
+    # LONG_LISTS (gluon_ws) only when asked for and kv_indices holds 2^31 ids or more.
+    k = _prefill_ws_kernel
+    names = [n for i, n in enumerate(k.arg_names) if i not in k.constexprs]
+    huge = torch.zeros(1, dtype=torch.int32).expand(2**31)  # no memory behind it
+    for ids, long_lists, want in ((idx, True, False), (huge, False, False), (huge, True, True)):
+        calls.clear()
+        launch._launch_persistent(FakeKernel(), 64, q, kv, ids, ptr, None, out, 0.25, 0,
+                                  out_tma=True, q_tma=True, extra_args=(part, lse),
+                                  long_lists=long_lists)  # fmt: skip
+        (_, args, kw), = calls  # fmt: skip
+        assert kw.get("LONG_LISTS", False) is want, (ids.numel(), long_lists, kw)
+        assert dict(zip(names, args, strict=True))["nnz"] == ids.numel()
 
 
 # ------------------------------------------------------------------------------------------------

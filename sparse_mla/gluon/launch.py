@@ -677,9 +677,10 @@ def compile_args(
             ``hopper_ws.small_call``; False), dense (``gluon_ws``, ``gluon_ws_small``: dense
             [R, K] ids, ``DENSE_IDS``; 2: with the rows' lengths; False), l2_rows
             (``gluon_ws``: the producer asks L2 for the next pair's rows, ``L2_ROWS``, as a
-            split call runs,
-            ``hopper_ws.l2_rows``; False), fused_reduce (``gluon_mma``, ``gluon_wgmma``
-            with num_splits > 1: the reduce in the same launch; None: :func:`fused_reduce`).
+            split call runs, ``hopper_ws.l2_rows``; False), long_lists (``gluon_ws``: the
+            build for kv_indices of 2^31 ids or more, ``LONG_LISTS``; False), fused_reduce
+            (``gluon_mma``, ``gluon_wgmma`` with num_splits > 1: the reduce in the same
+            launch; None: :func:`fused_reduce`).
 
     Returns:
         (kernel, signature, constexprs, options): signature maps every parameter to its
@@ -691,7 +692,8 @@ def compile_args(
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
     target = get_target(target_name)
     known = {"num_heads", "dtype", "index_dtype", "has_sink", "num_splits", "return_lse",
-             "use_buffer", "config", "small", "dense", "fused_reduce", "l2_rows"}  # fmt: skip
+             "use_buffer", "config", "small", "dense", "fused_reduce", "l2_rows",
+             "long_lists"}  # fmt: skip
     unknown = sorted(set(shape) - known)
     if unknown:
         raise ValueError(f"compile_args: unknown shape key(s) {unknown}; expected {sorted(known)}")
@@ -742,6 +744,8 @@ def compile_args(
             constexprs["DENSE_IDS"] = dense_ids_value(dense)
         if name == "gluon_ws" and shape.get("l2_rows", False):
             constexprs["L2_ROWS"] = True  # only when set, as the run (hopper_ws.l2_rows)
+        if name == "gluon_ws" and shape.get("long_lists", False):
+            constexprs["LONG_LISTS"] = True  # only when set, as the run (2^31 ids or more)
         if hasattr(module, "small_call"):
             # The small-call order (hopper_ws.small_call): shape key ``small`` (default: the
             # large-call kernel, the one every long prefill runs).
@@ -1081,7 +1085,8 @@ def run_validated(
                            small_call=getattr(module, "small_call", None),
                            pos_scale=getattr(module, "FOLDS_SCALE", False),
                            extra_args=extra_args, splits=splits,
-                           l2_rows=name == "gluon_ws" and hopper_ws.l2_rows(splits))  # fmt: skip
+                           l2_rows=name == "gluon_ws" and hopper_ws.l2_rows(splits),
+                           long_lists=name == "gluon_ws")  # fmt: skip
         if splits > 1:
             _reduce(opart, lsepart, attn_sink, out, lsepart, H, splits, tgt, cols=REDUCE_COLS)
         return out
@@ -1209,7 +1214,7 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
     *, out_tma=False, q_tma=False, constexprs=None, small_call=None, num_kv=None,
-    stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False,
+    stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False, long_lists=False,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -1230,7 +1235,9 @@ def _launch_persistent(
     a ``POS_SCALE`` constexpr (``hopper_ws``'s consumers), set when ``sm_scale`` > 0.
     ``splits`` > 1: each (token, head block) is that many items (``hopper_ws``'s NUM_SPLITS,
     in ``constexprs``), which write partials (in ``extra_args``), not ``out``. ``l2_rows``: pass
-    ``L2_ROWS`` (``hopper_ws``'s producer prefetches rows into L2; ``hopper_ws.l2_rows``)."""
+    ``L2_ROWS`` (``hopper_ws``'s producer prefetches rows into L2; ``hopper_ws.l2_rows``).
+    ``long_lists``: the kernel has a ``LONG_LISTS`` constexpr, set when kv_indices has 2^31
+    ids or more (``hopper_ws`` publishes a large call's list lengths as int32 otherwise)."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     qs0, qs1, _ = q.stride()
@@ -1249,6 +1256,8 @@ def _launch_persistent(
         extra["POS_SCALE"] = True
     if l2_rows:  # passed only when set, like DENSE_IDS
         extra["L2_ROWS"] = True
+    if long_lists and kv_indices.numel() >= 2**31:  # passed only when set, like DENSE_IDS
+        extra["LONG_LISTS"] = True
     # One dict per (constexprs, SMALL): the direct launch keys on its identity.
     kwargs = fastlaunch.frozen(**(constexprs or {}), **extra, num_warps=4, num_stages=1)
     # TMA descriptors as TmaArg: built (TensorDescriptor) only when kernel[grid] runs; the
