@@ -1064,6 +1064,19 @@ def test_ws_large_call_consumers_load_no_range(index_dtype):
                 assert loads.get(c, 0) > none.get(c, 0), (shape, loads, none)
 
 
+def test_compile_for_keeps_builds_apart_that_set_different_constexprs(tmp_path, monkeypatch):
+    """Two gluon_ws builds, one with LONG_LISTS and one with L2_ROWS (the same values under
+    different names), compiled in turn into one cache: each is its own build (Triton 3.6's
+    ASTSource.hash drops the constexprs' names; compile_for passes every default)."""
+    from sparse_mla.gluon import launch
+
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    long_lists = launch.compile_for("prefill", "sm90", "gluon_ws", long_lists=True)
+    l2_rows = launch.compile_for("prefill", "sm90", "gluon_ws", l2_rows=True)
+    assert "cp.async.bulk.prefetch.L2" in l2_rows.asm["ptx"]
+    assert "cp.async.bulk.prefetch.L2" not in long_lists.asm["ptx"]
+
+
 def test_ws_l2_rows_rule_is_split_calls():
     """The run sets L2_ROWS only for calls that split their lists (measured gains there; unsplit
     calls of one wave and T = 16384 lost 3-5%)."""

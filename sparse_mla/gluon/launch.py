@@ -843,6 +843,15 @@ def compile_for(mode: str, target_name: str, kernel: str | None = None, **shape)
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel, signature, constexprs, options = compile_args(mode, target_name, kernel, **shape)
+    # Every constexpr given, defaults included: Triton 3.6's ASTSource.hash keys the cache on
+    # the constexprs' values in name order without the names, so two builds that each set a
+    # different optional constexpr to the same value (gluon_ws's L2_ROWS and LONG_LISTS) would
+    # share one cache entry; with all of them present the positions line up.
+    constexprs = {
+        **{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default},
+        **constexprs,
+    }
+    signature = {**signature, **{k: "constexpr" for k in constexprs}}
     src = GluonASTSource(kernel, signature, constexprs, compile_attrs(kernel, signature))
     with runtime.compiling():  # not while another thread interprets a kernel
         return triton.compile(src, target=get_target(target_name).gpu_target(), options=options)
