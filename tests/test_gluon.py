@@ -1027,54 +1027,22 @@ def test_ws_l2_rows_build_prefetches_the_next_pairs_rows(shape):
     assert "cp.async.bulk.prefetch.L2" not in plain.asm["ptx"]
 
 
-def _ws_loads_and_spills(**shape):
-    """Each partition's global loads (LDG, not the gathers' LDGSTS) and spill stores of a
-    gluon_ws build, keyed by the partition's setmaxnreg (232, 224: the consumers; 48: the
-    producer)."""
+@pytest.mark.parametrize("kernel", ["gluon_ws", "gluon_ws_small", "gluon_mma"])
+def test_compile_for_gives_every_constexpr(kernel, monkeypatch):
+    """compile_for hands Triton every constexpr parameter, defaults included: Triton 3.6's
+    ASTSource.hash keys its cache on the given constexprs' values in parameter order without
+    their names, so two builds that set different optional constexprs to the same value would
+    otherwise share a cache entry (a gluon_ws build with a new last constexpr came back as the
+    L2_ROWS build while this was written)."""
     from sparse_mla.gluon import launch
 
-    res = launch.compile_for("prefill", "sm90", "gluon_ws", **shape)
-    isa = inspect._clean_sass(inspect._cuobjdump(res.asm["cubin"], "--dump-sass"))
-    return inspect.partition_counts(isa, r"\bLDG\.E\b"), inspect.partition_counts(isa, "STL")
-
-
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
-def test_ws_large_call_consumers_load_no_range(index_dtype):
-    """A large call's producer publishes each item's list length with its Q, so its consumers
-    load only their sink logits (the dense-ids build's loads: no range there either), where a
-    small call's, a split call's (about an item a program) and a LONG_LISTS build's (2^31 ids
-    or more, whose lengths int32 may not hold) also load kv_indptr; every build without spills
-    (ptxas's allocation of the 48-register producer moved with the consumers' code as this was
-    written: an int64 length spilled, and so did split builds that published)."""
-    ix = {"index_dtype": index_dtype}
-    for shape, published in (
-        ({}, True), ({"dense": 2}, True), ({"small": True}, False),
-        ({"long_lists": True}, False), ({"small": True, "dense": 2}, False),
-        ({"num_splits": 4}, False), ({"num_splits": 4, "l2_rows": True}, False),
-    ):  # fmt: skip
-        loads, spills = _ws_loads_and_spills(**shape, **ix)
-        assert spills == {}, (shape, spills)
-        # the same build on dense ids without lengths: no range to load
-        none, spills = _ws_loads_and_spills(**{**shape, "dense": 1}, **ix)
-        assert spills == {}, (shape, spills)
-        for c in (232, 224):
-            if published:
-                assert loads.get(c, 0) == none.get(c, 0), (shape, loads, none)
-            else:
-                assert loads.get(c, 0) > none.get(c, 0), (shape, loads, none)
-
-
-def test_compile_for_keeps_builds_apart_that_set_different_constexprs(tmp_path, monkeypatch):
-    """Two gluon_ws builds, one with LONG_LISTS and one with L2_ROWS (the same values under
-    different names), compiled in turn into one cache: each is its own build (Triton 3.6's
-    ASTSource.hash drops the constexprs' names; compile_for passes every default)."""
-    from sparse_mla.gluon import launch
-
-    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
-    long_lists = launch.compile_for("prefill", "sm90", "gluon_ws", long_lists=True)
-    l2_rows = launch.compile_for("prefill", "sm90", "gluon_ws", l2_rows=True)
-    assert "cp.async.bulk.prefetch.L2" in l2_rows.asm["ptx"]
-    assert "cp.async.bulk.prefetch.L2" not in long_lists.asm["ptx"]
+    seen = []
+    monkeypatch.setattr(triton, "compile", lambda src, **kw: seen.append(src))
+    launch.compile_for("prefill", "sm90", kernel, l2_rows=kernel == "gluon_ws")
+    (src,) = seen
+    fn = src.fn
+    want = {(i,) for i, p in enumerate(fn.params) if p.is_constexpr}
+    assert set(src.constants) == want, sorted(want - set(src.constants))
 
 
 def test_ws_l2_rows_rule_is_split_calls():
@@ -1273,18 +1241,6 @@ def test_persistent_launch_arguments(monkeypatch):
         assert kw["DENSE_IDS"] is want_flag or kw["DENSE_IDS"] == want_flag == 2
         assert got["indptr_ptr"] is want_ptr and got["ids_per_row"] == 7
         assert got["idx_ptr"] is dense and got["nnz"] == 14
-    # LONG_LISTS (gluon_ws) only when asked for and kv_indices holds 2^31 ids or more.
-    k = _prefill_ws_kernel
-    names = [n for i, n in enumerate(k.arg_names) if i not in k.constexprs]
-    huge = torch.zeros(1, dtype=torch.int32).expand(2**31)  # no memory behind it
-    for ids, long_lists, want in ((idx, True, False), (huge, False, False), (huge, True, True)):
-        calls.clear()
-        launch._launch_persistent(FakeKernel(), 64, q, kv, ids, ptr, None, out, 0.25, 0,
-                                  out_tma=True, q_tma=True, extra_args=(part, lse),
-                                  long_lists=long_lists)  # fmt: skip
-        (_, args, kw), = calls  # fmt: skip
-        assert kw.get("LONG_LISTS", False) is want, (ids.numel(), long_lists, kw)
-        assert dict(zip(names, args, strict=True))["nnz"] == ids.numel()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -181,7 +181,6 @@ GATHER = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 VEC = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 LANE = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))  # one element per thread of 4 warps
-ONE = LANE  # a [1] tensor: every thread of 4 warps holds it
 # The output goes out in [1, BLOCK_H, OUT_BLOCK] boxes of out [R, H, 512] (TMA; 128-byte rows).
 OUT_BLOCK = gl.constexpr(64)
 OUT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3))
@@ -346,18 +345,12 @@ def _prefetch_rows(kv_ptr, idx_ptr, pos0, hi, num_kv, stride_kvn):
 
 
 @gluon.jit
-def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h, len_smem=None, lo=None, hi=None):
+def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h):
     """Q [64, 512] of head block ``pid_h`` of token ``pid_r`` (rows past num_heads zero-filled
     by the descriptor), once both consumers are past their last QK^T of the previous item: by
     TMA (eight bulk copies) rather than 32 16-byte cp.async per lane, which cost 1.5-2.6 us of
-    an item's latency at T = 64 (data/bench/ws_lat_h200.log, ablation abl_noq).
-    ``len_smem`` given: the item's tile count and short-tail flag (:func:`_len_code` of its
-    range [lo, hi)) are stored there first, for the consumers to read once Q has landed
-    (:func:`_published_len`; both are past their reads of the previous item's by then)."""
+    an item's latency at T = 64 (data/bench/ws_lat_h200.log, ablation abl_noq)."""
     mbarrier.wait(_bar(bars, Q_FREE), (it & 1) ^ 1)
-    if len_smem is not None:
-        len_smem.store(gl.full([1], 0, gl.int32, layout=ONE) + (hi - lo).to(gl.int32))
-        gl.thread_barrier()  # every lane's store before the expect's arrival (release)
     mbarrier.expect(_bar(bars, Q_READY), BLOCK_H * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8)
     tma.async_copy_global_to_shared(
         q_desc, [pid_r.to(gl.int32), pid_h * BLOCK_H, 0], _bar(bars, Q_READY),
@@ -369,14 +362,11 @@ def _load_q(q_desc, q_smem, bars, it, pid_r, pid_h, len_smem=None, lo=None, hi=N
 def _begin_item(
     item, it, num_hb, q_desc, q_smem, bars, indptr_ptr, nnz, num_heads, BLOCK_H: gl.constexpr,
     ids_per_row, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, NUM_SPLITS: gl.constexpr = 1,
-    len_smem=None,
 ):  # fmt: skip
     """Item ``item`` (the producer's ``it``-th): its slot range [lo, hi) and tile count
     (:func:`_item_range`), with its Q sent by TMA. A small call sends the first item's Q before
     the range's loads (nothing to wait for), the others' after them, as a large call does (the
-    range's loads first: in flight while the consumers finish the previous item).
-    ``len_smem`` (large calls only): the item's list length published with its Q
-    (:func:`_load_q`)."""
+    range's loads first: in flight while the consumers finish the previous item)."""
     if SMALL:
         if it == 0:
             group = item // NUM_SPLITS
@@ -390,7 +380,7 @@ def _begin_item(
         pid_r, pid_h, lo, hi, num_tiles = _item_range(
             item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
-        _load_q(q_desc, q_smem, bars, it, pid_r, pid_h, len_smem, lo, hi)
+        _load_q(q_desc, q_smem, bars, it, pid_r, pid_h)
     return lo, hi, num_tiles
 
 
@@ -401,7 +391,7 @@ def _producer(
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
     PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
-    lsepart_ptr=None, L2_ROWS: gl.constexpr = False, PUB_LEN: gl.constexpr = False,
+    lsepart_ptr=None, L2_ROWS: gl.constexpr = False,
 ):  # fmt: skip
     if SMALL:
         _prefetch_ids(idx_ptr, nnz)
@@ -409,16 +399,10 @@ def _producer(
     g0 = 0  # pairs of tiles gathered so far, over all items: the barriers' phase
     it = 0  # items so far
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        if PUB_LEN:
-            lo, hi, num_tiles = _begin_item(
-                item, it, num_hb, q_desc, q_smem, bars, indptr_ptr, nnz, num_heads, BLOCK_H,
-                ids_per_row, SMALL, DENSE_IDS, NUM_SPLITS, tile_ids[2],
-            )  # fmt: skip
-        else:
-            lo, hi, num_tiles = _begin_item(
-                item, it, num_hb, q_desc, q_smem, bars, indptr_ptr, nnz, num_heads, BLOCK_H,
-                ids_per_row, SMALL, DENSE_IDS, NUM_SPLITS,
-            )  # fmt: skip
+        lo, hi, num_tiles = _begin_item(
+            item, it, num_hb, q_desc, q_smem, bars, indptr_ptr, nnz, num_heads, BLOCK_H,
+            ids_per_row, SMALL, DENSE_IDS, NUM_SPLITS,
+        )  # fmt: skip
 
         num_pairs = (num_tiles + 1) // 2
         for j in range(num_pairs):
@@ -754,41 +738,19 @@ def _rescale_o(acc, alpha):
 @gluon.jit
 def _consumer_item(
     item, indptr_ptr, sink_ptr, nnz, num_heads, ids_per_row, DENSE_IDS: gl.constexpr,
-    NUM_SPLITS: gl.constexpr = 1, LEN_PUBLISHED: gl.constexpr = False,
+    NUM_SPLITS: gl.constexpr = 1,
 ):  # fmt: skip
     """A consumer's start of a work item: its range, pairs of tiles, fresh softmax state and
     the head block's sink logits (loaded now, in flight while Q and the tiles land, for the
-    epilogue; PERF_NOTES "No cliffs" step 27). ``LEN_PUBLISHED``: no range here (lo = hi = 0,
-    no pairs): the producer publishes the item's tiles with its Q (:func:`_published_len`)."""
-    if LEN_PUBLISHED:
-        group = item // NUM_SPLITS
-        num_hb = (num_heads + BLOCK_H - 1) // BLOCK_H
-        pid_h = group % num_hb
-        pid_r = (group // num_hb).to(gl.int64)
-        lo = pid_r * 0
-        hi = lo
-        num_tiles = 0
-    else:
-        pid_r, pid_h, lo, hi, num_tiles = _item_range(
-            item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS, NUM_SPLITS
-        )
+    epilogue; PERF_NOTES "No cliffs" step 27)."""
+    pid_r, pid_h, lo, hi, num_tiles = _item_range(
+        item, indptr_ptr, nnz, num_heads, BLOCK_H, ids_per_row, DENSE_IDS, NUM_SPLITS
+    )
     sink = _load_sink(sink_ptr, pid_h, num_heads)
     m_i = gl.full([BLOCK_H], M_INIT, gl.float32, layout=ROW_S)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=ROW_S)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=MMA_O)
     return pid_r, pid_h, lo, hi, (num_tiles + 1) // 2, m_i, l_i, acc, sink
-
-
-@gluon.jit
-def _published_len(len_smem):
-    """The item's pairs of tiles and short-tail flag as the producer published them
-    (:func:`_load_q`, :func:`_len_code`), read after the item's Q_READY wait. Under
-    ``PUBLISHED`` a consumer needs no more of the range (its tiles' validity comes with their
-    ids), so a large call's consumers load nothing from global memory between an item's
-    epilogue and its first S (their own kv_indptr loads waited there, an L2 round trip)."""
-    n = gl.max(len_smem.load(ONE), 0).to(gl.int64)
-    lo = n * 0
-    return lo, n, (((n + BLOCK_K - 1) // BLOCK_K).to(gl.int32) + 1) // 2
 
 
 @gluon.jit
@@ -798,22 +760,17 @@ def _consumer0(
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
     PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
-    lsepart_ptr=None, PUB_LEN: gl.constexpr = False,
+    lsepart_ptr=None,
 ):  # fmt: skip
-    """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair.
-    ``PUB_LEN``: the producer publishes each item's list length with its Q (:func:`_load_q`)
-    and the range is not loaded here (needs ``PUBLISHED``)."""
+    """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair."""
     dtype: gl.constexpr = q_desc.dtype
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc, sink = _consumer_item(
-            item, indptr_ptr, sink_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS,
-            PUB_LEN,
-        )  # fmt: skip
+            item, indptr_ptr, sink_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
+        )
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
-        if PUB_LEN:
-            lo, hi, num_pairs = _published_len(tile_ids[2])
         # S of the first pair's tile; each iteration issues the next one's behind its last PV.
         s = gl.zeros([BLOCK_H, BLOCK_K], gl.float32, layout=MMA_S)
         valid = gl.zeros([BLOCK_K], gl.int32, layout=gl.SliceLayout(0, MMA_S)) == 0
@@ -882,20 +839,17 @@ def _consumer1(
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
     PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
-    lsepart_ptr=None, PUB_LEN: gl.constexpr = False,
+    lsepart_ptr=None,
 ):  # fmt: skip
-    """Odd tiles' S, O[:, 256:512] (``PUB_LEN`` as for :func:`_consumer0`)."""
+    """Odd tiles' S, O[:, 256:512]."""
     dtype: gl.constexpr = q_desc.dtype
     g0 = 0
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc, sink = _consumer_item(
-            item, indptr_ptr, sink_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS,
-            PUB_LEN,
-        )  # fmt: skip
+            item, indptr_ptr, sink_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
+        )
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
-        if PUB_LEN:
-            lo, hi, num_pairs = _published_len(tile_ids[2])
         if num_pairs == 0:
             _arrive(_bar(bars, Q_FREE))
         short = _short_tail(lo, hi, num_pairs)
@@ -1012,12 +966,10 @@ def _shared_state(dtype: gl.constexpr, READY_COUNT: gl.constexpr, IDS_ARRIVAL: g
     m0_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
     m1_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VEC)
     l_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], VEC)
-    # Each buffer's slot ids (the producer writes, that buffer's consumer reads): one each;
-    # and the current item's list length (a large call's producer writes it with each Q).
+    # Each buffer's slot ids (the producer writes, that buffer's consumer reads): one each.
     tile_ids = (
         gl.allocate_shared_memory(gl.int32, [BLOCK_K], VEC),
         gl.allocate_shared_memory(gl.int32, [BLOCK_K], VEC),
-        gl.allocate_shared_memory(gl.int32, [1], VEC),
     )
     # The mbarriers by role, one allocation each: the compiler's shared-memory hazard analysis
     # takes an mbarrier arrive for a write and a wait for a read of the whole allocation, so in
@@ -1062,7 +1014,6 @@ def _prefill_ws_kernel(
     POS_SCALE: gl.constexpr = False,  # qk_scale > 0: the scale folds into the exponent
     NUM_SPLITS: gl.constexpr = 1,  # > 1: each list in pieces, partials for _mla_reduce_kernel
     L2_ROWS: gl.constexpr = False,  # l2_rows(NUM_SPLITS): the next pair's rows into L2
-    LONG_LISTS: gl.constexpr = False,  # kv_indices.numel() >= 2^31: a list may not fit int32
 ):
     """Persistent: grid (min(items, SMs),), each program takes items round-robin; 4 warps here
     (consumer 0) + 8 in the worker partitions. ``num_items``: R * cdiv(H, 64) * NUM_SPLITS."""
@@ -1071,11 +1022,6 @@ def _prefill_ws_kernel(
         128,  # READY: the producer's 128 lanes arrive, via cp.async
         1,  # and a tile's first half once more: its slot ids (_producer)
     )
-    # A large call's producer publishes each item's list length (int32) with its Q, so that
-    # the consumers load no range at each item's start. Not in a small call (its consumers
-    # load theirs once, early) nor a split one (about an item a program; its dense-ids builds
-    # spilled with it).
-    PUB_LEN: gl.constexpr = not SMALL and not LONG_LISTS and NUM_SPLITS == 1
     # The partitions' arguments written out in each call: a tuple assigned to a name first
     # would turn its constexprs (SMALL, ..., NUM_SPLITS) into tensors.
     gl.warp_specialize(
@@ -1084,19 +1030,19 @@ def _prefill_ws_kernel(
             q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
             stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
-            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, PUB_LEN,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr,
         )),
         (_consumer1, (
             q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
             stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
-            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, PUB_LEN,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr,
         )),
         (_producer, (
             q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
             stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
-            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, L2_ROWS, PUB_LEN,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, L2_ROWS,
         )),
         ],
         [4, 4],

@@ -677,10 +677,9 @@ def compile_args(
             ``hopper_ws.small_call``; False), dense (``gluon_ws``, ``gluon_ws_small``: dense
             [R, K] ids, ``DENSE_IDS``; 2: with the rows' lengths; False), l2_rows
             (``gluon_ws``: the producer asks L2 for the next pair's rows, ``L2_ROWS``, as a
-            split call runs, ``hopper_ws.l2_rows``; False), long_lists (``gluon_ws``: the
-            build for kv_indices of 2^31 ids or more, ``LONG_LISTS``; False), fused_reduce
-            (``gluon_mma``, ``gluon_wgmma`` with num_splits > 1: the reduce in the same
-            launch; None: :func:`fused_reduce`).
+            split call runs, ``hopper_ws.l2_rows``; False), fused_reduce (``gluon_mma``,
+            ``gluon_wgmma`` with num_splits > 1: the reduce in the same launch; None:
+            :func:`fused_reduce`).
 
     Returns:
         (kernel, signature, constexprs, options): signature maps every parameter to its
@@ -692,8 +691,7 @@ def compile_args(
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
     target = get_target(target_name)
     known = {"num_heads", "dtype", "index_dtype", "has_sink", "num_splits", "return_lse",
-             "use_buffer", "config", "small", "dense", "fused_reduce", "l2_rows",
-             "long_lists"}  # fmt: skip
+             "use_buffer", "config", "small", "dense", "fused_reduce", "l2_rows"}  # fmt: skip
     unknown = sorted(set(shape) - known)
     if unknown:
         raise ValueError(f"compile_args: unknown shape key(s) {unknown}; expected {sorted(known)}")
@@ -744,8 +742,6 @@ def compile_args(
             constexprs["DENSE_IDS"] = dense_ids_value(dense)
         if name == "gluon_ws" and shape.get("l2_rows", False):
             constexprs["L2_ROWS"] = True  # only when set, as the run (hopper_ws.l2_rows)
-        if name == "gluon_ws" and shape.get("long_lists", False):
-            constexprs["LONG_LISTS"] = True  # only when set, as the run (2^31 ids or more)
         if hasattr(module, "small_call"):
             # The small-call order (hopper_ws.small_call): shape key ``small`` (default: the
             # large-call kernel, the one every long prefill runs).
@@ -844,9 +840,9 @@ def compile_for(mode: str, target_name: str, kernel: str | None = None, **shape)
 
     kernel, signature, constexprs, options = compile_args(mode, target_name, kernel, **shape)
     # Every constexpr given, defaults included: Triton 3.6's ASTSource.hash keys the cache on
-    # the constexprs' values in name order without the names, so two builds that each set a
-    # different optional constexpr to the same value (gluon_ws's L2_ROWS and LONG_LISTS) would
-    # share one cache entry; with all of them present the positions line up.
+    # the given constexprs' values in parameter order, without saying which parameters they
+    # are, so two builds that each set a different optional constexpr to the same value (the
+    # last one set in both) would share one cache entry; with all of them given, they cannot.
     constexprs = {
         **{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default},
         **constexprs,
@@ -1094,8 +1090,7 @@ def run_validated(
                            small_call=getattr(module, "small_call", None),
                            pos_scale=getattr(module, "FOLDS_SCALE", False),
                            extra_args=extra_args, splits=splits,
-                           l2_rows=name == "gluon_ws" and hopper_ws.l2_rows(splits),
-                           long_lists=name == "gluon_ws")  # fmt: skip
+                           l2_rows=name == "gluon_ws" and hopper_ws.l2_rows(splits))  # fmt: skip
         if splits > 1:
             _reduce(opart, lsepart, attn_sink, out, lsepart, H, splits, tgt, cols=REDUCE_COLS)
         return out
@@ -1223,7 +1218,7 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
     *, out_tma=False, q_tma=False, constexprs=None, small_call=None, num_kv=None,
-    stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False, long_lists=False,
+    stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -1244,9 +1239,7 @@ def _launch_persistent(
     a ``POS_SCALE`` constexpr (``hopper_ws``'s consumers), set when ``sm_scale`` > 0.
     ``splits`` > 1: each (token, head block) is that many items (``hopper_ws``'s NUM_SPLITS,
     in ``constexprs``), which write partials (in ``extra_args``), not ``out``. ``l2_rows``: pass
-    ``L2_ROWS`` (``hopper_ws``'s producer prefetches rows into L2; ``hopper_ws.l2_rows``).
-    ``long_lists``: the kernel has a ``LONG_LISTS`` constexpr, set when kv_indices has 2^31
-    ids or more (``hopper_ws`` publishes a large call's list lengths as int32 otherwise)."""
+    ``L2_ROWS`` (``hopper_ws``'s producer prefetches rows into L2; ``hopper_ws.l2_rows``)."""
     R, H, _ = q.shape
     # The producer copies Q with 16-byte cp.async: rows must start 16-byte aligned.
     qs0, qs1, _ = q.stride()
@@ -1265,8 +1258,6 @@ def _launch_persistent(
         extra["POS_SCALE"] = True
     if l2_rows:  # passed only when set, like DENSE_IDS
         extra["L2_ROWS"] = True
-    if long_lists and kv_indices.numel() >= 2**31:  # passed only when set, like DENSE_IDS
-        extra["LONG_LISTS"] = True
     # One dict per (constexprs, SMALL): the direct launch keys on its identity.
     kwargs = fastlaunch.frozen(**(constexprs or {}), **extra, num_warps=4, num_stages=1)
     # TMA descriptors as TmaArg: built (TensorDescriptor) only when kernel[grid] runs; the
