@@ -47,8 +47,9 @@
 # kept, then taken out: see PERF_NOTES); the grid and ctxlengths on fb3bbfe (*fb3bbfe*), the suite on 4cd0507
 # (gpu_suite_4cd0507.log: 1014 passed); in the thirty-first, densewidth on c70ccf8 and 90cbd32
 # (*90cbd32*: step 38), the suite on bd1b82c, midsplit on 65c024a and mid1024 on e5f79cf (step 39:
-# *65c024a*, *_grid_ctx1024_e5f79cf.log, exported on the CPU).) Open: lenpub (thirty-second
-# session, step 40), mid1024verify, l2split (prepared, optional).
+# *65c024a*, *_grid_ctx1024_e5f79cf.log, exported on the CPU); in the thirty-second, lenpub on
+# 2ebbb73 (*lenpub*2ebbb73*: step 40, not kept).) Open: mid1024verify, l2split (prepared,
+# optional).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
@@ -250,15 +251,17 @@
 #             0.85-0.95x FlashMLA at T 1-4
 #   mid1024verify  after that export: default against gluon_ws, gluon_ws_small and FlashMLA at
 #             the same points, and the bench's default_dense_wide (an engine's 640-wide top-k
-#             with lengths and max_kv_length: not yet run on a GPU; about 2 minutes). Predicted:
+#             with lengths and max_kv_length: not yet run on a GPU; a run a token count,
+#             about 4 minutes in all). Predicted:
 #             default at most 0.95x FlashMLA at T 1-4, default_dense_wide within 1.03 of default
-#   lenpub    PERF_NOTES step 40: a large call's consumers read each item's list length from
-#             the producer (published with its Q) instead of loading kv_indptr themselves
-#             after each epilogue: gluon_ws's GPU tests, then experiments/ws_bars_ab.py in
-#             turns against 13a3a8a's file (.ab_base/hopper_ws_13a3a8a.py, carried) at T =
-#             16384 H64 / H128, GLM H64, T = 4096 H128, T = 1024 H64 and two small-call
-#             controls (about 8 minutes). Predicted: T = 16384 H64 / H128 -1.5..-3.5%, GLM H64
-#             -0.5..-1.5%, T = 4096 / 1024 -1..-3%, the small calls (unchanged builds) +-0.5%
+#   lenpub    PERF_NOTES step 40, a patch (experiments/patches/ws_published_len.diff; it was
+#             the package at 2ebbb73, where it ran): a large call's consumers read each item's
+#             list length from the producer (published with its Q) instead of loading
+#             kv_indptr themselves after each epilogue: gluon_ws's GPU tests with it, then
+#             experiments/ws_bars_ab.py in turns against the package's file at T = 16384 H64 /
+#             H128, GLM H64, T = 4096 H128, T = 1024 H64 and two small-call controls (about 3
+#             minutes; carry the xdist wheels). Predicted: T = 16384 H64 / H128 -1.5..-3.5%,
+#             GLM H64 -0.5..-1.5%, T = 4096 / 1024 -1..-3%, the small calls +-0.5%
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -630,19 +633,26 @@ if want mid1024; then  # step 39: the split rule's change measured at middling l
   grid_run mid1024 --context 1024 --tokens 1,4,16 --out ${D}_grid_ctx1024.csv
   cp ${D}_grid_ctx1024.csv "$OUT/"; tail -n 52 "$OUT/mid1024_${COMMIT:0:7}.log" | cut -c1-220
 fi
-if want lenpub; then  # step 40: the list lengths published by the producer
-  cp .ab_base/hopper_ws_13a3a8a.py /tmp/hopper_ws_before.py || exit 1
+if want lenpub; then  # step 40, a patch: the list lengths published by the producer
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  cp sparse_mla/gluon/launch.py /tmp/launch_before.py
+  apply_patch experiments/patches/ws_published_len.diff || exit 1
   ws_gpu_tests lenpub
   AB_TIME=330 ws_ab lenpub --before /tmp/hopper_ws_before.py --points 16384:64:512 16384:128:1024 \
     glm:16384:64:2048 4096:128:1024 1024:64:512 256:64:512 64:128:1024
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
+  cp /tmp/launch_before.py sparse_mla/gluon/launch.py
 fi
 if want mid1024verify; then  # step 39 after its export: default at middling lists
-  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 140 \
-    python3 -m sparse_mla.cli bench --grid --no-ceilings --context 1024 --tokens 1,4,16 \
-    --providers gluon_ws_small,gluon_ws,default,default_dense_wide,flashmla --time-limit 120 \
-    --commit "${COMMIT:0:7}" \
-    --out "$OUT/verify_mid1024.csv" > "$OUT/verify_mid1024_${COMMIT:0:7}.log" 2>&1
-  echo "verify: rc=$?"; tail -n 50 "$OUT/verify_mid1024_${COMMIT:0:7}.log" | cut -c1-200
+  for t in 1 4 16; do  # a run a token count (the first builds FlashMLA's stand-in, ~45 s)
+    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 170 \
+      python3 -m sparse_mla.cli bench --grid --no-ceilings --context 1024 --tokens $t \
+      --providers gluon_ws_small,gluon_ws,default,default_dense_wide,flashmla --time-limit 150 \
+      --commit "${COMMIT:0:7}" \
+      --out "$OUT/verify_mid1024.csv" >> "$OUT/verify_mid1024_${COMMIT:0:7}.log" 2>&1
+    echo "verify T=$t: rc=$?"
+  done
+  grep "T=" "$OUT/verify_mid1024_${COMMIT:0:7}.log" | cut -c1-260
 fi
 if want pairs; then  # the per-pair stamps of a long item: whole lists at T = 128 H64 and T = 64 H128
   TRITON_CACHE_DIR=/tmp/clk_pairs PYTHONPATH=$PWD timeout 200 python3 experiments/ws_clk_now.py \
