@@ -48,13 +48,13 @@
 # (gpu_suite_4cd0507.log: 1014 passed); in the thirty-first, densewidth on c70ccf8 and 90cbd32
 # (*90cbd32*: step 38), the suite on bd1b82c, midsplit on 65c024a and mid1024 on e5f79cf (step 39:
 # *65c024a*, *_grid_ctx1024_e5f79cf.log, exported on the CPU); in the thirty-second, lenpub on
-# 2ebbb73 (*lenpub*2ebbb73*: step 40, not kept).) Open: mid1024verify, l2split (prepared,
-# optional).
+# 2ebbb73 (*lenpub*2ebbb73*: step 40, not kept), mid1024verify on 522c424 (*522c424*).) Open:
+# lenchoice (step 41), l2split (prepared, optional).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -262,6 +262,13 @@
 #             H128, GLM H64, T = 4096 H128, T = 1024 H64 and two small-call controls (about 3
 #             minutes; carry the xdist wheels). Predicted: T = 16384 H64 / H128 -1.5..-3.5%,
 #             GLM H64 -0.5..-1.5%, T = 4096 / 1024 -1..-3%, the small calls +-0.5%
+#   lenchoice PERF_NOTES step 41: dense ids with lengths never choose a kernel that reads CSR
+#             only (mid1024verify found default_dense_wide at T = 1 H1 3.7x the CSR call: its
+#             gluon_mma got the lists packed by torch ops): default, default_dense_len,
+#             default_dense_wide, gluon_mma, gluon_ws and FlashMLA at H 1/2/8, T 1/4/16 on
+#             middling and whole lists, then the lengths GPU tests (about 7 minutes).
+#             Predicted: default_dense_wide and default_dense_len at H1 within 1.10 of default
+#             (gluon_ws in gluon_mma's place), elsewhere within 1.03 as before
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -667,6 +674,18 @@ lengths_tests() {  # the dense-ids and kv_lengths GPU tests (every kernel, plans
   echo "lengths tests: rc=$?"; tail -n 3 "$OUT/gpu_tests_lengths_${COMMIT:0:7}.log"
 }
 if want lentests; then lengths_tests; fi
+if want lenchoice; then  # step 41: the choice with dense ids and lengths
+  for ctx in 1024 65536; do
+    PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 150 \
+      python3 -m sparse_mla.cli bench --grid --no-ceilings --context $ctx --tokens 1,4,16 \
+      --heads 1,2,8 --time-limit 130 --commit "${COMMIT:0:7}" --out "$OUT/lenchoice.csv" \
+      --providers default,default_dense_len,default_dense_wide,gluon_mma,gluon_ws,flashmla \
+      >> "$OUT/lenchoice_${COMMIT:0:7}.log" 2>&1
+    echo "lenchoice ctx$ctx: rc=$?"
+  done
+  grep "T=" "$OUT/lenchoice_${COMMIT:0:7}.log" | cut -c1-300
+  lengths_tests
+fi
 if want densewidth; then  # an engine's fixed-width dense ids with lengths on a short context
   lengths_tests
   PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \

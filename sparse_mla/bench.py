@@ -746,7 +746,8 @@ def _entry_choice(call):
     from . import dispatch
 
     return dispatch.choose_cached(call.arch, call.num_heads, call.head_dim, call.dtype, call.kv,
-                                  call.num_tokens, call.nnz)  # fmt: skip
+                                  call.num_tokens, call.nnz,
+                                  dense_lengths=call.dense_lengths)  # fmt: skip
 
 
 def _package_kernel(name: str, w, device: torch.device) -> Prepared:
@@ -841,7 +842,9 @@ def _default_dense(w, device: torch.device, lengths: bool = False, wide: bool = 
         lengths, m = True, int(n.max()) if n.numel() else 0
     n = n if lengths else None
     nnz = validation.planned_nnz(dense, None if m is None else validation.length_bound(m, dense, n))
-    choice = _entry_choice(dataclasses.replace(_dispatch_call(w, device), nnz=nnz))
+    choice = _entry_choice(
+        dataclasses.replace(_dispatch_call(w, device), nnz=nnz, dense_lengths=lengths)
+    )
     ids = _dense_ids_note(choice.kernel, dense.shape[1], lengths, m)
     cfg = {"kernel": choice.kernel, "ids": ids, **choice.launch_dict()}
 
@@ -2101,7 +2104,7 @@ def _fp8_default_dense_len(p: _FP8Point, call_info) -> Prepared:
     q, _, idx, indptr, scale = p.w.args()
     cache, sink = p.cache, p.w.attn_sink
     dense, n = _dense_topk(idx, indptr, cache.num_slots, 128)
-    choice = dispatch.choose(dataclasses.replace(call_info, nnz=dense.numel()))
+    choice = dispatch.choose(dataclasses.replace(call_info, nnz=dense.numel(), dense_lengths=True))
     ids = _dense_ids_note(choice.kernel, dense.shape[1], True)
     cfg = _fp8_cfg(p, kernel=choice.kernel, ids=ids, **choice.launch_dict())
 

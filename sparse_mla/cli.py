@@ -859,6 +859,8 @@ def _cmd_which(args: argparse.Namespace) -> int:
     if args.table:
         if args.verbose:
             raise UsageError("--table and --verbose: pick one (the table has one kernel a cell)")
+        if args.lengths:
+            raise UsageError("--lengths goes without --table (the table is for CSR lists)")
         for H in args.heads:
             print(f"{args.arch} H={H} D={args.head_dim}: the kernel config=None runs")
             print(dispatch.choice_table(arch, H, args.head_dim, args.tokens, args.slots))
@@ -873,7 +875,7 @@ def _cmd_which(args: argparse.Namespace) -> int:
         for T in args.tokens or [None]:
             for S in args.slots or [None]:
                 print(dispatch.describe(arch, H, args.head_dim, num_tokens=T, verbose=args.verbose,
-                                        slots_per_token=S))  # fmt: skip
+                                        slots_per_token=S, dense_lengths=args.lengths))  # fmt: skip
                 if args.sms is not None:
                     print("  " + _splits_line(arch, H, args.head_dim, T, S, args.sms))
     return 0
@@ -1235,6 +1237,11 @@ def build_parser() -> argparse.ArgumentParser:
         "a long request, tens for a short prompt; default: unknown, the longest recorded)",
     )  # fmt: skip
     p.add_argument("--head-dim", type=int, default=512)
+    p.add_argument(
+        "--lengths", action="store_true",
+        help="the lists come as dense [T, K] ids with their rows' lengths (kv_lengths): the "
+        "choice passes over kernels that read CSR only (they would get the lists packed)",
+    )  # fmt: skip
     p.add_argument(
         "-v", "--verbose", action="store_true",
         help="also say, for every registered kernel, whether it can run the shape",

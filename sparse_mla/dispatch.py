@@ -24,6 +24,12 @@ picks the kernel for a call; nothing inside a launcher decides which kernel runs
    cache (:class:`sparse_mla.fp8.FP8Cache`, ``Call.kv_format == "fp8_model1"``). A kernel
    refuses a call whose pool format is not the one it reads (:meth:`Kernel.why_not`).
 
+Dense ids with their rows' lengths (``kv_lengths``, ``Call.dense_lengths``): in steps 2 and 3 a
+kernel that reads CSR only is passed over for one that reads them (:data:`DENSE_STAND_IN` in a
+recorded kernel's place, else the rule's next), since its lists would first be packed to CSR
+by about ten torch ops (3.7x the call at T = 1, one head: docs/PERF_NOTES.md, "No cliffs",
+step 41). ``config=`` still runs the kernel it names, packing included.
+
 :func:`describe` says, for any shape, which kernel runs and why, and why each other kernel
 would or would not. Kernels join the registry with :func:`register`; the package's own are
 registered by :mod:`sparse_mla.kernels`, which this module imports at its end, so the registry
@@ -50,9 +56,9 @@ from typing import Any
 from . import configs
 
 __all__ = [
-    "FALLBACKS", "FORMATS", "KERNELS", "RULE", "TABLE_SLOTS", "TABLE_TOKENS", "Call", "Choice",
-    "Kernel", "choice_table", "choose", "choose_cached", "clear_cache", "describe", "fallback",
-    "kernel", "register", "rule", "slot_bounds", "token_bounds",
+    "DENSE_STAND_IN", "FALLBACKS", "FORMATS", "KERNELS", "RULE", "TABLE_SLOTS", "TABLE_TOKENS",
+    "Call", "Choice", "Kernel", "choice_table", "choose", "choose_cached", "clear_cache",
+    "describe", "fallback", "kernel", "register", "rule", "slot_bounds", "token_bounds",
 ]  # fmt: skip
 
 
@@ -68,18 +74,23 @@ class Call:
     num_tokens: int | None = None  # T (None: not known; the largest recorded bucket serves)
     nnz: int | None = None  # kv_indices.numel(): the slot lists' total length (None: unknown)
     kv_format: str = "dense"  # the pool's format: a key of FORMATS (kv is then an FP8Cache)
+    # The lists come as dense [T, K] ids with their rows' lengths (kv_lengths): a kernel that
+    # reads CSR only would get them packed by torch ops first (the module docstring)
+    dense_lengths: bool = False
 
     @classmethod
     def of_shape(
         cls, arch: str | None, num_heads: int, head_dim: int, *, num_tokens: int | None = None,
-        slots_per_token: int | None = None, kv_format: str = "dense",
+        slots_per_token: int | None = None, kv_format: str = "dense", dense_lengths: bool = False,
     ) -> Call:  # fmt: skip
         """A shape-only call (no tensors) whose lists hold ``slots_per_token`` slots a token
-        (the lists' total length // T; None: unknown, the longest recorded lists' choice)."""
+        (the lists' total length // T; None: unknown, the longest recorded lists' choice);
+        ``dense_lengths``: they come as dense ids with their rows' lengths."""
         if slots_per_token is not None and num_tokens is None:
             raise ValueError("slots_per_token needs num_tokens")
         nnz = None if slots_per_token is None else slots_per_token * num_tokens
-        return cls(arch, num_heads, head_dim, num_tokens=num_tokens, nnz=nnz, kv_format=kv_format)
+        return cls(arch, num_heads, head_dim, num_tokens=num_tokens, nnz=nnz, kv_format=kv_format,
+                   dense_lengths=dense_lengths)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -281,6 +292,22 @@ RULE: dict[str, tuple[tuple[int | None, int | None, tuple[str, ...]], ...]] = {
 }  # fmt: skip
 
 
+# The kernel that takes a recorded CSR-only kernel's place when the lists come as dense ids with
+# their rows' lengths (Call.dense_lengths): the 64-heads-on-M warp-specialised kernel, which
+# reads them itself. Where gluon_mma is recorded on the H200 (one head, T <= 16) gluon_ws
+# measured 1.02-1.09x its time on CSR (whole lists, grid run of 2026-12-03 07:53) and
+# gluon_ws_small, the rule's first there, 1.3-1.5x.
+DENSE_STAND_IN: dict[str, str] = {"gluon_mma": "gluon_ws", "gluon_wgmma": "gluon_ws"}
+
+
+def _packs(k: Kernel, call: Call) -> str | None:
+    """Why the automatic choice passes ``k`` over for ``call`` although it can run it: dense
+    ids with lengths, which it reads only once packed to CSR by torch ops (None: it does not)."""
+    if call.dense_lengths and not k.dense_ids:
+        return "reads CSR only (dense ids with lengths would be packed by torch ops first)"
+    return None
+
+
 def rule(call: Call) -> tuple[str, ...]:
     """The kernels :data:`RULE` prefers for ``call``'s (arch, H, T), best first (may be empty;
     a call of unknown T is taken as a large one)."""
@@ -321,16 +348,20 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
         if c.name not in KERNELS:
             raise _unregistered(c.name, entry)
         k = KERNELS[c.name]
-        why = k.why_not(call)
+        why = k.why_not(call) or _packs(k, call)
         if not why:
             launch = c.launch if c.name != FALLBACK else None
             return Choice(c.name, k.resolve(launch, call), "recorded " + _recorded(entry, c))
         passed.append(f"{c.name} recorded, but {why}")
+        stand_in = KERNELS.get(DENSE_STAND_IN.get(c.name, ""))
+        if _packs(k, call) and stand_in is not None and not stand_in.why_not(call):
+            why = f"in place of the recorded {c.name}, which {_packs(k, call)}"
+            return Choice(stand_in.name, stand_in.resolve(None, call), why)
     for name in rule(call):
         k = KERNELS.get(name)
         if k is None:
             continue
-        why = k.why_not(call)
+        why = k.why_not(call) or _packs(k, call)
         if not why:
             where = "no recorded choice" if c is None else passed[0]
             return Choice(name, k.resolve(None, call), f"rule for {call.arch} H={call.num_heads}"
@@ -350,20 +381,25 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
 def describe(
     arch: str | None, num_heads: int, head_dim: int, root=None, *, num_tokens: int | None = None,
     verbose: bool = False, kv_format: str = "dense", slots_per_token: int | None = None,
+    dense_lengths: bool = False,
 ) -> str:  # fmt: skip
     """The kernel ``config=None`` runs for (arch, H, D[, T][, slots per token]) and why (no
     tensors needed; a pool the kernel cannot address may still send a call elsewhere).
     ``slots_per_token``: the call's lists' total length // T (None: unknown, the longest
     recorded lists' choice). ``verbose``: one more line per registered kernel, saying whether
     it can run the call and why not. ``kv_format``: the pool's format (:data:`FORMATS`;
-    "fp8_model1" for an FP8Cache)."""
+    "fp8_model1" for an FP8Cache). ``dense_lengths``: the lists come as dense ids with their
+    rows' lengths (``Call.dense_lengths``)."""
     call = Call.of_shape(arch, num_heads, head_dim, num_tokens=num_tokens,
-                         slots_per_token=slots_per_token, kv_format=kv_format)  # fmt: skip
+                         slots_per_token=slots_per_token, kv_format=kv_format,
+                         dense_lengths=dense_lengths)  # fmt: skip
     c = choose(call, root=root)
     where = arch or "CPU (interpreter)"
     t = "" if num_tokens is None else f" T={num_tokens}"
     if slots_per_token is not None:
         t += f" slots/token={slots_per_token}"
+    if dense_lengths:
+        t += " (dense ids with lengths)"
     line = f"{where} H={num_heads} D={head_dim}{t}: {c.kernel} ({c.reason})"
     if not verbose:
         return line
@@ -521,6 +557,7 @@ def choice_stamp(arch: str) -> tuple:
 def choose_cached(
     arch: str | None, num_heads: int, head_dim: int, dtype, kv, num_tokens: int,
     nnz: int | None = None, *, config: Any = None, config_key: Any = None,
+    dense_lengths: bool = False,
 ) -> Choice:  # fmt: skip
     """:func:`choose` for the entry's call (``Call(arch, H, D, dtype, kv, T, nnz)``), cached on
     what the choice depends on: the registry, (arch, H, D, dtype), the pool's device type,
@@ -528,17 +565,19 @@ def choose_cached(
     configs), the configs roots (:func:`sparse_mla.configs.roots`: the user root over the
     shipped files) and their files' stat stamps (an export is seen at once), and T's bucket
     between :func:`token_bounds` (and its slots per token's between :func:`slot_bounds`, where
-    a choice is recorded by list length). A call that raises is not cached. CPU tensors (arch
+    a choice is recorded by list length) and ``dense_lengths`` (``Call.dense_lengths``). A
+    call that raises is not cached. CPU tensors (arch
     None, the interpreter, whose launch takes far longer than a choice) are not cached."""
     if arch is None:
-        call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
+        call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz,
+                    dense_lengths=dense_lengths)  # fmt: skip
         return choose(call, config=config)
     roots = configs.roots_cached()
     stamp = _stamps(arch, roots)
     n = kv.shape[0]
     misaligned = n > 0 and bool(kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16)
     key = (_generation, arch, num_heads, head_dim, dtype, kv.device.type, n > 0, misaligned,
-           config_key, roots, stamp)  # fmt: skip
+           config_key, roots, stamp, dense_lengths)  # fmt: skip
     plan = _CACHE.get(key)
     if plan is None:
         bounds = sbounds = ()
@@ -555,7 +594,8 @@ def choose_cached(
         bucket = (bucket, -1 if slots is None else bisect_right(sbounds, slots))
     c = by_bucket.get(bucket)
     if c is None:
-        call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz)
+        call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz,
+                    dense_lengths=dense_lengths)  # fmt: skip
         c = by_bucket[bucket] = choose(call, config=config)
     return c
 

@@ -54,7 +54,14 @@ from .prefill import (
     resolve_config,
 )  # fmt: skip
 from .prefill import default_config as prefill_default_config
-from .validation import _shares_memory, _slot_lists, length_bound, planned_nnz, validate_inputs
+from .validation import (
+    _shares_memory,
+    _slot_lists,
+    dense_form,
+    length_bound,
+    planned_nnz,
+    validate_inputs,
+)
 
 __all__ = ["NAME", "compile_args", "default_config", "sparse_mla_prefill_fp8"]
 
@@ -384,7 +391,9 @@ def _checked(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink
     T, H, D = q.shape
     arch = None if runtime.runs_interpreted(q) else runtime.arch(q.get_device())
     nnz = planned_nnz(x.kv_indices, length_bound(max_kv_length, x.kv_indices, x.kv_indptr))
-    call = dispatch.Call(arch, H, D, q.dtype, cache, T, nnz, kv_format=KV_FORMAT)
+    lengths = dense_form(x.kv_indices, x.kv_indptr) == 2
+    call = dispatch.Call(arch, H, D, q.dtype, cache, T, nnz, kv_format=KV_FORMAT,
+                         dense_lengths=lengths)  # fmt: skip
     return x, dispatch.choose(call, config=config)
 
 

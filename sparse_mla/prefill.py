@@ -424,8 +424,9 @@ def _prefill_impl(
         key = (config, id(conf))
     bound = validation.length_bound(max_kv_length, x.kv_indices, x.kv_indptr)
     nnz = validation.planned_nnz(x.kv_indices, bound)
+    lengths = validation.dense_form(x.kv_indices, x.kv_indptr) == 2
     choice = dispatch.choose_cached(_arch_of(q), H, D, q.dtype, kv2, T, nnz, config=conf,
-                                    config_key=key)  # fmt: skip
+                                    config_key=key, dense_lengths=lengths)  # fmt: skip
     k = dispatch.kernel(choice.kernel)
     if out.numel() == 0:
         return

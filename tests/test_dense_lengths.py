@@ -856,3 +856,67 @@ def test_gpu_max_kv_length_plans_short_lists_as_short(T, H):
         with fastlaunch.recording() as launches:
             gluon_ws(m)
         assert len(launches) == want, (m, launches)
+
+
+# ------------------------------------------------------------------------------------------------
+# The choice with lengths: no kernel that would need the lists packed (PERF_NOTES step 41)
+# ------------------------------------------------------------------------------------------------
+
+GRID_HEADS = (1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128)
+
+
+def test_choice_with_lengths_takes_a_kernel_that_reads_them():
+    """Over the sm90 grid's heads, token counts of MTP steps to whole prompts and list lengths
+    of short prompts to GLM's, dense ids with lengths never get a kernel that reads CSR only
+    (it would get the lists packed by ~10 torch ops: 3.7x the call at T = 1, one head); where
+    the CSR choice reads dense ids itself the choice is the same; where it does not (gluon_mma,
+    recorded at one head and T <= 16) gluon_ws stands in, saying why; config= still runs the
+    kernel it names."""
+    moved = []
+    for H, T, S in itertools.product(GRID_HEADS, (1, 2, 4, 8, 16, 32, 64, 256, 1024, 16384),
+                                     (8, 384, 640, 1152, 2048)):  # fmt: skip
+        csr = dispatch.choose(dispatch.Call.of_shape("sm90", H, 512, num_tokens=T,
+                                                     slots_per_token=S))  # fmt: skip
+        dense = dispatch.choose(
+            dispatch.Call.of_shape(
+                "sm90", H, 512, num_tokens=T, slots_per_token=S, dense_lengths=True
+            )
+        )
+        assert dispatch.kernel(dense.kernel).dense_ids, (H, T, S, dense)
+        if dispatch.kernel(csr.kernel).dense_ids:
+            assert dense == csr, (H, T, S)
+        else:
+            moved.append((H, T, S))
+            assert dense.kernel == dispatch.DENSE_STAND_IN[csr.kernel], (H, T, S, dense)
+            assert f"in place of the recorded {csr.kernel}, which reads CSR only" in dense.reason
+    assert moved and {H for H, _, _ in moved} == {1}, moved  # the shipped choice's only ones
+    line = dispatch.describe("sm90", 1, 512, num_tokens=1, slots_per_token=640,
+                             dense_lengths=True)  # fmt: skip
+    assert "(dense ids with lengths): gluon_ws (in place of the recorded gluon_mma" in line
+    call = dispatch.Call.of_shape("sm90", 1, 512, num_tokens=1, dense_lengths=True)
+    assert dispatch.choose(call, config=dispatch.Choice("gluon_mma")).kernel == "gluon_mma"
+
+
+def test_entries_tell_the_choice_the_lists_form(monkeypatch):
+    """Both entries pass the lists' form to the choice: dense ids with lengths as such, CSR and
+    dense ids without lengths not (their CSR form costs no torch op)."""
+    from sparse_mla import fp8_prefill, prefill
+    from sparse_mla.fp8 import quantize
+
+    seen = []  # (on CPU the entry's cached lookup asks dispatch.choose each call)
+    choose = dispatch.choose
+    monkeypatch.setattr(
+        dispatch, "choose", lambda call, **kw: seen.append(call.dense_lengths) or choose(call, **kw)
+    )
+    c = make_lengths_case(3, 2, 512, 5, N=8, P=2)
+    sparse_mla_prefill(*c.args(), **c.kw())
+    sparse_mla_prefill(*c.args(), attn_sink=c.attn_sink)  # dense ids, no lengths
+    assert seen == [True, False]
+    assert prefill.dispatch is dispatch and fp8_prefill.dispatch is dispatch
+    seen.clear()
+    cache = quantize(torch.randn(64, 512, dtype=torch.bfloat16), 64)
+    ids = torch.randint(0, 64, (3, 5), dtype=torch.int32)
+    q = torch.randn(3, 2, 512, dtype=torch.bfloat16)
+    sparse_mla_prefill(q, cache, ids, None, 0.1, kv_lengths=torch.tensor([5, 0, 2]))
+    sparse_mla_prefill(q, cache, ids, None, 0.1)
+    assert seen == [True, False]
