@@ -566,8 +566,8 @@ def choose_cached(
     shipped files) and their files' stat stamps (an export is seen at once), and T's bucket
     between :func:`token_bounds` (and its slots per token's between :func:`slot_bounds`, where
     a choice is recorded by list length) and ``dense_lengths`` (``Call.dense_lengths``). A
-    call that raises is not cached. CPU tensors (arch
-    None, the interpreter, whose launch takes far longer than a choice) are not cached."""
+    call that raises is not cached. CPU tensors (arch None, the interpreter, whose launch
+    takes far longer than a choice) are not cached."""
     if arch is None:
         call = Call(arch, num_heads, head_dim, dtype, kv, num_tokens, nnz,
                     dense_lengths=dense_lengths)  # fmt: skip
