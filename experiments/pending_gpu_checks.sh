@@ -48,8 +48,9 @@
 # (gpu_suite_4cd0507.log: 1014 passed); in the thirty-first, densewidth on c70ccf8 and 90cbd32
 # (*90cbd32*: step 38), the suite on bd1b82c, midsplit on 65c024a and mid1024 on e5f79cf (step 39:
 # *65c024a*, *_grid_ctx1024_e5f79cf.log, exported on the CPU); in the thirty-second, lenpub on
-# 2ebbb73 (*lenpub*2ebbb73*: step 40, not kept), mid1024verify on 522c424 (*522c424*).) Open:
-# lenchoice (step 41), l2split (prepared, optional).
+# 2ebbb73 (*lenpub*2ebbb73*: step 40, not kept), mid1024verify on 522c424 (*522c424*),
+# lenchoice on 4ad43a9 (*4ad43a9*: step 41), the suite on 38686ff (gpu_suite_38686ff.log: 1018
+# passed).) Open: l2split (prepared, optional).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
