@@ -28,7 +28,9 @@ Dense ids with their rows' lengths (``kv_lengths``, ``Call.dense_lengths``): in 
 kernel that reads CSR only is passed over for one that reads them (:data:`DENSE_STAND_IN` in a
 recorded kernel's place, else the rule's next), since its lists would first be packed to CSR
 by about ten torch ops (3.7x the call at T = 1, one head: docs/PERF_NOTES.md, "No cliffs",
-step 41). ``config=`` still runs the kernel it names, packing included.
+step 41). ``config=`` still runs the kernel it names, packing included. This holds at any T,
+though the packing's cost is its launches and matters at small T: on the H200 the shipped
+choice records a CSR-only kernel only at one head and T <= 16.
 
 :func:`describe` says, for any shape, which kernel runs and why, and why each other kernel
 would or would not. Kernels join the registry with :func:`register`; the package's own are
