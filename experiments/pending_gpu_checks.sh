@@ -50,7 +50,7 @@
 # *65c024a*, *_grid_ctx1024_e5f79cf.log, exported on the CPU); in the thirty-second, lenpub on
 # 2ebbb73 (*lenpub*2ebbb73*: step 40, not kept), mid1024verify on 522c424 (*522c424*),
 # lenchoice on 4ad43a9 (*4ad43a9*: step 41), the suite on 38686ff (gpu_suite_38686ff.log: 1018
-# passed).) Open: l2split (prepared, optional).
+# passed), l2split on 21980c7 (*21980c7*: step 36's policies apart).) Open: none prepared.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
