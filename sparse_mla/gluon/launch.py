@@ -838,16 +838,14 @@ def compile_for(mode: str, target_name: str, kernel: str | None = None, **shape)
     """Cross-compile one mode for a target: ``triton.compile`` of :func:`compile_args`."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from ..inspect import _signature
+
     kernel, signature, constexprs, options = compile_args(mode, target_name, kernel, **shape)
-    # Every constexpr given, defaults included: Triton 3.6's ASTSource.hash keys the cache on
-    # the given constexprs' values in parameter order, without saying which parameters they
-    # are, so two builds that each set a different optional constexpr to the same value (the
-    # last one set in both) would share one cache entry; with all of them given, they cannot.
-    constexprs = {
-        **{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default},
-        **constexprs,
-    }
-    signature = {**signature, **{k: "constexpr" for k in constexprs}}
+    # Every constexpr given, defaults included (as inspect.compile gives them): Triton 3.6's
+    # ASTSource.hash keys the cache on the given constexprs' values in parameter order, without
+    # saying which parameters they are, so two builds that each set a different optional
+    # constexpr to the same value (the last one set in both) would share one cache entry.
+    signature, constexprs = _signature(kernel, constexprs, signature)
     src = GluonASTSource(kernel, signature, constexprs, compile_attrs(kernel, signature))
     with runtime.compiling():  # not while another thread interprets a kernel
         return triton.compile(src, target=get_target(target_name).gpu_target(), options=options)
