@@ -350,14 +350,15 @@ def choose(call: Call, *, config: Any = None, root=None) -> Choice:
         if c.name not in KERNELS:
             raise _unregistered(c.name, entry)
         k = KERNELS[c.name]
-        why = k.why_not(call) or _packs(k, call)
+        packs = _packs(k, call)
+        why = k.why_not(call) or packs
         if not why:
             launch = c.launch if c.name != FALLBACK else None
             return Choice(c.name, k.resolve(launch, call), "recorded " + _recorded(entry, c))
         passed.append(f"{c.name} recorded, but {why}")
         stand_in = KERNELS.get(DENSE_STAND_IN.get(c.name, ""))
-        if _packs(k, call) and stand_in is not None and not stand_in.why_not(call):
-            why = f"in place of the recorded {c.name}, which {_packs(k, call)}"
+        if packs and stand_in is not None and not stand_in.why_not(call):
+            why = f"in place of the recorded {c.name}, which {packs}"
             return Choice(stand_in.name, stand_in.resolve(None, call), why)
     for name in rule(call):
         k = KERNELS.get(name)
