@@ -50,12 +50,13 @@
 # *65c024a*, *_grid_ctx1024_e5f79cf.log, exported on the CPU); in the thirty-second, lenpub on
 # 2ebbb73 (*lenpub*2ebbb73*: step 40, not kept), mid1024verify on 522c424 (*522c424*),
 # lenchoice on 4ad43a9 (*4ad43a9*: step 41), the suite on 38686ff (gpu_suite_38686ff.log: 1018
-# passed), l2split on 21980c7 (*21980c7*: step 36's policies apart).) Open: none prepared.
+# passed), l2split on 21980c7 (*21980c7*: step 36's policies apart); in the thirty-third, qfirst and
+# qfirstmap on a9f55a1 with the patch (*qfirst*a9f55a1*: step 42, not kept).) Open: none prepared.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -270,6 +271,13 @@
 #             middling and whole lists, then the lengths GPU tests (about 7 minutes).
 #             Predicted: default_dense_wide and default_dense_len at H1 within 1.10 of default
 #             (gluon_ws in gluon_mma's place), elsewhere within 1.03 as before
+#   qfirst    PERF_NOTES step 42, a patch (experiments/patches/ws_q_first.diff, on a9f55a1): a
+#             program's first Q loaded by gluon_ws's consumers with an evict-first L2 policy
+#             (gl.load can say it, Gluon's TMA copy cannot), in small single-split calls; its
+#             GPU tests with every small call taking it, then ws_bars_ab.py in turns at whole,
+#             middling and short lists (about 2 minutes; carry the xdist wheels)
+#   qfirstmap the same patch on and off, each in a bench run with FlashMLA: whole lists at T 48-132
+#             x H 48/64/128 (about 90 s; carry .peers)
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -640,6 +648,55 @@ if want mid1024; then  # step 39: the split rule's change measured at middling l
   D=data/bench/nvidia-h200 GRID_LIMIT=100
   grid_run mid1024 --context 1024 --tokens 1,4,16 --out ${D}_grid_ctx1024.csv
   cp ${D}_grid_ctx1024.csv "$OUT/"; tail -n 52 "$OUT/mid1024_${COMMIT:0:7}.log" | cut -c1-220
+fi
+if want qfirst; then  # step 42, a patch: a program's first Q loaded by its consumers, evict-first
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  cp sparse_mla/gluon/launch.py /tmp/launch_before.py
+  apply_patch experiments/patches/ws_q_first.diff || exit 1
+  xdist
+  SPARSE_MLA_QF_MIN=0 SPARSE_MLA_QF_ITEMS=0 PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest \
+    -q -m gpu -p no:cacheprovider -n 12 tests/test_kernels_gpu.py tests/test_dense_ids.py tests/test_gluon.py \
+    -k "(gluon_ws and not small) or ws_knobs or small_call_order or short_last or ws_prefill" \
+    > "$OUT/gpu_tests_ws_qfirst_${COMMIT:0:7}.log" 2>&1
+  echo "qfirst tests (every small call): rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_qfirst_${COMMIT:0:7}.log"
+  SPARSE_MLA_QF_MIN=0 SPARSE_MLA_QF_ITEMS=0 AB_TIME=400 ws_ab qfirst_map \
+    --before /tmp/hopper_ws_before.py --points ctx65536:48:128:1024 ctx65536:56:128:1024 \
+    ctx65536:66:128:1024 ctx65536:96:64:512 ctx65536:112:64:512 ctx65536:192:64:512 \
+    ctx65536:256:64:512 ctx65536:64:96:1024 ctx65536:64:64:512 ctx1024:64:128:1024 \
+    ctx1024:128:64:512 256:64:512 512:64:512
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
+  cp /tmp/launch_before.py sparse_mla/gluon/launch.py
+fi
+if want qfirstmap; then  # step 42: gluon_ws with and without the patch against FlashMLA, whole lists
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  cp sparse_mla/gluon/launch.py /tmp/launch_before.py
+  apply_patch experiments/patches/ws_q_first.diff || exit 1
+  for mode in on off; do  # on: every small single-split call; off: none (the package's kernel)
+    items=0; [ $mode = off ] && items=1000000000
+    SPARSE_MLA_QF_MIN=0 SPARSE_MLA_QF_ITEMS=$items PYTHONPATH=$PWD:$PWD/.peers \
+      FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 250 python3 -m sparse_mla.cli bench --grid \
+      --no-ceilings --context 65536 --tokens 48,64,96,112,128,132 --heads 48,64,128 --no-glm \
+      --providers gluon_ws,flashmla --time-limit 200 --commit "${COMMIT:0:7}" \
+      --out "$OUT/qfirst_${mode}.csv" >> "$OUT/qfirst_map_${mode}_${COMMIT:0:7}.log" 2>&1
+    echo "qfirstmap $mode: rc=$?"
+  done
+  PYTHONPATH=$PWD python3 - "$OUT" <<'PYEOF'
+import csv, sys
+def load(m):
+    d = {}
+    for r in csv.DictReader(open(f"{sys.argv[1]}/qfirst_{m}.csv")):
+        if r.get("T") and r["ms"]:
+            d.setdefault((int(r["T"]), int(r["H"])), {})[r["provider"][:8]] = float(r["ms"])
+    return d
+on, off = load("on"), load("off")
+for k in sorted(on):
+    a, b = on[k], off.get(k, {})
+    if "gluon_ws" in a and "gluon_ws" in b:
+        print(f"T={k[0]} H={k[1]}: on/FlashMLA {a['gluon_ws'] / a['flashmla']:.3f}, "
+              f"off/FlashMLA {b['gluon_ws'] / b['flashmla']:.3f}, on/off {a['gluon_ws'] / b['gluon_ws']:.3f}")
+PYEOF
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
+  cp /tmp/launch_before.py sparse_mla/gluon/launch.py
 fi
 if want lenpub; then  # step 40, a patch: the list lengths published by the producer
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
