@@ -51,12 +51,12 @@
 # 2ebbb73 (*lenpub*2ebbb73*: step 40, not kept), mid1024verify on 522c424 (*522c424*),
 # lenchoice on 4ad43a9 (*4ad43a9*: step 41), the suite on 38686ff (gpu_suite_38686ff.log: 1018
 # passed), l2split on 21980c7 (*21980c7*: step 36's policies apart); in the thirty-third, qfirst and
-# qfirstmap on a9f55a1 with the patch (*qfirst*a9f55a1*: step 42, not kept).) Open: none prepared.
+# qfirstmap and qfirstncu on a9f55a1 with the patch (*qfirst*a9f55a1*: step 42, not kept).) Open: none prepared.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -278,6 +278,8 @@
 #             middling and short lists (about 2 minutes; carry the xdist wheels)
 #   qfirstmap the same patch on and off, each in a bench run with FlashMLA: whole lists at T 48-132
 #             x H 48/64/128 (about 90 s; carry .peers)
+#   qfirstncu the same patch on and off, and FlashMLA, under Nsight Compute (tile_rate_ncu.py) at
+#             whole lists T = 128 H64: L2 hit rates and DRAM bytes (carry .peers)
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -695,6 +697,24 @@ for k in sorted(on):
         print(f"T={k[0]} H={k[1]}: on/FlashMLA {a['gluon_ws'] / a['flashmla']:.3f}, "
               f"off/FlashMLA {b['gluon_ws'] / b['flashmla']:.3f}, on/off {a['gluon_ws'] / b['gluon_ws']:.3f}")
 PYEOF
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
+  cp /tmp/launch_before.py sparse_mla/gluon/launch.py
+fi
+if want qfirstncu; then  # step 42: Nsight Compute at whole lists T = 128 H64, the patch on / off, FlashMLA
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  cp sparse_mla/gluon/launch.py /tmp/launch_before.py
+  apply_patch experiments/patches/ws_q_first.diff || exit 1
+  for mode in on off; do
+    items=0; prov=gluon_ws,flashmla
+    [ $mode = off ] && { items=1000000000; prov=gluon_ws; }
+    SPARSE_MLA_QF_MIN=0 SPARSE_MLA_QF_ITEMS=$items PYTHONPATH=$PWD:$PWD/.peers \
+      FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 280 python3 experiments/tile_rate_ncu.py \
+      --out /tmp/qf_ncu_$mode --T 128 --H 64 --context 65536 --providers $prov \
+      > "$OUT/qfirst_ncu_${mode}_${COMMIT:0:7}.log" 2>&1
+    echo "qfirstncu $mode: rc=$?"
+    grep -i "duration\|hit rate\|dram__bytes\|DRAM Throughput\|Memory Throughput\|^launches" \
+      "$OUT/qfirst_ncu_${mode}_${COMMIT:0:7}.log" | head -20
+  done
   cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
   cp /tmp/launch_before.py sparse_mla/gluon/launch.py
 fi
