@@ -56,7 +56,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -280,6 +280,8 @@
 #             x H 48/64/128 (about 90 s; carry .peers)
 #   qfirstncu the same patch on and off, and FlashMLA, under Nsight Compute (tile_rate_ncu.py) at
 #             whole lists T = 128 H64: L2 hit rates and DRAM bytes (carry .peers)
+#   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
+#             H128 (stalls per source line), then tests/test_profile.py's GPU tests (about 3 min)
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
 #             q_first; prepared in the thirtieth session, not run): whole lists T = 128 H64 and
 #             T = 64 H128, T = 16384 H128 (about 4 minutes). Predicted: rows_last holds the
@@ -717,6 +719,17 @@ if want qfirstncu; then  # step 42: Nsight Compute at whole lists T = 128 H64, t
   done
   cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
   cp /tmp/launch_before.py sparse_mla/gluon/launch.py
+fi
+if want wsprofile; then  # step 42's follow-up: gluon_ws's stalls per source line on whole lists
+  for pt in "128 64" "64 128"; do
+    set -- $pt
+    timeout 200 python3 -m sparse_mla.cli profile --kernel gluon_ws --tokens $1 --heads $2 \
+      --context 65536 --top 45 > "$OUT/profile_gluon_ws_ctx65536_t$1_h$2_${COMMIT:0:7}.log" 2>&1
+    echo "wsprofile T=$1 H=$2: rc=$?"; head -n 22 "$OUT/profile_gluon_ws_ctx65536_t$1_h$2_${COMMIT:0:7}.log" | cut -c1-150
+  done
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_profile.py \
+    > "$OUT/gpu_tests_profile_${COMMIT:0:7}.log" 2>&1
+  echo "profile tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_profile_${COMMIT:0:7}.log"
 fi
 if want lenpub; then  # step 40, a patch: the list lengths published by the producer
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py

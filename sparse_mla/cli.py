@@ -285,8 +285,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     knobs = dict(args.set or [])
     launch = tune.kernel_launch(name, "local", args.heads, args.head_dim, knobs,
                                 num_tokens=args.tokens)  # fmt: skip
+    if args.context < 0 or (args.topk is not None and args.topk < 1):
+        print("sparse-mla profile: --context must be >= 0 and --topk >= 1", file=sys.stderr)
+        return 2
     p = prof.profile(name, args.heads, args.head_dim, launch=launch, num_tokens=args.tokens,
-                     out_dir=args.out)  # fmt: skip
+                     context=args.context, topk=args.topk, out_dir=args.out)  # fmt: skip
     print(prof.profile_table(p, top=args.top))
     return 0
 
@@ -966,6 +969,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--head-dim", type=int, default=512)
     p.add_argument("--tokens", type=int, default=4096, help="T of the DSv4 CSA workload")
+    p.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="tokens already cached before the call, as bench --grid --context builds them "
+        "(from 4 x top-k on, every token's list is whole; default 0: a short prompt)",
+    )
+    p.add_argument(
+        "--topk",
+        type=int,
+        default=None,
+        help="the workload's CSA top-k (default: the grid's, 1024 at 96 heads and more, else 512)",
+    )
     p.add_argument(
         "--set",
         action="append",

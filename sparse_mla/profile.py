@@ -322,16 +322,23 @@ def profile(
     *,
     launch: Any = None,
     num_tokens: int = 4096,
+    context: int = 0,
+    topk: int | None = None,
     ncu: str | None = None,
     timeout: float = 600.0,
     out_dir: str | os.PathLike | None = None,
 ) -> Profile:
     """Profile one launch of registered kernel ``kernel`` (its ``launch``; None: the one
     :func:`sparse_mla.tune.base_launch` gives) at H, D on a DSv4 CSA workload of
-    ``num_tokens`` tokens; RuntimeError with the reason when it cannot run here."""
+    ``num_tokens`` tokens (``context`` tokens cached before the call, as ``sparse-mla bench
+    --grid --context`` builds it: from 4 x top-k on, every token's list is whole; ``topk``:
+    the workload's top-k, None: the grid's, 1024 at 96 heads and more, else 512);
+    RuntimeError with the reason when it cannot run here."""
     from . import dispatch, tune
     from . import inspect as _inspect
 
+    if context < 0 or (topk is not None and topk < 1):
+        raise ValueError(f"context must be >= 0 and topk >= 1, got {context} and {topk}")
     why = unavailable() if ncu is None else None
     if why:
         raise RuntimeError(why)
@@ -345,8 +352,12 @@ def profile(
     folder = Path(out_dir or tempfile.mkdtemp(prefix="sparse_mla_ncu_"))
     folder.mkdir(parents=True, exist_ok=True)
     report = str(folder / "profile.ncu-rep")
+    if topk is None:
+        from .bench import _grid_topk
+
+        topk = _grid_topk(num_heads)
     args = {"kernel": kernel, "launch": launch_dict, "H": num_heads, "D": head_dim,
-            "T": num_tokens}  # fmt: skip
+            "T": num_tokens, "context": int(context), "topk": int(topk)}  # fmt: skip
     script = [sys.executable, "-m", "sparse_mla.profile", "--run", json.dumps(args)]
     cmd = ncu_command(ncu, report, script, f"^{re.escape(res.kernel_name)}$")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
@@ -375,7 +386,8 @@ def profile(
             pl.source = linecache.getline(_source_path(pl.file), pl.line).strip()
     stalls = parse_raw_csv(page("raw", "--page", "raw", "--metrics", STALL_GROUP))
     stalls = stalls or stalls_of_lines(lines)
-    shape = {"H": num_heads, "D": head_dim, "T": num_tokens}
+    shape = {"H": num_heads, "D": head_dim, "T": num_tokens, "context": int(context),
+             "topk": int(topk)}  # fmt: skip
     return Profile(kernel, launch_dict, shape, lines, stalls, report, cmd)
 
 
@@ -393,8 +405,9 @@ def profile_table(p: Profile, top: int = 20) -> str:
     from .inspect import _table
 
     total = sum(pl.samples() for pl in p.lines) or 1.0
-    head = (f"{p.kernel} {p.launch} at H={p.shape['H']} D={p.shape['D']} T={p.shape['T']} "
-            f"(Nsight Compute report {p.report})")  # fmt: skip
+    where = "".join(f" {k}={p.shape[k]}" for k in ("topk", "context") if p.shape.get(k))
+    head = (f"{p.kernel} {p.launch} at H={p.shape['H']} D={p.shape['D']} T={p.shape['T']}"
+            f"{where} (Nsight Compute report {p.report})")  # fmt: skip
     reasons = sum(p.stalls.values()) or 1.0
     shares = [[k, int(v), f"{100 * v / reasons:.1f}%"] for k, v in p.stalls.items()]
     parts = [head, "stall reasons (warp samples, whole kernel):",
@@ -423,7 +436,8 @@ def _run(args: dict[str, Any]) -> None:
     from .workloads import dsv4_csa
 
     w = dsv4_csa(int(args["T"]), int(args["H"]), D=int(args["D"]), device="cuda",
-                 big_buffer=True)  # fmt: skip
+                 big_buffer=True, context=int(args.get("context", 0)),
+                 topk=int(args.get("topk", 512)))  # fmt: skip
     name = args["kernel"]
     k = dispatch.kernel(name)
     call = dispatch.Call(runtime.arch(), int(args["H"]), int(args["D"]))

@@ -79,6 +79,37 @@ def test_source_and_raw_csv_parsers():
     assert text.index("hopper_ws.py:266") < text.index("hopper_ws.py:267")  # most samples first
 
 
+def test_cli_passes_the_workload_context_and_topk(monkeypatch, capsys):
+    """``sparse-mla profile --context N --topk K`` profiles the whole-list workload the bench's
+    ``--grid --context`` builds; bad values are refused before anything runs."""
+    seen = {}
+
+    def fake_profile(kernel, num_heads, head_dim=512, **kw):
+        seen.update(kw, kernel=kernel, H=num_heads)
+        shape = {"H": num_heads, "D": head_dim, "T": kw["num_tokens"],
+                 "context": kw["context"], "topk": kw["topk"] or 512}  # fmt: skip
+        return prof.Profile(kernel, {}, shape, [], {"long_scoreboard": 1.0}, "r.ncu-rep", [])
+
+    from sparse_mla import tune
+
+    monkeypatch.setattr(prof, "unavailable", lambda: None)
+    monkeypatch.setattr(prof, "profile", fake_profile)
+    monkeypatch.setattr(tune, "kernel_launch", lambda *a, **kw: None)  # "local": no GPU here
+    argv = ["profile", "--kernel", "triton", "--heads", "64", "--tokens", "128"]
+    assert main([*argv, "--context", "65536", "--topk", "1024"]) == 0
+    assert (seen["num_tokens"], seen["context"], seen["topk"]) == (128, 65536, 1024)
+    assert "T=128 topk=1024 context=65536" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert (seen["context"], seen["topk"]) == (0, None)  # a short prompt, the grid's top-k
+    for bad in (["--context", "-1"], ["--topk", "0"]):
+        seen.clear()
+        assert main([*argv, *bad]) == 2
+        assert not seen and "--context" in capsys.readouterr().err
+    monkeypatch.undo()  # the real entry refuses a negative context before anything runs
+    with pytest.raises(ValueError, match="context"):
+        prof.profile("triton", 16, context=-1)
+
+
 @pytest.mark.gpu
 def test_profile_of_the_warp_specialised_kernel_on_the_gpu(tmp_path):
     if prof.ncu_path() is None:
@@ -91,6 +122,21 @@ def test_profile_of_the_warp_specialised_kernel_on_the_gpu(tmp_path):
     ws = [pl for pl in p.lines if pl.file == "hopper_ws.py"]
     assert ws and sum(pl.samples() for pl in ws) > 0, [(pl.file, pl.line) for pl in p.lines]
     print(prof.profile_table(p))
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.gpu
+def test_profile_on_whole_lists_on_the_gpu(tmp_path):
+    """The whole-list workload (context 65536): each token's list is top-k + window slots."""
+    if prof.ncu_path() is None:
+        pytest.skip("ncu is not on PATH")
+    if runtime.arch() != "sm90":
+        pytest.skip("gluon_ws runs on sm90")
+    p = prof.profile("gluon_ws", 64, num_tokens=128, context=65536, out_dir=tmp_path)
+    assert p.shape == {"H": 64, "D": 512, "T": 128, "context": 65536, "topk": 512}
+    ws = [pl for pl in p.lines if pl.file == "hopper_ws.py"]
+    assert ws and sum(pl.samples() for pl in ws) > 0
+    assert "context=65536" in prof.profile_table(p)
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
