@@ -51,12 +51,14 @@
 # 2ebbb73 (*lenpub*2ebbb73*: step 40, not kept), mid1024verify on 522c424 (*522c424*),
 # lenchoice on 4ad43a9 (*4ad43a9*: step 41), the suite on 38686ff (gpu_suite_38686ff.log: 1018
 # passed), l2split on 21980c7 (*21980c7*: step 36's policies apart); in the thirty-third, qfirst and
-# qfirstmap and qfirstncu on a9f55a1 with the patch (*qfirst*a9f55a1*: step 42, not kept).) Open: none prepared.
+# qfirstmap and qfirstncu on a9f55a1 and 784d617 with the patch (*qfirst*: step 42, not kept),
+# wsprofile on a248625 (profile_gluon_ws_ctx65536_*), idsahead on a248625 (*idsahead*: step 43,
+# not kept).) Open: none prepared.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -280,6 +282,11 @@
 #             x H 48/64/128 (about 90 s; carry .peers)
 #   qfirstncu the same patch on and off, and FlashMLA, under Nsight Compute (tile_rate_ncu.py) at
 #             whole lists T = 128 H64: L2 hit rates and DRAM bytes (carry .peers)
+#   idsahead  PERF_NOTES step 43, a patch (experiments/patches/ws_ids_ahead.diff, on a248625):
+#             gluon_ws's producer loads the next pair's slot ids behind its first two halves
+#             (its registers 48 -> 64, consumer 1's 224 -> 216); its GPU tests, then
+#             ws_bars_ab.py in turns against the package's file at its own 224/48 split and at
+#             216/64 (about 3 minutes; carry the xdist wheels; NO_TESTS=1: the first A/B only)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
 #             H128 (stalls per source line), then tests/test_profile.py's GPU tests (about 3 min)
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
@@ -730,6 +737,19 @@ if want wsprofile; then  # step 42's follow-up: gluon_ws's stalls per source lin
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_profile.py \
     > "$OUT/gpu_tests_profile_${COMMIT:0:7}.log" 2>&1
   echo "profile tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_profile_${COMMIT:0:7}.log"
+fi
+if want idsahead; then  # step 43, a patch: the producer loads the next pair's ids a pair ahead
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  apply_patch experiments/patches/ws_ids_ahead.diff || exit 1  # also 216/64 registers
+  [ -n "${NO_TESTS:-}" ] || ws_gpu_tests idsahead
+  AB_TIME=420 ws_ab idsahead --before /tmp/hopper_ws_before.py \
+    --before-launch '{"CONSUMER_REGS": 224, "PRODUCER_REGS": 48}' --points ctx65536:128:64:512 \
+    ctx65536:64:128:1024 ctx65536:96:64:512 64:128:1024 256:64:512 16384:64:512 16384:128:1024 \
+    glm:16384:64:2048
+  [ -n "${NO_TESTS:-}" ] || AB_TIME=200 ws_ab idsahead_samesplit --before /tmp/hopper_ws_before.py \
+    --before-launch '{"CONSUMER_REGS": 216, "PRODUCER_REGS": 64}' --points ctx65536:128:64:512 \
+    64:128:1024 16384:128:1024
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's file again
 fi
 if want lenpub; then  # step 40, a patch: the list lengths published by the producer
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py

@@ -20,8 +20,11 @@ Here, in one process and in turns (:func:`sparse_mla.bench.time_interleaved`): `
 forced as the package has it, and the same launch with the kernel of ``--before`` (the file
 before the change, loaded as a sibling module) swapped into the launcher; plans off for both
 (a replay keeps the kernel it recorded). Each is checked against the fp32 reference first
-(NaN-poisoned output). On an H200, ~90 s; a Triton cache of its own, since the copy's kernels
-share the package's cache keys (Triton's key ignores the file) and would stand in for them:
+(NaN-poisoned output). ``--after-launch`` / ``--before-launch``: each side's launch as JSON
+(default: the kernel's default launch, the same for both), e.g. the register split a change
+needs against the one the file before ran at (step 43). On an H200, ~90 s; a Triton cache of
+its own, since the copy's kernels share the package's cache keys (Triton's key ignores the
+file) and would stand in for them:
 
     git show ce5f459:sparse_mla/gluon/hopper_ws.py > /tmp/hopper_ws_before.py
     TRITON_CACHE_DIR=/tmp/ab python experiments/ws_bars_ab.py --before /tmp/hopper_ws_before.py
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 
 import torch
@@ -80,21 +84,24 @@ def only_known(kernel):
     return lambda **kw: FROZEN(**{k: v for k, v in kw.items() if k in known})
 
 
-def point(kind, T, H, topk, context, before, dev, kernel="gluon_ws") -> str:
+def point(kind, T, H, topk, context, before, dev, kernel="gluon_ws", launches=(None, None)) -> str:
+    """One point in turns; ``launches``: (after's, before's) launch dicts (None: the default)."""
     w = bench.GridPoint(kind, T, H, topk, context).build(dev, seed=0, sink=True, big_buffer=True)
     q, kv, idx, indptr, scale = w.args()
     refs = bench._References(w, 256)
     after_entry = launch._WS[kernel]
     before_entry = (getattr(before, KERNEL_FN[kernel]), after_entry[1])
     fns = []
-    for label, entry in (("after", after_entry), ("before", before_entry)):
+    for label, entry, launch_ in (("after", after_entry, launches[0]),
+                                  ("before", before_entry, launches[1])):  # fmt: skip
         frozen = FROZEN if label == "after" else only_known(entry[0])
+        choice = dispatch.Choice(kernel, launch_)
 
-        def run(o, entry=entry, frozen=frozen):
+        def run(o, entry=entry, frozen=frozen, choice=choice):
             launch._WS[kernel], fastlaunch.frozen = entry, frozen
             try:
                 return sparse_mla_prefill(q, kv, idx, indptr, scale, attn_sink=w.attn_sink,
-                                          out=o, config=dispatch.Choice(kernel))  # fmt: skip
+                                          out=o, config=choice)  # fmt: skip
             finally:
                 launch._WS[kernel], fastlaunch.frozen = after_entry, FROZEN
 
@@ -123,22 +130,28 @@ def main() -> None:
         "and 16384 at H128, top-k 1024)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="measure each point this many times")
+    for side in ("after", "before"):
+        ap.add_argument(f"--{side}-launch", default=None, metavar="JSON",
+                        help=f"the {side} side's launch, e.g. '{{\"PRODUCER_REGS\": 48}}' "
+                        "(default: the kernel's default launch)")  # fmt: skip
     args = ap.parse_args()
+    launches = tuple(json.loads(x) if x else None for x in (args.after_launch, args.before_launch))
     points = POINTS
     if args.points:
         points = tuple(parse_point(p) for p in args.points)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.kernel}", flush=True)
-    run_points(points, load_before(args.before), args.repeat, args.kernel)
+    run_points(points, load_before(args.before), args.repeat, args.kernel, launches)
 
 
-def run_points(points, before, repeat: int = 1, kernel: str = "gluon_ws") -> None:
+def run_points(points, before, repeat: int = 1, kernel: str = "gluon_ws",
+               launches=(None, None)) -> None:  # fmt: skip
     """:func:`point` at each of ``points`` ((kind, T, H, top-k, context)), ``repeat`` times,
     with the module ``before``'s kernel as the other side; plans off meanwhile."""
     dev = torch.device("cuda")
     op.set_plans_enabled(False)
     for kind, T, H, topk, context in points:
         for _ in range(repeat):
-            print(point(kind, T, H, topk, context, before, dev, kernel), flush=True)
+            print(point(kind, T, H, topk, context, before, dev, kernel, launches), flush=True)
         torch.cuda.empty_cache()
     op.set_plans_enabled(True)
 
