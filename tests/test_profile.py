@@ -110,6 +110,32 @@ def test_cli_passes_the_workload_context_and_topk(monkeypatch, capsys):
         prof.profile("triton", 16, context=-1)
 
 
+def test_panel_profile_passes_the_workload(monkeypatch):
+    """The workbook's profile tab takes the same workload knobs as the CLI (T, context)."""
+    import dataclasses
+
+    from sparse_mla.lab.explorer import ExplorerPanel
+
+    seen = {}
+
+    def fake_profile(kernel, num_heads, head_dim=512, **kw):
+        seen.update(kw)
+        shape = {"H": num_heads, "D": head_dim, "T": kw["num_tokens"], "context": kw["context"]}
+        return prof.Profile(kernel, {}, shape, [], {"barrier": 2.0}, "r.ncu-rep", [])
+
+    monkeypatch.setattr(prof, "unavailable", lambda: None)
+    monkeypatch.setattr(prof, "profile", fake_profile)
+    panel = ExplorerPanel("sm90", 16, 512, run_errors=False, start=False)
+    try:
+        local = dataclasses.replace(panel.state(), target="local")
+        monkeypatch.setattr(panel, "state", lambda: local)
+        panel.profile(num_tokens=128, context=65536)
+        assert (seen["num_tokens"], seen["context"]) == (128, 65536)
+        assert panel.profile_result is not None and "context=65536" in panel.profile_view.value
+    finally:
+        panel.close()
+
+
 @pytest.mark.gpu
 def test_profile_of_the_warp_specialised_kernel_on_the_gpu(tmp_path):
     if prof.ncu_path() is None:

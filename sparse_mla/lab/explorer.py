@@ -1137,10 +1137,12 @@ class ExplorerPanel:
             "this GPU under Nsight Compute (target 'local'; about a minute)"
         )  # fmt: skip
 
-    def profile(self, num_tokens: int = 4096) -> None:
+    def profile(self, num_tokens: int = 4096, context: int = 0) -> None:
         """Profile the current kernel and launch on this GPU through Nsight Compute: the
         kernel's stall reasons and the source lines with the most stall samples (blocks; the
-        tab says why when ncu or a GPU is missing)."""
+        tab says why when ncu or a GPU is missing). ``num_tokens`` / ``context``: the DSv4 CSA
+        workload's T and the tokens cached before it (``sparse-mla profile --context``: from
+        4 x top-k on, whole lists)."""
         from .. import profile as prof
 
         why = prof.unavailable()
@@ -1154,7 +1156,8 @@ class ExplorerPanel:
         self.profile_view.value = _status("profiling under ncu ...", STATES["compiling"][0])
         try:
             p = prof.profile(state.kernel, state.num_heads, state.head_dim,
-                             launch=state.config, num_tokens=num_tokens)  # fmt: skip
+                             launch=state.config, num_tokens=num_tokens,
+                             context=context)  # fmt: skip
         except Exception as e:  # ncu's failure is a result to show
             self.profile_view.value = _status(f"profile failed: {e}", "#b00")
             return
