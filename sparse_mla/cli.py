@@ -862,11 +862,11 @@ def _cmd_which(args: argparse.Namespace) -> int:
     if args.table:
         if args.verbose:
             raise UsageError("--table and --verbose: pick one (the table has one kernel a cell)")
-        if args.lengths:
-            raise UsageError("--lengths goes without --table (the table is for CSR lists)")
+        ids = " (dense ids with their rows' lengths)" if args.lengths else ""
         for H in args.heads:
-            print(f"{args.arch} H={H} D={args.head_dim}: the kernel config=None runs")
-            print(dispatch.choice_table(arch, H, args.head_dim, args.tokens, args.slots))
+            print(f"{args.arch} H={H} D={args.head_dim}: the kernel config=None runs{ids}")
+            print(dispatch.choice_table(arch, H, args.head_dim, args.tokens, args.slots,
+                                        dense_lengths=args.lengths))  # fmt: skip
         return 0
     if args.slots and not args.tokens:
         raise UsageError("--slots goes with --tokens (slots per token of a call of T tokens)")

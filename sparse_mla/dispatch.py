@@ -424,19 +424,21 @@ TABLE_SLOTS = (8, 384, 640, 1152)
 
 def choice_table(
     arch: str | None, num_heads: int, head_dim: int, tokens=None, slots=None, root=None, *,
-    kv_format: str = "dense",
+    kv_format: str = "dense", dense_lengths: bool = False,
 ) -> str:  # fmt: skip
     """Which kernel ``config=None`` runs for (arch, H, D) at each token count (rows) and list
     length (columns, slots a token; None: :data:`TABLE_TOKENS`, :data:`TABLE_SLOTS`), as a text
     table: the recorded choice depends on both (:func:`choose`), where :func:`describe` answers
-    for one call. A cell that raises (a broken configs file) says so instead of the kernel."""
+    for one call. ``dense_lengths``: the lists come as dense ids with their rows' lengths (the
+    choice passes over kernels that read CSR only, :attr:`Call.dense_lengths`). A cell that
+    raises (a broken configs file) says so instead of the kernel."""
     tokens, slots = tokens or TABLE_TOKENS, slots or TABLE_SLOTS
     rows = []
     for t in tokens:
         row = [str(t)]
         for n in slots:
             call = Call.of_shape(arch, num_heads, head_dim, num_tokens=t, slots_per_token=n,
-                                 kv_format=kv_format)  # fmt: skip
+                                 kv_format=kv_format, dense_lengths=dense_lengths)  # fmt: skip
             try:
                 row.append(choose(call, root=root).kernel)
             except Exception as e:

@@ -897,6 +897,27 @@ def test_choice_with_lengths_takes_a_kernel_that_reads_them():
     assert dispatch.choose(call, config=dispatch.Choice("gluon_mma")).kernel == "gluon_mma"
 
 
+def test_which_table_with_lengths(capsys):
+    """``sparse-mla which --table --lengths``: the table for dense ids with their rows' lengths,
+    cell by cell the choice :func:`dispatch.choose` makes for such a call (no CSR-only kernel)."""
+    from sparse_mla.cli import main
+
+    tokens, slots = (1, 4, 16, 64), (8, 384, 640, 1152)
+    assert main(["which", "--arch", "sm90", "--heads", "1", "--table", "--lengths",
+                 "--tokens", *map(str, tokens), "--slots", *map(str, slots)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "dense ids with their rows' lengths" in out
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [int(r[0]) for r in rows] == list(tokens)
+    for r, T in zip(rows, tokens, strict=True):
+        for cell, S in zip(r[1:], slots, strict=True):
+            call = dispatch.Call.of_shape("sm90", 1, 512, num_tokens=T, slots_per_token=S,
+                                          dense_lengths=True)  # fmt: skip
+            assert cell == dispatch.choose(call).kernel and dispatch.kernel(cell).dense_ids
+    plain = dispatch.choice_table("sm90", 1, 512, tokens, slots)
+    assert "gluon_mma" in plain and "gluon_mma" not in out  # the shipped CSR choice at one head
+
+
 def test_entries_tell_the_choice_the_lists_form(monkeypatch):
     """Both entries pass the lists' form to the choice: dense ids with lengths as such, CSR and
     dense ids without lengths not (their CSR form costs no torch op)."""
