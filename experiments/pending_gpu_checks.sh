@@ -58,7 +58,7 @@
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -287,6 +287,10 @@
 #             (its registers 48 -> 64, consumer 1's 224 -> 216); its GPU tests, then
 #             ws_bars_ab.py in turns against the package's file at its own 224/48 split and at
 #             216/64 (about 3 minutes; carry the xdist wheels; NO_TESTS=1: the first A/B only)
+#   regsplit  gluon_ws's register split (CONSUMER_REGS:PRODUCER_REGS, REGSPLITS to choose) against
+#             the default 224:48, the same kernel file, in turns (ws_bars_ab.py --after-launch /
+#             --before-launch) at the grid's two level points (T = 64 H128, GLM H64) and T = 16384
+#             H64 (about 3 minutes)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
 #             H128 (stalls per source line), then tests/test_profile.py's GPU tests (about 3 min)
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
@@ -750,6 +754,17 @@ if want idsahead; then  # step 43, a patch: the producer loads the next pair's i
     --before-launch '{"CONSUMER_REGS": 216, "PRODUCER_REGS": 64}' --points ctx65536:128:64:512 \
     64:128:1024 16384:128:1024
   cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's file again
+fi
+if want regsplit; then  # gluon_ws's register split: candidates against the default (224/48), in turns
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_same.py  # the same kernel, another split
+  for split in ${REGSPLITS:-216:56 208:56 216:48 224:40 200:56}; do
+    c=${split%:*}; p=${split#*:}
+    AB_TIME=150 ws_ab regsplit_${c}_${p} --before /tmp/hopper_ws_same.py \
+      --after-launch "{\"CONSUMER_REGS\": $c, \"PRODUCER_REGS\": $p}" \
+      --before-launch '{"CONSUMER_REGS": 224, "PRODUCER_REGS": 48}' \
+      --points 64:128:1024 glm:16384:64:2048 16384:64:512 > /dev/null
+    grep "after / before" "$OUT/ws_regsplit_${c}_${p}_ab_h200_${COMMIT:0:7}.log" | sed "s/^/$c\/$p: /" | cut -c1-160
+  done
 fi
 if want lenpub; then  # step 40, a patch: the list lengths published by the producer
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
