@@ -53,7 +53,7 @@
 # passed), l2split on 21980c7 (*21980c7*: step 36's policies apart); in the thirty-third, qfirst and
 # qfirstmap and qfirstncu on a9f55a1 and 784d617 with the patch (*qfirst*: step 42, not kept),
 # wsprofile on a248625 (profile_gluon_ws_ctx65536_*), idsahead on a248625 (*idsahead*: step 43,
-# not kept).) Open: none prepared.
+# not kept), regsplit on b4b79d8 (*regsplit*: no split better than 224/48).) Open: none prepared.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
