@@ -53,12 +53,13 @@
 # passed), l2split on 21980c7 (*21980c7*: step 36's policies apart); in the thirty-third, qfirst and
 # qfirstmap and qfirstncu on a9f55a1 and 784d617 with the patch (*qfirst*: step 42, not kept),
 # wsprofile on a248625 (profile_gluon_ws_ctx65536_*), idsahead on a248625 (*idsahead*: step 43,
-# not kept), regsplit on b4b79d8 (*regsplit*: no split better than 224/48).) Open: none prepared.
+# not kept), regsplit on b4b79d8 (*regsplit*: no split better than 224/48), padp on
+# 1c71bc7 (*padp*: step 44, not kept).) Open: none prepared.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -291,6 +292,11 @@
 #             the default 224:48, the same kernel file, in turns (ws_bars_ab.py --after-launch /
 #             --before-launch) at the grid's two level points (T = 64 H128, GLM H64) and T = 16384
 #             H64 (about 3 minutes)
+#   padp      PERF_NOTES step 44, a patch (experiments/patches/ws_padded_p1.diff, on 1c71bc7):
+#             consumer 1 stores a short tile's P1 as one [64, 64] tile padded with zeros in
+#             registers (three warpgroup barriers fewer); gluon_ws's GPU tests, then an A/B in
+#             turns at the short lists' T = 64 / 32 and a whole-list control (carry the xdist
+#             wheels; about 2 minutes)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
 #             H128 (stalls per source line), then tests/test_profile.py's GPU tests (about 3 min)
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
@@ -765,6 +771,19 @@ if want regsplit; then  # gluon_ws's register split: candidates against the defa
       --points 64:128:1024 glm:16384:64:2048 16384:64:512 > /dev/null
     grep "after / before" "$OUT/ws_regsplit_${c}_${p}_ab_h200_${COMMIT:0:7}.log" | sed "s/^/$c\/$p: /" | cut -c1-160
   done
+fi
+if want padp; then  # step 44, a patch: a short tile's P1 in one store (no barriers between slices)
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
+  apply_patch experiments/patches/ws_padded_p1.diff || exit 1
+  xdist
+  PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_kernels_gpu.py tests/test_dense_ids.py tests/test_gluon.py \
+    -k "short_last or (gluon_ws and not small and not fp8)" \
+    > "$OUT/gpu_tests_ws_padp_${COMMIT:0:7}.log" 2>&1
+  echo "padp tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_padp_${COMMIT:0:7}.log"
+  AB_TIME=120 ws_ab padp --before /tmp/hopper_ws_before.py \
+    --points 64:128:1024 64:64:512 32:128:1024 ctx65536:64:128:1024
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's file again
 fi
 if want lenpub; then  # step 40, a patch: the list lengths published by the producer
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
