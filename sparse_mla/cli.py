@@ -282,12 +282,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(f"sparse-mla profile: {why}", file=sys.stderr)
         return 1
     name = dispatch.kernel(args.kernel).name
-    knobs = dict(args.set or [])
-    launch = tune.kernel_launch(name, "local", args.heads, args.head_dim, knobs,
-                                num_tokens=args.tokens)  # fmt: skip
     if args.context < 0 or (args.topk is not None and args.topk < 1):
         print("sparse-mla profile: --context must be >= 0 and --topk >= 1", file=sys.stderr)
         return 2
+    knobs = dict(args.set or [])
+    launch = tune.kernel_launch(name, "local", args.heads, args.head_dim, knobs,
+                                num_tokens=args.tokens)  # fmt: skip
     p = prof.profile(name, args.heads, args.head_dim, launch=launch, num_tokens=args.tokens,
                      context=args.context, topk=args.topk, out_dir=args.out)  # fmt: skip
     print(prof.profile_table(p, top=args.top))
