@@ -136,12 +136,16 @@ def test_panel_profile_passes_the_workload(monkeypatch):
         panel.close()
 
 
-@pytest.mark.gpu
-def test_profile_of_the_warp_specialised_kernel_on_the_gpu(tmp_path):
+def _needs_ncu_on_sm90():
     if prof.ncu_path() is None:
         pytest.skip("ncu is not on PATH")
     if runtime.arch() != "sm90":
         pytest.skip("gluon_ws runs on sm90")
+
+
+@pytest.mark.gpu
+def test_profile_of_the_warp_specialised_kernel_on_the_gpu(tmp_path):
+    _needs_ncu_on_sm90()
     p = prof.profile("gluon_ws", 64, num_tokens=1024, out_dir=tmp_path)
     assert os.path.exists(p.report)
     assert p.stalls and all(v > 0 for v in p.stalls.values()), p.stalls
@@ -154,10 +158,7 @@ def test_profile_of_the_warp_specialised_kernel_on_the_gpu(tmp_path):
 @pytest.mark.gpu
 def test_profile_on_whole_lists_on_the_gpu(tmp_path):
     """The whole-list workload (context 65536): each token's list is top-k + window slots."""
-    if prof.ncu_path() is None:
-        pytest.skip("ncu is not on PATH")
-    if runtime.arch() != "sm90":
-        pytest.skip("gluon_ws runs on sm90")
+    _needs_ncu_on_sm90()
     p = prof.profile("gluon_ws", 64, num_tokens=128, context=65536, out_dir=tmp_path)
     assert p.shape == {"H": 64, "D": 512, "T": 128, "context": 65536, "topk": 512}
     ws = [pl for pl in p.lines if pl.file == "hopper_ws.py"]
