@@ -132,6 +132,9 @@ def test_panel_profile_passes_the_workload(monkeypatch):
         panel.profile(num_tokens=128, context=65536)
         assert (seen["num_tokens"], seen["context"]) == (128, 65536)
         assert panel.profile_result is not None and "context=65536" in panel.profile_view.value
+        panel.profile_tokens.value, panel.profile_context.value = 64, 1024  # the tab's boxes
+        panel.profile_button.click()
+        assert (seen["num_tokens"], seen["context"]) == (64, 1024)
     finally:
         panel.close()
 

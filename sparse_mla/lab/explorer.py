@@ -508,6 +508,13 @@ class ExplorerPanel:
                                        "of the current kernel and launch on this GPU")  # fmt: skip
         self.profile_view = W.HTML()
         self.profile_view.add_class("sml-profile")
+        # The profiled call's workload: T tokens of DSv4 CSA, after `context` cached tokens
+        # (from 4 x top-k on, whole lists; sparse-mla profile --tokens / --context).
+        self.profile_tokens = W.BoundedIntText(value=4096, min=1, max=1 << 20, description="T",
+                                               layout=W.Layout(width="160px"))  # fmt: skip
+        self.profile_context = W.BoundedIntText(value=0, min=0, max=1 << 24,
+                                                description="context",
+                                                layout=W.Layout(width="200px"))  # fmt: skip
         self.profile_button.on_click(lambda _: self.profile())
         self.profile_result = None
         self.error_image = W.Image(format="png", layout=W.Layout(max_width="100%"))
@@ -539,7 +546,8 @@ class ExplorerPanel:
                      layout=W.Layout(min_width="236px"))  # fmt: skip
         right = W.VBox([self.w_prefetch, self.w_pin, self.w_unpin, self.progress, self.status])
         isa_box = W.VBox([W.HBox([self.isa_search, self.isa_scope]), self.isa])
-        profile_box = W.VBox([self.profile_button, self.profile_view])
+        profile_box = W.VBox([W.HBox([self.profile_button, self.profile_tokens,
+                                      self.profile_context]), self.profile_view])  # fmt: skip
         tabs = W.Tab(children=[isa_box, self.by_line_view, self.diff_view, profile_box])
         tabs.set_title(0, "ISA")
         tabs.set_title(1, "by source line")
@@ -1137,13 +1145,16 @@ class ExplorerPanel:
             "this GPU under Nsight Compute (target 'local'; about a minute)"
         )  # fmt: skip
 
-    def profile(self, num_tokens: int = 4096, context: int = 0) -> None:
+    def profile(self, num_tokens: int | None = None, context: int | None = None) -> None:
         """Profile the current kernel and launch on this GPU through Nsight Compute: the
         kernel's stall reasons and the source lines with the most stall samples (blocks; the
         tab says why when ncu or a GPU is missing). ``num_tokens`` / ``context``: the DSv4 CSA
         workload's T and the tokens cached before it (``sparse-mla profile --context``: from
-        4 x top-k on, whole lists)."""
+        4 x top-k on, whole lists; None: the tab's T and context boxes)."""
         from .. import profile as prof
+
+        num_tokens = self.profile_tokens.value if num_tokens is None else num_tokens
+        context = self.profile_context.value if context is None else context
 
         why = prof.unavailable()
         if why:
