@@ -116,7 +116,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import runtime
+from . import _consts, runtime
 
 __all__ = [
     "AITER_MODULES",
@@ -181,8 +181,7 @@ DEFAULT_WORKLOADS = (
     "glm_h16_topk2048",
 )
 # The providers of a default run besides the package's registered kernels (provider_names()).
-PROVIDERS = ("default", "default_dense", "default_dense_len", "default_dense_wide", "torch",
-             "flashmla", "aiter")  # fmt: skip
+PROVIDERS = _consts.NON_KERNEL_PROVIDERS
 # The grid (run_grid): CSA at every H x T, top-k 1024 from GRID_TOPK1024_FROM_H heads (V4-Pro's
 # 128 heads and the head counts between it and V4-Flash's 64), GLM full top-k 2048 at a few H.
 GRID_HEADS = (1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128)

@@ -36,6 +36,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from .._consts import NON_KERNEL_PROVIDERS
+
 __all__ = [
     "GOAL_FLASHMLA",
     "GOAL_KERNEL",
@@ -58,10 +60,8 @@ GOAL_MOONSHOT = 0.75  # default / FlashMLA at most this, where judged:
 MOONSHOT_MAX_H = 48
 MOONSHOT_MAX_T = 256
 
-# Providers that are not the package's kernels (prefix match for those ending in "*").
-_NOT_KERNELS = (
-    "default", "default_dense", "default_dense_len", "default_dense_wide", "torch", "aiter",
-)  # fmt: skip
+# Providers that are not the package's kernels: the bench's others (by name; flashmla's padded
+# variants and the ceilings by prefix).
 _NOT_KERNEL_PREFIXES = ("flashmla", "ceiling:")
 
 # The columns of :func:`table_cells` (keys of :func:`grid_table`'s points).
@@ -73,10 +73,11 @@ TABLE_COLUMNS = (
 
 
 def is_package_kernel(provider: str | None) -> bool:
-    """True for a package kernel's provider name: anything but ``default``,
-    ``default_dense``, ``default_dense_len``, ``default_dense_wide``, ``torch``, ``aiter``,
-    ``flashmla*`` and ``ceiling:*`` (the registry's names are never hard-coded)."""
-    if not provider or provider in _NOT_KERNELS:
+    """True for a package kernel's provider name: anything but the bench's other providers
+    (:data:`sparse_mla._consts.NON_KERNEL_PROVIDERS`: ``default``, the dense-ids forms,
+    ``torch``, ``flashmla*``, ``aiter``) and ``ceiling:*`` (the registry's names are never
+    hard-coded)."""
+    if not provider or provider in NON_KERNEL_PROVIDERS:
         return False
     return not provider.startswith(_NOT_KERNEL_PREFIXES)
 
