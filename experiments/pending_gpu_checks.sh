@@ -396,6 +396,16 @@ grid_summary; r = bench.read_rows('$1'); \
 [print(grid_summary(r, t)) for t in sorted({x['timestamp'] for x in r})]"
 }
 apply_patch() { git apply "$1" 2> /dev/null || patch -p1 -s < "$1"; }  # the device has no .git
+# gluon_ws's files saved (/tmp/hopper_ws_before.py is also an A/B's --before), then patch $1
+# applied; unpatch_ws puts the saved files back (the package's again)
+patch_ws() {
+  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py &&
+    cp sparse_mla/gluon/launch.py /tmp/launch_before.py && apply_patch "$1"
+}
+unpatch_ws() {
+  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py
+  cp /tmp/launch_before.py sparse_mla/gluon/launch.py
+}
 # The shipped sm90 choice exported from the committed runs: the grid of 391741a, the latest $1
 # runs of the whole-list (ctx65536) and middling-list (ctx1024) files (each run covers every
 # grid head; the twenty-third session's middling run, 08:11:08, replaced the five before it),
@@ -671,9 +681,7 @@ if want mid1024; then  # step 39: the split rule's change measured at middling l
   cp ${D}_grid_ctx1024.csv "$OUT/"; tail -n 52 "$OUT/mid1024_${COMMIT:0:7}.log" | cut -c1-220
 fi
 if want qfirst; then  # step 42, a patch: a program's first Q loaded by its consumers, evict-first
-  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-  cp sparse_mla/gluon/launch.py /tmp/launch_before.py
-  apply_patch experiments/patches/ws_q_first.diff || exit 1
+  patch_ws experiments/patches/ws_q_first.diff || exit 1
   xdist
   SPARSE_MLA_QF_MIN=0 SPARSE_MLA_QF_ITEMS=0 PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest \
     -q -m gpu -p no:cacheprovider -n 12 tests/test_kernels_gpu.py tests/test_dense_ids.py tests/test_gluon.py \
@@ -685,13 +693,10 @@ if want qfirst; then  # step 42, a patch: a program's first Q loaded by its cons
     ctx65536:66:128:1024 ctx65536:96:64:512 ctx65536:112:64:512 ctx65536:192:64:512 \
     ctx65536:256:64:512 ctx65536:64:96:1024 ctx65536:64:64:512 ctx1024:64:128:1024 \
     ctx1024:128:64:512 256:64:512 512:64:512
-  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
-  cp /tmp/launch_before.py sparse_mla/gluon/launch.py
+  unpatch_ws
 fi
 if want qfirstmap; then  # step 42: gluon_ws with and without the patch against FlashMLA, whole lists
-  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-  cp sparse_mla/gluon/launch.py /tmp/launch_before.py
-  apply_patch experiments/patches/ws_q_first.diff || exit 1
+  patch_ws experiments/patches/ws_q_first.diff || exit 1
   for mode in on off; do  # on: every small single-split call; off: none (the package's kernel)
     items=0; [ $mode = off ] && items=1000000000
     SPARSE_MLA_QF_MIN=0 SPARSE_MLA_QF_ITEMS=$items PYTHONPATH=$PWD:$PWD/.peers \
@@ -716,13 +721,10 @@ for k in sorted(on):
         print(f"T={k[0]} H={k[1]}: on/FlashMLA {a['gluon_ws'] / a['flashmla']:.3f}, "
               f"off/FlashMLA {b['gluon_ws'] / b['flashmla']:.3f}, on/off {a['gluon_ws'] / b['gluon_ws']:.3f}")
 PYEOF
-  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
-  cp /tmp/launch_before.py sparse_mla/gluon/launch.py
+  unpatch_ws
 fi
 if want qfirstncu; then  # step 42: Nsight Compute at whole lists T = 128 H64, the patch on / off, FlashMLA
-  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-  cp sparse_mla/gluon/launch.py /tmp/launch_before.py
-  apply_patch experiments/patches/ws_q_first.diff || exit 1
+  patch_ws experiments/patches/ws_q_first.diff || exit 1
   for mode in on off; do
     items=0; prov=gluon_ws,flashmla
     [ $mode = off ] && { items=1000000000; prov=gluon_ws; }
@@ -734,8 +736,7 @@ if want qfirstncu; then  # step 42: Nsight Compute at whole lists T = 128 H64, t
     grep -i "duration\|hit rate\|dram__bytes\|DRAM Throughput\|Memory Throughput\|^launches" \
       "$OUT/qfirst_ncu_${mode}_${COMMIT:0:7}.log" | head -20
   done
-  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
-  cp /tmp/launch_before.py sparse_mla/gluon/launch.py
+  unpatch_ws
 fi
 if want wsprofile; then  # step 42's follow-up: gluon_ws's stalls per source line on whole lists
   for pt in "128 64" "64 128"; do
@@ -749,8 +750,7 @@ if want wsprofile; then  # step 42's follow-up: gluon_ws's stalls per source lin
   echo "profile tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_profile_${COMMIT:0:7}.log"
 fi
 if want idsahead; then  # step 43, a patch: the producer loads the next pair's ids a pair ahead
-  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-  apply_patch experiments/patches/ws_ids_ahead.diff || exit 1  # also 216/64 registers
+  patch_ws experiments/patches/ws_ids_ahead.diff || exit 1  # also 216/64 registers
   [ -n "${NO_TESTS:-}" ] || ws_gpu_tests idsahead
   AB_TIME=420 ws_ab idsahead --before /tmp/hopper_ws_before.py \
     --before-launch '{"CONSUMER_REGS": 224, "PRODUCER_REGS": 48}' --points ctx65536:128:64:512 \
@@ -759,7 +759,7 @@ if want idsahead; then  # step 43, a patch: the producer loads the next pair's i
   [ -n "${NO_TESTS:-}" ] || AB_TIME=200 ws_ab idsahead_samesplit --before /tmp/hopper_ws_before.py \
     --before-launch '{"CONSUMER_REGS": 216, "PRODUCER_REGS": 64}' --points ctx65536:128:64:512 \
     64:128:1024 16384:128:1024
-  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's file again
+  unpatch_ws
 fi
 if want regsplit; then  # gluon_ws's register split: candidates against the default (224/48), in turns
   cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_same.py  # the same kernel, another split
@@ -773,8 +773,7 @@ if want regsplit; then  # gluon_ws's register split: candidates against the defa
   done
 fi
 if want padp; then  # step 44, a patch: a short tile's P1 in one store (no barriers between slices)
-  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-  apply_patch experiments/patches/ws_padded_p1.diff || exit 1
+  patch_ws experiments/patches/ws_padded_p1.diff || exit 1
   xdist
   PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
     tests/test_kernels_gpu.py tests/test_dense_ids.py tests/test_gluon.py \
@@ -783,17 +782,14 @@ if want padp; then  # step 44, a patch: a short tile's P1 in one store (no barri
   echo "padp tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_padp_${COMMIT:0:7}.log"
   AB_TIME=120 ws_ab padp --before /tmp/hopper_ws_before.py \
     --points 64:128:1024 64:64:512 32:128:1024 ctx65536:64:128:1024
-  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's file again
+  unpatch_ws
 fi
 if want lenpub; then  # step 40, a patch: the list lengths published by the producer
-  cp sparse_mla/gluon/hopper_ws.py /tmp/hopper_ws_before.py
-  cp sparse_mla/gluon/launch.py /tmp/launch_before.py
-  apply_patch experiments/patches/ws_published_len.diff || exit 1
+  patch_ws experiments/patches/ws_published_len.diff || exit 1
   ws_gpu_tests lenpub
   AB_TIME=330 ws_ab lenpub --before /tmp/hopper_ws_before.py --points 16384:64:512 16384:128:1024 \
     glm:16384:64:2048 4096:128:1024 1024:64:512 256:64:512 64:128:1024
-  cp /tmp/hopper_ws_before.py sparse_mla/gluon/hopper_ws.py  # the package's files again
-  cp /tmp/launch_before.py sparse_mla/gluon/launch.py
+  unpatch_ws
 fi
 if want mid1024verify; then  # step 39 after its export: default at middling lists
   for t in 1 4 16; do  # a run a token count (the first builds FlashMLA's stand-in, ~45 s)
