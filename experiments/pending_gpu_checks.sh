@@ -54,12 +54,12 @@
 # qfirstmap and qfirstncu on a9f55a1 and 784d617 with the patch (*qfirst*: step 42, not kept),
 # wsprofile on a248625 (profile_gluon_ws_ctx65536_*), idsahead on a248625 (*idsahead*: step 43,
 # not kept), regsplit on b4b79d8 (*regsplit*: no split better than 224/48), padp on
-# 1c71bc7 (*padp*: step 44, not kept).) Open: none prepared.
+# 1c71bc7 (*padp*: step 44, not kept).) Open: callrows (step 45).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -297,6 +297,11 @@
 #             registers (three warpgroup barriers fewer); gluon_ws's GPU tests, then an A/B in
 #             turns at the short lists' T = 64 / 32 and a whole-list control (carry the xdist
 #             wheels; about 2 minutes)
+#   callrows  PERF_NOTES step 45, a patch (experiments/patches/ws_call_rows.diff): in a small
+#             call whose shares of kv_indices are at most 128 ids a program, gluon_ws's consumer 1
+#             asks L2 for its share's KV rows at the start (while Q lands); gluon_ws's GPU tests,
+#             then ws_bars_ab.py in turns at the grid's short lists (T = 64 H 64 / 128), whole
+#             lists at T 1-16 (split calls) and controls (carry the xdist wheels; about 4 minutes)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
 #             H128 (stalls per source line), then tests/test_profile.py's GPU tests (about 3 min)
 #   l2split   step 36's policies one at a time (experiments/ws_l2_256b.py --variants rows_last
@@ -782,6 +787,14 @@ if want padp; then  # step 44, a patch: a short tile's P1 in one store (no barri
   echo "padp tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_padp_${COMMIT:0:7}.log"
   AB_TIME=120 ws_ab padp --before /tmp/hopper_ws_before.py \
     --points 64:128:1024 64:64:512 32:128:1024 ctx65536:64:128:1024
+  unpatch_ws
+fi
+if want callrows; then  # step 45, a patch: the call's KV rows asked of L2 at the start
+  patch_ws experiments/patches/ws_call_rows.diff || exit 1
+  [ -n "${NO_TESTS:-}" ] || ws_gpu_tests callrows
+  AB_TIME=330 ws_ab callrows --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:512 \
+    32:128:1024 ctx65536:1:128:1024 ctx65536:4:64:512 ctx65536:16:128:1024 ctx1024:64:128:1024 \
+    ctx65536:64:128:1024
   unpatch_ws
 fi
 if want lenpub; then  # step 40, a patch: the list lengths published by the producer
