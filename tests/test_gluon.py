@@ -1020,11 +1020,40 @@ def test_ws_l2_rows_build_prefetches_the_next_pairs_rows(shape):
     from sparse_mla.gluon import launch
 
     pattern = r"@p cp\.async\.bulk\.prefetch\.L2\.global \[%rd\d+\], (\d+);"
+    # A small build has one more: its consumer 1's call rows (the next test).
+    call_rows = 1 if shape.get("small") else 0
     res = launch.compile_for("prefill", "sm90", "gluon_ws", l2_rows=True, **shape)
-    assert re.findall(pattern, res.asm["ptx"]) == ["1024"]
+    assert re.findall(pattern, res.asm["ptx"]) == ["1024"] * (1 + call_rows)
     assert inspect.resources_of(res, "sm90").spill_bytes == 0
     plain = launch.compile_for("prefill", "sm90", "gluon_ws", **shape)
-    assert "cp.async.bulk.prefetch.L2" not in plain.asm["ptx"]
+    assert re.findall(pattern, plain.asm["ptx"]) == ["1024"] * call_rows
+
+
+@pytest.mark.parametrize("dense", [0, 1, 2])
+def test_ws_small_call_asks_l2_for_the_calls_rows(dense):
+    """Step 45: in gluon_ws's small-call build, consumer 1 (worker 0) loads its program's share
+    of kv_indices and asks L2 for those KV rows, one 1 KiB bulk prefetch a row predicated on
+    the id being valid, behind a runtime check that the shares are at most CALL_ROWS ids; the
+    large-call build has none, and neither has gluon_ws_fp8's small build, whose consumers
+    share the code but whose pool is an FP8 cache's bytes (no [N, 512] 16-bit rows). No
+    spills."""
+    from sparse_mla.gluon import hopper_ws, launch, launch_fp8
+
+    assert hopper_ws.CALL_ROWS.value == 128
+    pattern = r"@p cp\.async\.bulk\.prefetch\.L2\.global \[%rd\d+\], (\d+);"
+    for small in (True, False):
+        res = launch.compile_for("prefill", "sm90", "gluon_ws", small=small, dense=dense)
+        assert re.findall(pattern, res.asm["ptx"]) == (["1024"] if small else []), small
+        # In consumer 1's partition (named by its setmaxnreg: worker 0's registers) alone
+        parts = inspect.resources_of(res, "sm90").partitions
+        consumer1 = next(r for n, _, r in parts if n == "worker 0")
+        assert consumer1 not in (r for n, _, r in parts if n != "worker 0"), parts
+        bulk = inspect.partition_counts(inspect._nvdisasm(res.asm["cubin"]), r"\bUBLKPF\.L2\b")
+        assert bulk == ({consumer1: 1} if small else {}), (small, bulk)
+        assert inspect.resources_of(res, "sm90").spill_bytes == 0
+    kernel, sig, cx, opts = launch_fp8.compile_args_ws("sm90", num_heads=64, small=True)
+    fp8 = inspect.compile(kernel, "sm90", cx, opts, sig)
+    assert "cp.async.bulk.prefetch.L2" not in fp8.asm["ptx"]
 
 
 @pytest.mark.parametrize("kernel", ["gluon_ws", "gluon_ws_small", "gluon_mma"])

@@ -45,11 +45,13 @@ Small calls (``SMALL``, :func:`small_call`: a program's share of kv_indices is a
 ids; at the H200's 132 SMs up to ~256 tokens at 64 heads) are one or two items a program, and
 an item is a chain of dependent memory round trips: kv_indptr, then the slot ids, then the KV
 rows, with Q beside it. There the producer asks L2 for its share of kv_indices at start
-(``_prefetch_ids``), and a program's first item sends Q before its kv_indptr loads. Larger
-calls keep the steady-state order (each item's range loads first, in flight while the
+(``_prefetch_ids``), and a program's first item sends Q before its kv_indptr loads; where
+the shares are at most CALL_ROWS ids, consumer 1 asks L2 for its share's KV rows while Q lands
+(``_prefetch_call_rows``), so the rows are on their way before any item's ids are back.
+Larger calls keep the steady-state order (each item's range loads first, in flight while the
 consumers finish the previous item): the small-call order measured 1-2% slower at T = 16384,
-H128. The consumers are the same in both (they take ``SMALL`` only because the partitions
-share one argument list).
+H128. Consumer 0 is the same in both (it takes ``SMALL`` only because the partitions share
+one argument list).
 Calls of few items (``NUM_SPLITS`` > 1, chosen on the host by ``launch.ws_num_splits``): each
 (token, head block) is NUM_SPLITS items, each a piece of the token's list in whole pairs of
 tiles; a piece's consumers store their O half normalised by the piece's own sum (fp32, from the
@@ -342,6 +344,35 @@ def _prefetch_rows(kv_ptr, idx_ptr, pos0, hi, num_kv, stride_kvn):
         " @p cp.async.bulk.prefetch.L2.global [$1], 1024;\n mov.b32 $0, 0; }",
         "=r,l,r", [addr, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
     )  # fmt: skip
+
+
+# A small call's share of kv_indices a program at most for :func:`_prefetch_call_rows`: one id
+# a lane of a consumer's 128, so at most 128 x SMs rows (16 MiB) asked of L2 a call.
+CALL_ROWS = gl.constexpr(128)
+
+
+@gluon.jit
+def _prefetch_call_rows(kv_ptr, idx_ptr, nnz, num_kv, stride_kvn):
+    """Ask L2 for the KV rows of this program's share of kv_indices (a small call whose shares
+    are at most CALL_ROWS ids; else nothing), one 1 KiB bulk prefetch a row: together the
+    programs ask for every row the call gathers at its start, so an item's gathers, issued
+    only once its range and ids are back, find them in L2 or on their way. Run by consumer 1,
+    idle until Q lands, off the producer's chain of loads."""
+    nprog = gl.num_programs(0)
+    span = (nnz + nprog - 1) // nprog
+    if span <= CALL_ROWS:
+        k = gl.arange(0, CALL_ROWS, layout=LANE)
+        offs = gl.program_id(0).to(gl.int64) * span + k
+        ok = (k < span) & (offs < nnz)
+        slot = gl.load(idx_ptr + offs, mask=ok, other=-1).to(gl.int64)
+        ok = ok & (slot >= 0) & (slot < num_kv)
+        addr = (kv_ptr + gl.where(ok, slot, 0) * stride_kvn).to(gl.int64, bitcast=True)
+        gl.inline_asm_elementwise(
+            # 1024: a row's bytes (HEAD_DIM 16-bit elements)
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0;\n"
+            " @p cp.async.bulk.prefetch.L2.global [$1], 1024;\n mov.b32 $0, 0; }",
+            "=r,l,r", [addr, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -839,9 +870,11 @@ def _consumer1(
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
     PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
-    lsepart_ptr=None,
+    lsepart_ptr=None, ROWS_AHEAD: gl.constexpr = False,
 ):  # fmt: skip
-    """Odd tiles' S, O[:, 256:512]."""
+    """Odd tiles' S, O[:, 256:512]. ``ROWS_AHEAD`` (``kv_ptr`` a [N, 512] 16-bit pool, not an
+    FP8 cache's bytes): a small call's rows asked of L2 at its start
+    (:func:`_prefetch_call_rows`)."""
     dtype: gl.constexpr = q_desc.dtype
     g0 = 0
     it = 0
@@ -849,6 +882,10 @@ def _consumer1(
         pid_r, pid_h, lo, hi, num_pairs, m_i, l_i, acc, sink = _consumer_item(
             item, indptr_ptr, sink_ptr, nnz, num_heads, ids_per_row, DENSE_IDS, NUM_SPLITS
         )
+        if SMALL:  # noqa: SIM102 (constexpr branches around a runtime one)
+            if ROWS_AHEAD:  # noqa: SIM102
+                if it == 0:  # the call's rows into L2 while this program's first Q lands
+                    _prefetch_call_rows(kv_ptr, idx_ptr, nnz, num_kv, stride_kvn)
         mbarrier.wait(_bar(bars, Q_READY), it & 1)
         if num_pairs == 0:
             _arrive(_bar(bars, Q_FREE))
@@ -1036,7 +1073,7 @@ def _prefill_ws_kernel(
             q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
             stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
-            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, True,
         )),
         (_producer, (
             q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
