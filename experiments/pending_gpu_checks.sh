@@ -54,12 +54,12 @@
 # qfirstmap and qfirstncu on a9f55a1 and 784d617 with the patch (*qfirst*: step 42, not kept),
 # wsprofile on a248625 (profile_gluon_ws_ctx65536_*), idsahead on a248625 (*idsahead*: step 43,
 # not kept), regsplit on b4b79d8 (*regsplit*: no split better than 224/48), padp on
-# 1c71bc7 (*padp*: step 44, not kept).) Open: callrows (step 45).
+# 1c71bc7 (*padp*: step 44, not kept).) Open: outdirect (step 46).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -302,6 +302,11 @@
 #             asks L2 for its share's KV rows at the start (while Q lands); gluon_ws's GPU tests,
 #             then ws_bars_ab.py in turns at the grid's short lists (T = 64 H 64 / 128), whole
 #             lists at T 1-16 (split calls) and controls (carry the xdist wheels; about 4 minutes)
+#   outdirect PERF_NOTES step 46, a patch (experiments/patches/ws_out_direct.diff): gluon_ws's
+#             consumers write O by their own 16-byte stores (each [64, 64] block through the P
+#             buffer, no TMA, no wait for it); gluon_ws's GPU tests with it, then ws_bars_ab.py in
+#             turns at the grid's short lists, whole lists and the long points (carry the xdist
+#             wheels; about 4 minutes)
 #   wstests   the GPU tests of every gluon_ws path and gluon_ws_fp8's (ws_gpu_tests) at this
 #             commit, as the package has them (carry the xdist wheels; about 2 minutes)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
@@ -797,6 +802,13 @@ if want callrows; then  # step 45, a patch: the call's KV rows asked of L2 at th
   AB_TIME=330 ws_ab callrows --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:512 \
     32:128:1024 ctx65536:1:128:1024 ctx65536:4:64:512 ctx65536:16:128:1024 ctx1024:64:128:1024 \
     ctx65536:64:128:1024
+  unpatch_ws
+fi
+if want outdirect; then  # step 46, a patch: O by the consumers' own stores, not TMA
+  patch_ws experiments/patches/ws_out_direct.diff || exit 1
+  [ -n "${NO_TESTS:-}" ] || ws_gpu_tests outdirect
+  AB_TIME=330 ws_ab outdirect --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:512 \
+    256:64:512 ctx65536:64:128:1024 ctx65536:128:64:512 16384:64:512 glm:16384:64:2048
   unpatch_ws
 fi
 if want wstests; then  # the package's gluon_ws paths at this commit
