@@ -984,16 +984,20 @@ def test_inspect_compiles_both_modes(mode, target):
 
 
 def test_ws_split_build_writes_partials_not_out():
-    """gluon_ws at NUM_SPLITS > 1 stores fp32 partials from registers (v2 stores) and issues no
-    TMA store of out; its one-split build has no global store but TMA's."""
+    """gluon_ws at NUM_SPLITS > 1 stores fp32 partials from registers (v2 stores) and no bf16
+    O; its one-split build stores O by the consumers' 16-byte stores (step 46: each [64, 64]
+    block through the P buffer, four a lane a block) and no other global store, and neither
+    build has a TMA store."""
     from sparse_mla.gluon import launch
 
     split = launch.compile_for("prefill", "sm90", "gluon_ws", num_splits=4).asm["ptx"]
     whole = launch.compile_for("prefill", "sm90", "gluon_ws").asm["ptx"]
-    assert "cp.async.bulk.tensor.3d.global.shared" not in split
+    for ptx in (split, whole):
+        assert "cp.async.bulk.tensor.3d.global.shared" not in ptx
     assert split.count("st.global.v2.b32") == 128  # 64 column pairs a thread, two consumers
-    assert "cp.async.bulk.tensor.3d.global.shared" in whole
-    assert "st.global" not in whole
+    assert "st.global.v4.b32" not in split
+    assert whole.count("st.global.v4.b32") == 32  # 4 blocks x 4 rows of 16 bytes, two consumers
+    assert whole.count("st.global") == 32
     # its reduce: one program per (row, 16 heads, 128 columns), no spills at 16 splits
     from sparse_mla import inspect
 
@@ -1165,8 +1169,9 @@ def test_persistent_launch_arguments(monkeypatch):
     """The warp-specialised launches' host side, on CPU with a stand-in kernel: the persistent
     grid, the argument order the kernels declare, a -inf sink when there is none, a copy of a q
     whose rows are not 16-byte aligned (the producer copies Q with 16-byte cp.async), and for
-    the TMA-writing kernel a descriptor of out, or of a buffer copied into an out that TMA
-    cannot address."""
+    gluon_ws (OUT_ALIGNED: 16-byte stores of O) out's pointer and strides, or a buffer's copied
+    into an out whose rows are not 16-byte aligned; for a TMA-writing kernel (out_tma, as
+    gluon_ws_fp8 launches) a descriptor of out or of such a buffer."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from sparse_mla.gluon import hopper_ws, launch
@@ -1179,9 +1184,11 @@ def test_persistent_launch_arguments(monkeypatch):
         def __getitem__(self, grid):
             def run(*args, **kw):
                 calls.append((grid, args, kw))
-                for a in args[5:6]:  # "write" the output the kernel was given (out_desc)
+                for a in args[5:6]:  # "write" the output the kernel was given
                     if isinstance(a, TensorDescriptor):
                         a.base.fill_(3.0)
+                    elif isinstance(a, torch.Tensor):
+                        a.fill_(3.0)
 
             return run
 
@@ -1194,8 +1201,9 @@ def test_persistent_launch_arguments(monkeypatch):
     ptr = torch.zeros(T + 1, dtype=torch.int32)
     out = torch.empty(T, H, 512, dtype=torch.bfloat16)
     part, lse = torch.empty(1), torch.empty(1)  # the split partials' pointers (unused here)
-    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, out, 0.25, 0, out_tma=True,
-                              q_tma=True, extra_args=(part, lse))  # fmt: skip
+    assert hopper_ws.OUT_ALIGNED and not hasattr(hopper_ws, "OUT_BY_TMA")
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, out, 0.25, 0,
+                              out_aligned=True, q_tma=True, extra_args=(part, lse))  # fmt: skip
     (grid, args, kw), = calls  # fmt: skip
     assert grid == (132,) and kw == {"num_warps": 4, "num_stages": 1}
     # The positional arguments (the constexprs with defaults, SMALL and the register split,
@@ -1210,32 +1218,53 @@ def test_persistent_launch_arguments(monkeypatch):
     assert list(qd.block_shape) == [1, 64, hopper_ws.Q_BLOCK.value]
     assert qd.layout == hopper_ws.Q_SMEM.value
     assert got["kv_ptr"] is kv and got["idx_ptr"] is idx
-    desc = got["out_desc"]
-    assert desc.base is out and list(desc.shape) == [T, H, 512]
-    assert list(desc.strides) == list(out.stride())
-    assert list(desc.block_shape) == [1, 64, hopper_ws.OUT_BLOCK.value]
-    assert desc.layout == hopper_ws.OUT_SMEM.value
+    assert got["out_ptr"] is out and (got["stride_or"], got["stride_oh"]) == (H * 512, 512)
     assert torch.all(got["sink_ptr"] == -math.inf) and got["sink_ptr"].shape == (H,)
     assert (got["stride_qr"], got["stride_qh"]) == (H * 512, 512)
     assert (got["num_heads"], got["num_kv"], got["nnz"]) == (H, N, 10)
     assert got["num_items"] == T * 2 and got["qk_scale"] == pytest.approx(0.25 * 1.4426950408889634)
     assert got["opart_ptr"] is part and got["lsepart_ptr"] is lse
-    # An out view TMA cannot address (rows 8 bytes off 16): written through a buffer, copied.
+    # An out view whose rows are 8 bytes off 16: written through a buffer, copied.
     calls.clear()
     ob = torch.zeros(T, H, 520, dtype=torch.bfloat16)
     odd = ob[..., 4:516]
-    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, odd, 0.25, 0, out_tma=True,
-                              q_tma=True, extra_args=(part, lse))  # fmt: skip
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, odd, 0.25, 0,
+                              out_aligned=True, q_tma=True, extra_args=(part, lse))  # fmt: skip
     (_, args, _), = calls  # fmt: skip
-    desc = dict(zip(names, args, strict=True))["out_desc"]
-    assert desc.base is not odd and desc.base.is_contiguous()
+    got = dict(zip(names, args, strict=True))
+    buf = got["out_ptr"]
+    assert buf is not odd and buf.is_contiguous() and buf.shape == odd.shape
+    assert (got["stride_or"], got["stride_oh"]) == (H * 512, 512)
     assert torch.all(odd == 3.0) and torch.all(ob[..., :4] == 0) and torch.all(ob[..., 516:] == 0)
-    # A split launch: splits x the items, and its descriptor's buffer is never copied into out
-    # (the kernel writes partials; the reduce writes out)
+    # An aligned out view (rows 16 bytes apart, a wider row stride): out itself, its strides.
+    calls.clear()
+    wide = torch.zeros(T, H, 520, dtype=torch.bfloat16)[..., 8:520]
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, wide, 0.25, 0,
+                              out_aligned=True, q_tma=True, extra_args=(part, lse))  # fmt: skip
+    (_, args, _), = calls  # fmt: skip
+    got = dict(zip(names, args, strict=True))
+    assert got["out_ptr"] is wide and (got["stride_or"], got["stride_oh"]) == (H * 520, 520)
+    # The TMA-writing launch (gluon_ws_fp8's): a descriptor of out, or of a buffer for an
+    # out TMA cannot address (the stand-in takes gluon_ws's positions, the descriptor in
+    # out_ptr's place and no out strides).
+    for dst, direct in ((out, True), (odd, False)):
+        calls.clear()
+        ob.zero_()
+        launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, dst, 0.25, 0,
+                                  out_tma=True, q_tma=True, extra_args=(part, lse))  # fmt: skip
+        (_, args, _), = calls  # fmt: skip
+        desc = args[5]
+        assert isinstance(desc, TensorDescriptor) and len(args) == len(names) - 2
+        assert (desc.base is dst) == direct and list(desc.shape) == [T, H, 512]
+        assert list(desc.block_shape) == [1, 64, hopper_ws.OUT_BLOCK.value]
+        assert desc.layout == hopper_ws.OUT_SMEM.value
+    assert torch.all(odd == 3.0)
+    # A split launch: splits x the items, and its buffer is never copied into out (the kernel
+    # writes partials; the reduce writes out)
     calls.clear()
     ob.zero_()
-    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, odd, 0.25, 0, out_tma=True,
-                              q_tma=True, extra_args=(part, lse), splits=3,
+    launch._launch_persistent(FakeKernel(), 64, q, kv, idx, ptr, None, odd, 0.25, 0,
+                              out_aligned=True, q_tma=True, extra_args=(part, lse), splits=3,
                               constexprs={"NUM_SPLITS": 3})  # fmt: skip
     (grid, args, kw), = calls  # fmt: skip
     got = dict(zip(names, args, strict=True))

@@ -25,8 +25,11 @@ program runs 12 warps in three partitions:
   of its S tile and both meet (a named barrier); each then takes m = max(m, both row maxima),
   so both exponentiate and rescale at the same time, and their O halves and partial sums stay
   in the same base. The two partial sums are added at the end.
-- The output: each consumer normalises its O half and writes it with TMA, four [64, 64] blocks
-  through its P buffer (free by then), so no thread issues the 64 KiB of global stores per item.
+- The output: each consumer normalises its O half and writes it in four [64, 64] blocks, each
+  through its P buffer (free by then) into a layout of 16 contiguous bytes a lane, then by the
+  lanes' own 16-byte stores (``OUT_DIRECT``; PERF_NOTES "No cliffs" step 46: 1-2% faster than
+  a TMA store a block with a wait before the next). ``gluon_ws_fp8``, which shares the
+  consumers, still writes by TMA.
 
 Dense ids (``DENSE_IDS``: kv_indices [R, K], no kv_indptr, an engine's top-k output as FlashMLA
 takes it): an item's range is row r, [r K, (r + 1) K), so its slot ids load at once, without
@@ -183,10 +186,15 @@ GATHER = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 VEC = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 LANE = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))  # one element per thread of 4 warps
-# The output goes out in [1, BLOCK_H, OUT_BLOCK] boxes of out [R, H, 512] (TMA; 128-byte rows).
+# The output goes out in [BLOCK_H, OUT_BLOCK] blocks of out [R, H, 512] (128-byte rows): by the
+# consumers' 16-byte stores (ST_OUT) here; by TMA in [1, BLOCK_H, OUT_BLOCK] boxes
+# (OUT_SMEM) in gluon_ws_fp8.
 OUT_BLOCK = gl.constexpr(64)
 OUT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3))
-OUT_BY_TMA = True  # for the launcher: pass a TMA descriptor of out, not a pointer
+ST_OUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # 16 bytes a lane
+# For the launcher: out by its pointer and strides, its rows 16-byte aligned (an out view that
+# is not is written through a buffer and copied).
+OUT_ALIGNED = True
 # Q comes in by TMA too: one [1, BLOCK_H, Q_BLOCK] block of q [R, H, 512] per item (rows past
 # H zero-filled by the descriptor's bounds; the compiler issues it as eight 128-byte-wide boxes,
 # the swizzle's width), on one barrier that expects its bytes.
@@ -417,7 +425,7 @@ def _begin_item(
 
 @gluon.jit
 def _producer(
-    q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
+    q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
@@ -592,12 +600,15 @@ def _bar_sync(bar_id: gl.constexpr):
 
 @gluon.jit
 def _epilogue(
-    acc, m_i, l_i, l_mine, l_other, col0, pid_r, pid_h, sink, out_desc, stage, num_heads,
+    acc, m_i, l_i, l_mine, l_other, col0, pid_r, pid_h, sink, out, stage, num_heads,
     pid_s=0, opart_ptr=None, lsepart_ptr=None, NUM_SPLITS: gl.constexpr = 1,
+    OUT_DIRECT: gl.constexpr = False, stride_or=0, stride_oh=0,
 ):  # fmt: skip
     """Add the two partial sums, fold in the sink (``sink``: its logits, :func:`_load_sink`,
     loaded at the item's start so that no global load sits on this stretch; PERF_NOTES "No
-    cliffs" step 27), normalise and write this O half (TMA, through ``stage``). The sums'
+    cliffs" step 27), normalise and write this O half through ``stage`` into ``out``: its
+    pointer, with ``OUT_DIRECT`` (row strides ``stride_or`` / ``stride_oh``, rows 16-byte
+    aligned: :func:`_st_block`), else its TMA descriptor (:func:`_tma_block`). The sums'
     slots alternate by item: a consumer writes an item's slot only after the barrier of the
     item before, which the other passes only after reading the slot two items back.
     ``NUM_SPLITS`` > 1: the split's partial instead (:func:`_partial`)."""
@@ -614,18 +625,25 @@ def _epilogue(
         o = (acc * gl.convert_layout(inv, ROW_O)[:, None]).to(stage.dtype)
         # Four [64, 64] column blocks (reshapes and splits of the registers, no data
         # movement), each through ``stage`` (this consumer's P buffer, which the other
-        # consumer has finished reading: it passed NB_L after its last PV) by TMA. Rows past
-        # num_heads are clipped by the descriptor's shape.
+        # consumer has finished reading: it passed NB_L after its last PV). Rows past
+        # num_heads are masked (OUT_DIRECT) or clipped by the descriptor's shape.
         lo_half, hi_half = o.reshape([BLOCK_H, 2, HALF // 2]).permute((0, 2, 1)).split()
         c0, c1 = lo_half.reshape([BLOCK_H, 2, HALF // 4]).permute((0, 2, 1)).split()
         c2, c3 = hi_half.reshape([BLOCK_H, 2, HALF // 4]).permute((0, 2, 1)).split()
-        row = pid_r.to(gl.int32)
         h0 = pid_h * BLOCK_H
-        _tma_block(c0, stage, out_desc, row, h0, col0)
-        _tma_block(c1, stage, out_desc, row, h0, col0 + OUT_BLOCK)
-        _tma_block(c2, stage, out_desc, row, h0, col0 + 2 * OUT_BLOCK)
-        _tma_block(c3, stage, out_desc, row, h0, col0 + 3 * OUT_BLOCK)
-        tma.store_wait(0)  # the P buffer is written again in the next item
+        if OUT_DIRECT:
+            base = out + pid_r * stride_or
+            _st_block(c0, stage, base, h0, col0, stride_oh, num_heads)
+            _st_block(c1, stage, base, h0, col0 + OUT_BLOCK, stride_oh, num_heads)
+            _st_block(c2, stage, base, h0, col0 + 2 * OUT_BLOCK, stride_oh, num_heads)
+            _st_block(c3, stage, base, h0, col0 + 3 * OUT_BLOCK, stride_oh, num_heads)
+        else:
+            row = pid_r.to(gl.int32)
+            _tma_block(c0, stage, out, row, h0, col0)
+            _tma_block(c1, stage, out, row, h0, col0 + OUT_BLOCK)
+            _tma_block(c2, stage, out, row, h0, col0 + 2 * OUT_BLOCK)
+            _tma_block(c3, stage, out, row, h0, col0 + 3 * OUT_BLOCK)
+            tma.store_wait(0)  # the P buffer is written again in the next item
 
 
 @gluon.jit
@@ -648,6 +666,24 @@ def _partial(acc, m_i, l_tot, col0, part, pid_h, opart_ptr, lsepart_ptr, num_hea
         lse2 = gl.where(l_tot > 0.0, m_i + gl.log2(gl.maximum(l_tot, 1e-30)), float("-inf"))
         gl.store(lsepart_ptr + part.to(gl.int64) * num_heads + offs_l, lse2,
                  mask=offs_l < num_heads)  # fmt: skip
+
+
+@gluon.jit
+def _st_block(c, stage, base, h0, col, stride_oh, num_heads):
+    """Store the [64, 64] block ``c`` to out[row, h0:h0 + 64, col:col + 64] (``base``: out's
+    row ``row``) through ``stage``: the registers into it, then back in a layout of 16
+    contiguous bytes a lane (ST_OUT: a warp writes four 128-byte rows an instruction) and out
+    by the lanes' own stores, fire and forget (no TMA engine, no wait for its read of the stage
+    before the next block: the warpgroup barrier after the loads is the stage's only guard)."""
+    stage.store(c)
+    gl.thread_barrier()
+    v = stage.load(ST_OUT)
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ST_OUT))
+    offs_c = col + gl.arange(0, OUT_BLOCK, layout=gl.SliceLayout(0, ST_OUT))
+    ptrs = base + offs_h[:, None].to(gl.int64) * stride_oh + offs_c[None, :]
+    ptrs = gl.max_contiguous(gl.multiple_of(ptrs, [16, 16]), [1, 8])  # rows aligned: OUT_ALIGNED
+    gl.store(ptrs, v, mask=(offs_h < num_heads)[:, None])
+    gl.thread_barrier()  # every lane has read the stage before the next block is written
 
 
 @gluon.jit
@@ -786,14 +822,16 @@ def _consumer_item(
 
 @gluon.jit
 def _consumer0(
-    q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
+    q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
     PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
-    lsepart_ptr=None,
+    lsepart_ptr=None, OUT_DIRECT: gl.constexpr = False, stride_or=0, stride_oh=0,
 ):  # fmt: skip
-    """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair."""
+    """Even tiles' S, O[:, 0:256]; issues the next pair's S behind its last PV of a pair.
+    ``out``: out's TMA descriptor, or with ``OUT_DIRECT`` its pointer (strides ``stride_or``,
+    ``stride_oh``; :func:`_epilogue`)."""
     dtype: gl.constexpr = q_desc.dtype
     g0 = 0
     it = 0
@@ -857,24 +895,26 @@ def _consumer0(
         g0 += num_pairs
         _epilogue(
             acc, m_i, l_i, l_smem.index(2 * (it & 1)), l_smem.index(1 + 2 * (it & 1)), 0,
-            pid_r, pid_h, sink, out_desc, p0_smem.index(0), num_heads,
-            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,
+            pid_r, pid_h, sink, out, p0_smem.index(0), num_heads,
+            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS, OUT_DIRECT, stride_or,
+            stride_oh,
         )  # fmt: skip
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
 
 @gluon.jit
 def _consumer1(
-    q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc,
+    q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out,
     stride_qr, stride_qh, stride_kvn, num_heads, num_kv, nnz, qk_scale,
     num_items, ids_per_row, q_smem, kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars,
     tile_ids, SMALL: gl.constexpr, DENSE_IDS: gl.constexpr, POS_SCALE: gl.constexpr = False,
     PUBLISHED: gl.constexpr = True, NUM_SPLITS: gl.constexpr = 1, opart_ptr=None,
-    lsepart_ptr=None, ROWS_AHEAD: gl.constexpr = False,
+    lsepart_ptr=None, ROWS_AHEAD: gl.constexpr = False, OUT_DIRECT: gl.constexpr = False,
+    stride_or=0, stride_oh=0,
 ):  # fmt: skip
-    """Odd tiles' S, O[:, 256:512]. ``ROWS_AHEAD`` (``kv_ptr`` a [N, 512] 16-bit pool, not an
-    FP8 cache's bytes): a small call's rows asked of L2 at its start
-    (:func:`_prefetch_call_rows`)."""
+    """Odd tiles' S, O[:, 256:512]; ``out`` as :func:`_consumer0`'s. ``ROWS_AHEAD`` (``kv_ptr``
+    a [N, 512] 16-bit pool, not an FP8 cache's bytes): a small call's rows asked of L2 at its
+    start (:func:`_prefetch_call_rows`)."""
     dtype: gl.constexpr = q_desc.dtype
     g0 = 0
     it = 0
@@ -920,8 +960,9 @@ def _consumer1(
         g0 += num_pairs
         _epilogue(
             acc, m_i, l_i, l_smem.index(1 + 2 * (it & 1)), l_smem.index(2 * (it & 1)),
-            HALF, pid_r, pid_h, sink, out_desc, p1_smem.index(0), num_heads,
-            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,
+            HALF, pid_r, pid_h, sink, out, p1_smem.index(0), num_heads,
+            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS, OUT_DIRECT, stride_or,
+            stride_oh,
         )  # fmt: skip
         it += 1  # noqa: SIM113 (Gluon loops have no enumerate)
 
@@ -1032,10 +1073,12 @@ def _prefill_ws_kernel(
     idx_ptr,  # [nnz] int32 | int64 (DENSE_IDS: [R, ids_per_row], contiguous)
     indptr_ptr,  # [R + 1] (unused under DENSE_IDS)
     sink_ptr,  # [H] fp32 sink logits (-inf: no sink)
-    out_desc,  # TMA descriptor of out [R, H, 512]: boxes [1, BLOCK_H, OUT_BLOCK], OUT_SMEM
+    out_ptr,  # [R, H, 512], rows 16-byte aligned (OUT_ALIGNED): the consumers' own stores
     stride_qr,  # q's strides: unused (the descriptor holds them), kept for the shared launch
     stride_qh,
     stride_kvn,
+    stride_or,  # out's strides (elements; multiples of 8: OUT_ALIGNED)
+    stride_oh,
     num_heads,
     num_kv,
     nnz,  # kv_indices.numel(): each item's CSR range is clamped to [0, nnz]
@@ -1064,19 +1107,21 @@ def _prefill_ws_kernel(
     gl.warp_specialize(
         [
         (_consumer0, (
-            q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
+            q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
             stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
-            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, True, stride_or,
+            stride_oh,
         )),
         (_consumer1, (
-            q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
+            q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
             stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
-            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, True,
+            DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, True, True,
+            stride_or, stride_oh,
         )),
         (_producer, (
-            q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
+            q_desc, kv_ptr, idx_ptr, indptr_ptr, sink_ptr, out_ptr, stride_qr, stride_qh,
             stride_kvn, num_heads, num_kv, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
             DENSE_IDS, POS_SCALE, True, NUM_SPLITS, opart_ptr, lsepart_ptr, L2_ROWS,

@@ -715,13 +715,9 @@ def compile_args(
     if name in ("gluon_ws", "gluon_ws_small"):
         ws_kernel, module = _WS[name]
         # A launch without a sink passes -inf logits (_launch_persistent), so no constexprs
-        # but the head groups; hopper_ws writes O by TMA: a descriptor of out in place of its
-        # pointer and strides.
-        if getattr(module, "OUT_BY_TMA", False):
-            box = [1, module.BLOCK_H.value, module.OUT_BLOCK.value]
-            out_sig = {"out_desc": f"tensordesc<{elem[1:]}{box},{module.OUT_SMEM.value!r}>"}
-        else:
-            out_sig = {"out_ptr": elem, "stride_or": "i32", "stride_oh": "i32"}
+        # but the head groups. Both store O from out's pointer (hopper_ws 16 bytes a lane,
+        # its rows aligned: OUT_ALIGNED).
+        out_sig = {"out_ptr": elem, "stride_or": "i32", "stride_oh": "i32"}
         if getattr(module, "Q_BY_TMA", False):
             box = [1, module.BLOCK_H.value, module.Q_BLOCK.value]
             q_sig = {"q_desc": f"tensordesc<{elem[1:]}{box},{module.Q_SMEM.value!r}>"}
@@ -1082,7 +1078,7 @@ def run_validated(
                 extra_args = (_unused(q_nope.device),) * 2
         _launch_persistent(ws_kernel, _heads_per_item(name, cfg), q_nope, kv2, kv_indices,
                            kv_indptr, attn_sink, out, sm_scale, dev,
-                           out_tma=getattr(module, "OUT_BY_TMA", False),
+                           out_aligned=getattr(module, "OUT_ALIGNED", False),
                            q_tma=getattr(module, "Q_BY_TMA", False),
                            constexprs=cx,
                            small_call=getattr(module, "small_call", None),
@@ -1215,19 +1211,22 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
-    *, out_tma=False, q_tma=False, constexprs=None, small_call=None, num_kv=None,
-    stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False,
+    *, out_tma=False, out_aligned=False, q_tma=False, constexprs=None, small_call=None,
+    num_kv=None, stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
 
-    ``out_tma``: the kernel writes O by TMA (``hopper_ws``) and takes a descriptor of ``out``
-    (boxes [1, heads_per_item, OUT_BLOCK]) instead of its pointer and strides; an ``out`` that
-    TMA cannot address (base or a stride not a multiple of 16 bytes, last dim not contiguous)
-    is written through a contiguous buffer and copied. ``q_tma``: the kernel reads Q by TMA
-    (``hopper_ws``) and takes a descriptor of ``q`` (boxes [1, heads_per_item, Q_BLOCK]) in
-    place of its pointer (q rows 16-byte aligned, as for the cp.async copies). ``small_call(nnz,
-    programs)``: the kernel has a ``SMALL`` constexpr, set from it (``hopper_ws.small_call``).
+    ``out_tma``: the kernel writes O by TMA (``hopper_ws_fp8``) and takes a descriptor of
+    ``out`` (boxes [1, heads_per_item, OUT_BLOCK]) instead of its pointer and strides; an
+    ``out`` that TMA cannot address (base or a stride not a multiple of 16 bytes, last dim not
+    contiguous) is written through a contiguous buffer and copied. ``out_aligned``: the kernel
+    takes out's pointer and strides and stores O 16 bytes a lane (``hopper_ws``,
+    ``OUT_ALIGNED``), so such an ``out`` goes through a buffer too. ``q_tma``: the kernel reads
+    Q by TMA (``hopper_ws``) and takes a descriptor of ``q`` (boxes [1, heads_per_item,
+    Q_BLOCK]) in place of its pointer (q rows 16-byte aligned, as for the cp.async copies).
+    ``small_call(nnz, programs)``: the kernel has a ``SMALL`` constexpr, set from it
+    (``hopper_ws.small_call``).
     ``kv_indices`` dense [R, K] (contiguous): ``DENSE_IDS`` and ``ids_per_row`` = K, with
     ``kv_indptr`` None (kv_indices stands in for the unused pointer) or the rows' lengths [R]
     (``DENSE_IDS`` = 2).
@@ -1270,23 +1269,25 @@ def _launch_persistent(
     tail = (H, n, kv_indices.numel(), float(sm_scale) * _LOG2E, items, per_row, *extra_args)
     stride = kv2.stride(0) if stride_kvn is None else stride_kvn
     launch = fastlaunch.launcher(kernel)
-    if not out_tma:
-        os0, os1, _ = out.stride()
-        launch(grid, (*common, out, qs0, qs1, stride, os0, os1, *tail), kwargs)
-        return
-    dst = out if _tma_addressable(out) else torch.empty(out.shape, dtype=out.dtype,
-                                                         device=out.device)  # fmt: skip
-    desc = fastlaunch.TmaArg(
-        dst, (1, heads_per_item, hopper_ws.OUT_BLOCK.value), hopper_ws.OUT_SMEM.value
-    )
-    launch(grid, (*common, desc, qs0, qs1, stride, *tail), kwargs)
+    dst = out
+    if (out_tma or out_aligned) and not _aligned_rows(out):
+        dst = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    if out_tma:
+        desc = fastlaunch.TmaArg(
+            dst, (1, heads_per_item, hopper_ws.OUT_BLOCK.value), hopper_ws.OUT_SMEM.value
+        )
+        launch(grid, (*common, desc, qs0, qs1, stride, *tail), kwargs)
+    else:
+        os0, os1, _ = dst.stride()
+        launch(grid, (*common, dst, qs0, qs1, stride, os0, os1, *tail), kwargs)
     if dst is not out and splits == 1:  # a split launch writes partials, never dst
         out.copy_(dst)
 
 
-def _tma_addressable(t: torch.Tensor) -> bool:
-    """Whether a TMA descriptor can address ``t``: 16-byte aligned base, every stride but the
-    last (which must be 1) a multiple of 16 bytes."""
+def _aligned_rows(t: torch.Tensor) -> bool:
+    """Whether ``t``'s rows are 16-byte aligned, as a TMA descriptor and 16-byte stores need:
+    16-byte aligned base, every stride but the last (which must be 1) a multiple of 16
+    bytes."""
     es = t.element_size()
     return (
         t.data_ptr() % 16 == 0
