@@ -29,11 +29,8 @@ KERNELS = ("gluon_ws", "gluon_ws_small")
 
 def default_points() -> list[str]:
     """T 48 / 64 / 96 x H 40 / 48 / 64 on short (the grid's), middling and whole lists."""
-    return [
-        f"{ctx}{T}:{H}:512"
-        for ctx, T, H in itertools.product(("", "ctx1024:", "ctx65536:"), (48, 64, 96),
-                                           (40, 48, 64))  # fmt: skip
-    ]
+    lists, tokens, heads = ("", "ctx1024:", "ctx65536:"), (48, 64, 96), (40, 48, 64)
+    return [f"{c}{T}:{H}:512" for c, T, H in itertools.product(lists, tokens, heads)]
 
 
 def point(kind, T, H, topk, context, dev) -> str:
@@ -63,7 +60,7 @@ def point(kind, T, H, topk, context, dev) -> str:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--points", nargs="+", metavar="[ctx<N>:]T:H:TOPK",
-                   help="points (default: T 48/64/96 x H 40/48/64 at three list lengths)")  # fmt: skip
+                   help="points (default: T 48/64/96 x H 40/48/64, three list lengths)")  # fmt: skip
     a = p.parse_args()
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
