@@ -54,12 +54,12 @@
 # qfirstmap and qfirstncu on a9f55a1 and 784d617 with the patch (*qfirst*: step 42, not kept),
 # wsprofile on a248625 (profile_gluon_ws_ctx65536_*), idsahead on a248625 (*idsahead*: step 43,
 # not kept), regsplit on b4b79d8 (*regsplit*: no split better than 224/48), padp on
-# 1c71bc7 (*padp*: step 44, not kept).) Open: outdirect (step 46).
+# 1c71bc7 (*padp*: step 44, not kept).) Open: smalltchoice.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|smalltchoice|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -307,6 +307,10 @@
 #             buffer, no TMA, no wait for it); gluon_ws's GPU tests with it, then ws_bars_ab.py in
 #             turns at the grid's short lists, whole lists and the long points (carry the xdist
 #             wheels; about 4 minutes)
+#   smalltchoice experiments/small_t_choice.py: config=None and gluon_ws / gluon_ws_small
+#             forced, in turns, at T 48 / 64 / 96 x H 40 / 48 / 64 on short, middling and whole
+#             lists: whether the recorded choice at small T (gluon_ws_small) still holds after
+#             step 46 (about 2 minutes)
 #   wstests   the GPU tests of every gluon_ws path and gluon_ws_fp8's (ws_gpu_tests) at this
 #             commit, as the package has them (carry the xdist wheels; about 2 minutes)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
@@ -810,6 +814,11 @@ if want outdirect; then  # step 46, a patch: O by the consumers' own stores, not
   AB_TIME=330 ws_ab outdirect --before /tmp/hopper_ws_before.py --points 64:128:1024 64:64:512 \
     256:64:512 ctx65536:64:128:1024 ctx65536:128:64:512 16384:64:512 glm:16384:64:2048
   unpatch_ws
+fi
+if want smalltchoice; then  # after step 46: gluon_ws against gluon_ws_small at small T, 33-64 heads
+  PYTHONPATH=$PWD timeout 400 python3 experiments/small_t_choice.py \
+    > "$OUT/small_t_choice_h200_${COMMIT:0:7}.log" 2>&1
+  echo "smalltchoice: rc=$?"; cat "$OUT/small_t_choice_h200_${COMMIT:0:7}.log"
 fi
 if want wstests; then  # the package's gluon_ws paths at this commit
   ws_gpu_tests head

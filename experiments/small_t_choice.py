@@ -60,7 +60,7 @@ def point(kind, T, H, topk, context, dev) -> str:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--points", nargs="+", metavar="[ctx<N>:]T:H:TOPK",
-                   help="points (default: T 48/64/96 x H 40/48/64, three list lengths)")  # fmt: skip
+                   help="default: T 48/64/96 x H 40/48/64, three list lengths")  # fmt: skip
     a = p.parse_args()
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
