@@ -54,12 +54,12 @@
 # qfirstmap and qfirstncu on a9f55a1 and 784d617 with the patch (*qfirst*: step 42, not kept),
 # wsprofile on a248625 (profile_gluon_ws_ctx65536_*), idsahead on a248625 (*idsahead*: step 43,
 # not kept), regsplit on b4b79d8 (*regsplit*: no split better than 224/48), padp on
-# 1c71bc7 (*padp*: step 44, not kept).) Open: smalltchoice.
+# 1c71bc7 (*padp*: step 44, not kept).) Open: wholemap.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|smalltchoice|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|smalltchoice|wholemap|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -311,6 +311,8 @@
 #             forced, in turns, at T 48 / 64 / 96 x H 40 / 48 / 64 on short, middling and whole
 #             lists: whether the recorded choice at small T (gluon_ws_small) still holds after
 #             step 46 (about 2 minutes)
+#   wholemap  gluon_ws, default and FlashMLA on whole lists between the grid's token counts (T 48-132
+#             x H 48 / 64 / 128, context 65536), a bench run (about 2 minutes; carry .peers)
 #   wstests   the GPU tests of every gluon_ws path and gluon_ws_fp8's (ws_gpu_tests) at this
 #             commit, as the package has them (carry the xdist wheels; about 2 minutes)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
@@ -819,6 +821,13 @@ if want smalltchoice; then  # after step 46: gluon_ws against gluon_ws_small at 
   PYTHONPATH=$PWD timeout 400 python3 experiments/small_t_choice.py \
     > "$OUT/small_t_choice_h200_${COMMIT:0:7}.log" 2>&1
   echo "smalltchoice: rc=$?"; cat "$OUT/small_t_choice_h200_${COMMIT:0:7}.log"
+fi
+if want wholemap; then  # whole lists at one item an SM: the package against FlashMLA
+  PYTHONPATH=$PWD:$PWD/.peers FLASHMLA_BUILD_DIR=/tmp/flashmla_build timeout 250 python3 -m \
+    sparse_mla.cli bench --grid --no-ceilings --context 65536 --tokens 48,64,96,112,128,132 \
+    --heads 48,64,128 --no-glm --providers gluon_ws,default,flashmla --time-limit 200 \
+    --commit "${COMMIT:0:7}" --out "$OUT/whole_map.csv" > "$OUT/whole_map_${COMMIT:0:7}.log" 2>&1
+  echo "wholemap: rc=$?"; grep "T=" "$OUT/whole_map_${COMMIT:0:7}.log" | cut -c1-200
 fi
 if want wstests; then  # the package's gluon_ws paths at this commit
   ws_gpu_tests head
