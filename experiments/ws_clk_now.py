@@ -104,17 +104,15 @@ EDITS = [
         "    l_tot = l_i + l_other.load(ROW_S)\n"
         "    if col0 == 0:\n        _stamp(13, gl.sum(l_tot, 0).to(gl.int32))\n",
     ),
-    (
-        "        tma.store_wait(0)  # the P buffer is written again in the next item\n",
-        "        if col0 == 0:\n            _stamp(14, 0)\n"
-        "        tma.store_wait(0)  # the P buffer is written again in the next item\n"
-        "        if col0 == 0:\n            _stamp(22, 0)\n",
+    (  # since step 46 the stores are the lanes' own: issued and the stage read at once
+        "            _st_block(c3, stage, base, h0, col0 + 3 * OUT_BLOCK, stride_oh, num_heads)\n",
+        "            _st_block(c3, stage, base, h0, col0 + 3 * OUT_BLOCK, stride_oh, num_heads)\n"
+        "            if col0 == 0:\n                _stamp(14, 0)\n                _stamp(22, 0)\n",
     ),
     # consumer 0: start, Q ready, PVs done, item end
-    (
-        '    """Even tiles\' S, O[:, 0:256]; issues the next pair\'s S behind its last PV of a pair."""\n',
-        '    """Even tiles\' S, O[:, 0:256]; issues the next pair\'s S behind its last PV of a pair."""\n'
-        "    _stamp(8, 0)\n    _stamp(20, 0, True)\n",
+    (  # the end of consumer 0's docstring
+        '    ``stride_oh``; :func:`_epilogue`)."""\n',
+        '    ``stride_oh``; :func:`_epilogue`)."""\n    _stamp(8, 0)\n    _stamp(20, 0, True)\n',
     ),
     (
         "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        # S of the first pair's tile",
@@ -142,9 +140,9 @@ EDITS = [
         "enumerate)\n\n\n@gluon.jit\ndef _consumer1(",
     ),
     # consumer 1: start, Q ready, item end
-    (
-        '    """Odd tiles\' S, O[:, 256:512]."""\n',
-        '    """Odd tiles\' S, O[:, 256:512]."""\n    _stamp(16, 0)\n',
+    (  # the end of consumer 1's docstring
+        '    start (:func:`_prefetch_call_rows`)."""\n',
+        '    start (:func:`_prefetch_call_rows`)."""\n    _stamp(16, 0)\n',
     ),
     (
         "        mbarrier.wait(_bar(bars, Q_READY), it & 1)\n        if num_pairs == 0:\n",
@@ -155,10 +153,12 @@ EDITS = [
         "            _stamp(17, 0)\n        if num_pairs == 0:\n",
     ),
     (
-        "            HALF, pid_r, pid_h, sink, out_desc, p1_smem.index(0), num_heads,\n"
-        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n        )  # fmt: skip\n",
-        "            HALF, pid_r, pid_h, sink, out_desc, p1_smem.index(0), num_heads,\n"
-        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS,\n        )  # fmt: skip\n"
+        "            HALF, pid_r, pid_h, sink, out, p1_smem.index(0), num_heads,\n"
+        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS, OUT_DIRECT, stride_or,\n"
+        "            stride_oh,\n        )  # fmt: skip\n",
+        "            HALF, pid_r, pid_h, sink, out, p1_smem.index(0), num_heads,\n"
+        "            item % NUM_SPLITS, opart_ptr, lsepart_ptr, NUM_SPLITS, OUT_DIRECT, stride_or,\n"
+        "            stride_oh,\n        )  # fmt: skip\n"
         "        if it == 0:\n            _stamp(19, 0)\n",
     ),
 ]
