@@ -237,7 +237,7 @@ TIMELINE = (
     Step(C0, "next S0 += Q_R K0R^T", "mma", 1.0, _w("READY 0R", d=1), (), "not_last", ahead=1),
     Step(C0, "done with Q", "sync", 0.3, (), ("Q_FREE",), "penultimate"),
     Step(C0, "store l0", "exchange", 0.4, (), ("L",), "end"),
-    Step(C0, "l = l0 + l1, sink; O[:, 0:256] out (own 16-byte stores)", "exchange", 1.4, _w("L"), (), "end"),
+    Step(C0, "l = l0 + l1, sink; O[:, 0:256] out", "exchange", 1.4, _w("L"), (), "end"),
     # consumer 1: odd tiles, O[:, 256:512]
     Step(C1, "wait Q", "sync", 0.2, _w("Q_READY"), (), "item"),
     Step(C1, "S1 = Q_R K1R^T", "mma", 1.0, _w("READY 1R")),
@@ -249,7 +249,7 @@ TIMELINE = (
     Step(C1, "PV: O[:, 256:512] += P0 (smem) V0R", "mma", 2.0, _w("P0"),
          ("FREE 1R", "FREE 0R")),
     Step(C1, "store l1", "exchange", 0.4, (), ("L",), "end"),
-    Step(C1, "l = l0 + l1, sink; O[:, 256:512] out (own 16-byte stores)", "exchange", 1.4, _w("L"), (), "end"),
+    Step(C1, "l = l0 + l1, sink; O[:, 256:512] out", "exchange", 1.4, _w("L"), (), "end"),
 )
 # fmt: on
 
