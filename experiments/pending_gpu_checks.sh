@@ -54,12 +54,12 @@
 # qfirstmap and qfirstncu on a9f55a1 and 784d617 with the patch (*qfirst*: step 42, not kept),
 # wsprofile on a248625 (profile_gluon_ws_ctx65536_*), idsahead on a248625 (*idsahead*: step 43,
 # not kept), regsplit on b4b79d8 (*regsplit*: no split better than 224/48), padp on
-# 1c71bc7 (*padp*: step 44, not kept).) Open: wholemap.
+# 1c71bc7 (*padp*: step 44, not kept).) Open: smallcallrows.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|smalltchoice|wholemap|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|smalltchoice|wholemap|smallcallrows|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -313,6 +313,10 @@
 #             step 46 (about 2 minutes)
 #   wholemap  gluon_ws, default and FlashMLA on whole lists between the grid's token counts (T 48-132
 #             x H 48 / 64 / 128, context 65536), a bench run (about 2 minutes; carry .peers)
+#   smallcallrows step 45 for gluon_ws_small, a patch (experiments/patches/ws_small_call_rows.diff):
+#             its consumer asks L2 for a small call's KV rows while the first Q lands; its GPU
+#             tests, then ws_bars_ab.py --kernel gluon_ws_small in turns (carry the xdist wheels;
+#             about 2 minutes)
 #   wstests   the GPU tests of every gluon_ws path and gluon_ws_fp8's (ws_gpu_tests) at this
 #             commit, as the package has them (carry the xdist wheels; about 2 minutes)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
@@ -828,6 +832,18 @@ if want wholemap; then  # whole lists at one item an SM: the package against Fla
     --heads 48,64,128 --no-glm --providers gluon_ws,default,flashmla --time-limit 200 \
     --commit "${COMMIT:0:7}" --out "$OUT/whole_map.csv" > "$OUT/whole_map_${COMMIT:0:7}.log" 2>&1
   echo "wholemap: rc=$?"; grep "T=" "$OUT/whole_map_${COMMIT:0:7}.log" | cut -c1-200
+fi
+if want smallcallrows; then  # step 45 for gluon_ws_small (a patch)
+  cp sparse_mla/gluon/hopper_ws_small.py /tmp/hopper_ws_small_before.py
+  apply_patch experiments/patches/ws_small_call_rows.diff || exit 1
+  xdist
+  PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 12 \
+    tests/test_kernels_gpu.py tests/test_dense_ids.py tests/test_gluon.py \
+    -k "gluon_ws_small and not fp8" > "$OUT/gpu_tests_ws_small_callrows_${COMMIT:0:7}.log" 2>&1
+  echo "smallcallrows tests: rc=$?"; tail -n 2 "$OUT/gpu_tests_ws_small_callrows_${COMMIT:0:7}.log"
+  AB_TIME=150 ws_ab small_callrows --kernel gluon_ws_small --before /tmp/hopper_ws_small_before.py \
+    --points 64:64:512 64:48:512 64:16:512 256:16:512 ctx65536:4:16:512
+  cp /tmp/hopper_ws_small_before.py sparse_mla/gluon/hopper_ws_small.py
 fi
 if want wstests; then  # the package's gluon_ws paths at this commit
   ws_gpu_tests head
