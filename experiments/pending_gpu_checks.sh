@@ -54,7 +54,10 @@
 # qfirstmap and qfirstncu on a9f55a1 and 784d617 with the patch (*qfirst*: step 42, not kept),
 # wsprofile on a248625 (profile_gluon_ws_ctx65536_*), idsahead on a248625 (*idsahead*: step 43,
 # not kept), regsplit on b4b79d8 (*regsplit*: no split better than 224/48), padp on
-# 1c71bc7 (*padp*: step 44, not kept).) Open: smallcallrows.
+# 1c71bc7 (*padp*: step 44, not kept); in the thirty-fourth, callrows on 542345b
+# (*callrows*: step 45, kept), wstests on 86b21b9 and bfcf013, outdirect on d3393e0 (*outdirect*:
+# step 46, kept), the grid on 86b21b9 (cut short) and bfcf013, smalltchoice on 1400662, wholemap
+# on 880e703 and smallcallrows on d482a17 (*small_callrows*: not kept).) Open: none prepared.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
