@@ -336,6 +336,18 @@ def _prefetch_ids(idx_ptr, nnz):
 
 
 @gluon.jit
+def _bulk_prefetch_rows(kv_ptr, slot, ok, stride_kvn):
+    """One 1 KiB bulk prefetch into L2 of pool row ``slot`` where ``ok`` (a row's bytes at D =
+    512, 16-bit), one a lane."""
+    addr = (kv_ptr + gl.where(ok, slot, 0) * stride_kvn).to(gl.int64, bitcast=True)
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0;\n"
+        " @p cp.async.bulk.prefetch.L2.global [$1], 1024;\n mov.b32 $0, 0; }",
+        "=r,l,r", [addr, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
 def _prefetch_rows(kv_ptr, idx_ptr, pos0, hi, num_kv, stride_kvn):
     """Ask L2 for the KV rows of the pair of tiles at CSR positions pos0 .. pos0 + 127 (past the
     list, absent or out-of-range ids: nothing), one 1 KiB bulk prefetch a row, a row a lane:
@@ -345,13 +357,7 @@ def _prefetch_rows(kv_ptr, idx_ptr, pos0, hi, num_kv, stride_kvn):
     in_list = offs < hi
     slot = gl.load(idx_ptr + offs, mask=in_list, other=-1).to(gl.int64)
     ok = in_list & (slot >= 0) & (slot < num_kv)
-    addr = (kv_ptr + gl.where(ok, slot, 0) * stride_kvn).to(gl.int64, bitcast=True)
-    gl.inline_asm_elementwise(
-        # 1024: a row's bytes (HEAD_DIM 16-bit elements)
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0;\n"
-        " @p cp.async.bulk.prefetch.L2.global [$1], 1024;\n mov.b32 $0, 0; }",
-        "=r,l,r", [addr, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
+    _bulk_prefetch_rows(kv_ptr, slot, ok, stride_kvn)
 
 
 # A small call's share of kv_indices a program at most for :func:`_prefetch_call_rows`: one id
@@ -374,13 +380,7 @@ def _prefetch_call_rows(kv_ptr, idx_ptr, nnz, num_kv, stride_kvn):
         ok = (k < span) & (offs < nnz)
         slot = gl.load(idx_ptr + offs, mask=ok, other=-1).to(gl.int64)
         ok = ok & (slot >= 0) & (slot < num_kv)
-        addr = (kv_ptr + gl.where(ok, slot, 0) * stride_kvn).to(gl.int64, bitcast=True)
-        gl.inline_asm_elementwise(
-            # 1024: a row's bytes (HEAD_DIM 16-bit elements)
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0;\n"
-            " @p cp.async.bulk.prefetch.L2.global [$1], 1024;\n mov.b32 $0, 0; }",
-            "=r,l,r", [addr, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
+        _bulk_prefetch_rows(kv_ptr, slot, ok, stride_kvn)
 
 
 @gluon.jit
