@@ -57,12 +57,12 @@
 # 1c71bc7 (*padp*: step 44, not kept); in the thirty-fourth, callrows on 542345b
 # (*callrows*: step 45, kept), wstests on 86b21b9 and bfcf013, outdirect on d3393e0 (*outdirect*:
 # step 46, kept), the grid on 86b21b9 (cut short) and bfcf013, smalltchoice on 1400662, wholemap
-# on 880e703 and smallcallrows on d482a17 (*small_callrows*: not kept).) Open: none prepared.
+# on 880e703 and smallcallrows on d482a17 (*small_callrows*: not kept).) Open: fp8outdirect.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|smalltchoice|wholemap|smallcallrows|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|smalltchoice|wholemap|smallcallrows|fp8outdirect|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -320,6 +320,10 @@
 #             its consumer asks L2 for a small call's KV rows while the first Q lands; its GPU
 #             tests, then ws_bars_ab.py --kernel gluon_ws_small in turns (carry the xdist wheels;
 #             about 2 minutes)
+#   fp8outdirect step 46 for gluon_ws_fp8, a patch (experiments/patches/ws_fp8_out_direct.diff):
+#             its consumers store O themselves (OUT_DIRECT), SPARSE_MLA_FP8_OUT=tma the old way;
+#             gluon_ws's and gluon_ws_fp8's GPU tests with it, then experiments/fp8_out_ab.py in
+#             turns (carry the xdist wheels; about 3 minutes)
 #   wstests   the GPU tests of every gluon_ws path and gluon_ws_fp8's (ws_gpu_tests) at this
 #             commit, as the package has them (carry the xdist wheels; about 2 minutes)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
@@ -847,6 +851,20 @@ if want smallcallrows; then  # step 45 for gluon_ws_small (a patch)
   AB_TIME=150 ws_ab small_callrows --kernel gluon_ws_small --before /tmp/hopper_ws_small_before.py \
     --points 64:64:512 64:48:512 64:16:512 256:16:512 ctx65536:4:16:512
   cp /tmp/hopper_ws_small_before.py sparse_mla/gluon/hopper_ws_small.py
+fi
+if want fp8outdirect; then  # step 46 for gluon_ws_fp8 (a patch)
+  for f in sparse_mla/gluon/launch_fp8.py sparse_mla/gluon/hopper_ws_fp8.py tests/test_gluon.py; do
+    cp $f /tmp/$(basename $f).before  # the patch's other files, put back below
+  done
+  patch_ws experiments/patches/ws_fp8_out_direct.diff || exit 1
+  [ -n "${NO_TESTS:-}" ] || ws_gpu_tests fp8outdirect
+  PYTHONPATH=$PWD timeout 300 python3 experiments/fp8_out_ab.py --repeat 2 \
+    > "$OUT/fp8_out_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "fp8outdirect ab: rc=$?"; cat "$OUT/fp8_out_ab_h200_${COMMIT:0:7}.log"
+  unpatch_ws
+  for f in sparse_mla/gluon/launch_fp8.py sparse_mla/gluon/hopper_ws_fp8.py tests/test_gluon.py; do
+    cp /tmp/$(basename $f).before $f
+  done
 fi
 if want wstests; then  # the package's gluon_ws paths at this commit
   ws_gpu_tests head
