@@ -6,7 +6,8 @@ at small T, 1% at T = 16384 H64. ``gluon_ws_fp8`` shares those consumers but kep
 With ``experiments/patches/ws_fp8_out_direct.diff`` applied, its launcher reads
 ``SPARSE_MLA_FP8_OUT`` at each call (``tma``: as before; anything else: the consumers' stores,
 ``OUT_DIRECT``); here both, on the same FP8 cache (MODEL1, quantized from the bench's pool),
-each checked against the fp32 reference over the dequantized rows first (NaN-poisoned output),
+each checked against the fp32 reference over the dequantized rows first (``turns.add_checked``:
+NaN-poisoned output),
 then timed in turns (:func:`sparse_mla.bench.time_interleaved`, 8 rounds; plans off, so every
 call goes through the launcher). On an H200, ~1 minute:
 
@@ -21,6 +22,7 @@ import dataclasses
 import os
 
 import torch
+from turns import add_checked
 from ws_bars_ab import parse_point
 
 from sparse_mla import bench, dispatch, fp8, op
@@ -35,9 +37,8 @@ def point(kind, T, H, topk, context, dev) -> str:
     w = bench.GridPoint(kind, T, H, topk, context).build(dev, seed=0, sink=True, big_buffer=False)
     cache = fp8.quantize(w.kv, 64)
     wd = dataclasses.replace(w, kv=fp8.dequantize(cache))  # the rows the kernel reads
-    refs = bench._References(wd, 256)
     q, _, idx, indptr, scale = w.args()
-    fns = []
+    fns, names = [], []
     for mode in MODES:
 
         def run(o, mode=mode):
@@ -45,11 +46,9 @@ def point(kind, T, H, topk, context, dev) -> str:
             return sparse_mla_prefill(q, cache, idx, indptr, scale, attn_sink=w.attn_sink,
                                       out=o, config=dispatch.Choice("gluon_ws_fp8"))  # fmt: skip
 
-        ok, _rel, note = bench._check(run, wd, 256, refs)
-        if not ok:
-            raise SystemExit(f"{mode} at {kind} T={T} H={H}: wrong ({note})")
-        out = torch.empty_like(q)
-        fns.append(lambda run=run, out=out: run(out))
+        wrong = add_checked(mode, run, wd.args(), w.attn_sink, fns, names)
+        if wrong:
+            raise SystemExit(f"{mode} at {kind} T={T} H={H}: wrong ({wrong})")
     tma, direct = bench.time_interleaved(fns, 400.0, rounds=8)
     where = f" context {context}" if context else ""
     return (f"{kind} T={T} H={H} top-k {topk}{where}: TMA {tma * 1e3:.2f} us, own stores "

@@ -7,7 +7,7 @@ was 1-2% slower there. The grid run after step 46 (bfcf013) reads ``gluon_ws`` 0
 at T = 64 H 40 / 48 / 64 on short lists: one run's place noise or a real change. Here, at each
 point, ``config=None`` and both kernels forced, timed in turns
 (:func:`sparse_mla.bench.time_interleaved`, 8 rounds), each checked against the fp32 reference
-first (NaN-poisoned output); ratios against ``config=None``.
+first (``turns.add_checked``: NaN-poisoned output); ratios against ``config=None``.
 
     python experiments/small_t_choice.py                  # an H200; ~2 minutes
     python experiments/small_t_choice.py --points 64:64:512 ctx65536:64:64:512
@@ -19,6 +19,7 @@ import argparse
 import itertools
 
 import torch
+from turns import add_checked
 from ws_bars_ab import parse_point
 
 from sparse_mla import bench, dispatch
@@ -35,21 +36,16 @@ def default_points() -> list[str]:
 
 def point(kind, T, H, topk, context, dev) -> str:
     w = bench.GridPoint(kind, T, H, topk, context).build(dev, seed=0, sink=True, big_buffer=True)
-    q, kv, idx, indptr, scale = w.args()
-    refs = bench._References(w, 256)
+    args = w.args()
     fns, names = [], []
     for cfg, label in ((None, "default"), *((dispatch.Choice(k), k) for k in KERNELS)):
 
         def run(o, cfg=cfg):
-            return sparse_mla_prefill(q, kv, idx, indptr, scale, attn_sink=w.attn_sink, out=o,
-                                      config=cfg)  # fmt: skip
+            return sparse_mla_prefill(*args, attn_sink=w.attn_sink, out=o, config=cfg)
 
-        ok, _rel, note = bench._check(run, w, 256, refs)
-        if not ok:
-            raise SystemExit(f"{label} at {kind} T={T} H={H}: wrong ({note})")
-        out = torch.empty_like(q)
-        fns.append(lambda run=run, out=out: run(out))
-        names.append(label)
+        wrong = add_checked(label, run, args, w.attn_sink, fns, names)
+        if wrong:
+            raise SystemExit(f"{label} at {kind} T={T} H={H}: wrong ({wrong})")
     ms = bench.time_interleaved(fns, 400.0, rounds=8)
     where = f" context {context}" if context else ""
     return f"{kind} T={T} H={H} top-k {topk}{where}: " + "  ".join(
