@@ -282,8 +282,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(f"sparse-mla profile: {why}", file=sys.stderr)
         return 1
     name = dispatch.kernel(args.kernel).name
-    if args.context < 0 or (args.topk is not None and args.topk < 1):
-        print("sparse-mla profile: --context must be >= 0 and --topk >= 1", file=sys.stderr)
+    bad = prof.workload_error(args.context, args.topk)
+    if bad:
+        print(f"sparse-mla profile: --context / --topk: {bad}", file=sys.stderr)
         return 2
     knobs = dict(args.set or [])
     launch = tune.kernel_launch(name, "local", args.heads, args.head_dim, knobs,

@@ -315,6 +315,14 @@ def ncu_command(ncu: str, report: str, script: list[str], kernel_regex: str) -> 
     ]  # fmt: skip
 
 
+def workload_error(context: int, topk: int | None) -> str | None:
+    """Why :func:`profile` refuses a workload's ``context`` / ``topk`` (None: it takes them),
+    for callers that check before they resolve a launch (``sparse-mla profile``)."""
+    if context < 0 or (topk is not None and topk < 1):
+        return f"context must be >= 0 and topk >= 1, got {context} and {topk}"
+    return None
+
+
 def profile(
     kernel: str,
     num_heads: int,
@@ -337,8 +345,9 @@ def profile(
     from . import dispatch, tune
     from . import inspect as _inspect
 
-    if context < 0 or (topk is not None and topk < 1):
-        raise ValueError(f"context must be >= 0 and topk >= 1, got {context} and {topk}")
+    bad = workload_error(context, topk)
+    if bad:
+        raise ValueError(bad)
     why = unavailable() if ncu is None else None
     if why:
         raise RuntimeError(why)
