@@ -1049,15 +1049,17 @@ def test_ws_small_call_asks_l2_for_the_calls_rows(dense):
         res = launch.compile_for("prefill", "sm90", "gluon_ws", small=small, dense=dense)
         assert re.findall(pattern, res.asm["ptx"]) == (["1024"] if small else []), small
         # In consumer 1's partition (named by its setmaxnreg: worker 0's registers) alone
-        parts = inspect.resources_of(res, "sm90").partitions
+        resources = inspect.resources_of(res, "sm90")
+        parts = resources.partitions
         consumer1 = next(r for n, _, r in parts if n == "worker 0")
         assert consumer1 not in (r for n, _, r in parts if n != "worker 0"), parts
         bulk = inspect.partition_counts(inspect._nvdisasm(res.asm["cubin"]), r"\bUBLKPF\.L2\b")
         assert bulk == ({consumer1: 1} if small else {}), (small, bulk)
-        assert inspect.resources_of(res, "sm90").spill_bytes == 0
-    kernel, sig, cx, opts = launch_fp8.compile_args_ws("sm90", num_heads=64, small=True)
-    fp8 = inspect.compile(kernel, "sm90", cx, opts, sig)
-    assert "cp.async.bulk.prefetch.L2" not in fp8.asm["ptx"]
+        assert resources.spill_bytes == 0
+    if dense == 0:  # the FP8 build does not depend on the ids' form: checked once
+        kernel, sig, cx, opts = launch_fp8.compile_args_ws("sm90", num_heads=64, small=True)
+        fp8 = inspect.compile(kernel, "sm90", cx, opts, sig)
+        assert "cp.async.bulk.prefetch.L2" not in fp8.asm["ptx"]
 
 
 @pytest.mark.parametrize("kernel", ["gluon_ws", "gluon_ws_small", "gluon_mma"])
