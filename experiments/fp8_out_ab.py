@@ -2,16 +2,17 @@
 
 Step 46 (PERF_NOTES "No cliffs") moved ``gluon_ws``'s output from a TMA store a [64, 64] block
 (each waiting for the engine's read of the previous one) to the consumers' own stores: 1-2%
-at small T, 1% at T = 16384 H64. ``gluon_ws_fp8`` shares those consumers but kept TMA.
-With ``experiments/patches/ws_fp8_out_direct.diff`` applied, its launcher reads
-``SPARSE_MLA_FP8_OUT`` at each call (``tma``: as before; anything else: the consumers' stores,
-``OUT_DIRECT``); here both, on the same FP8 cache (MODEL1, quantized from the bench's pool),
-each checked against the fp32 reference over the dequantized rows first (``turns.add_checked``:
-NaN-poisoned output),
-then timed in turns (:func:`sparse_mla.bench.time_interleaved`, 8 rounds; plans off, so every
-call goes through the launcher). On an H200, ~1 minute:
+at small T, 1% at T = 16384 H64. ``gluon_ws_fp8`` shares those consumers. The first
+measurement (``experiments/patches/ws_fp8_out_direct.diff``, every call by the consumers'
+stores, ``data/bench/fp8_out_ab_h200_c4e9b62.log``) gained 2-3% at T = 64 and lost 2-2.7% at
+T = 16384, so the package now stores O itself in small calls only (step 47:
+``_launch_persistent(small_direct=True)``, ``OUT_DIRECT`` with ``SMALL``). Modes: ``tma``, every
+call by TMA (the launch with ``small_direct`` forced off), and ``package``, the launch as
+shipped; both on the same FP8 cache (MODEL1, quantized from the bench's pool), each checked
+against the fp32 reference over the dequantized rows first (``turns.add_checked``:
+NaN-poisoned output), then timed in turns (:func:`sparse_mla.bench.time_interleaved`, 8 rounds;
+plans off, so every call goes through the launcher). On an H200, ~1 minute:
 
-    git apply experiments/patches/ws_fp8_out_direct.diff
     PYTHONPATH=$PWD python experiments/fp8_out_ab.py --repeat 2
 """
 
@@ -19,18 +20,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 
 import torch
 from turns import add_checked
 from ws_bars_ab import parse_point
 
 from sparse_mla import bench, dispatch, fp8, op
+from sparse_mla.gluon import hopper_ws, launch
 from sparse_mla.prefill import sparse_mla_prefill
 
-POINTS = ("64:128:1024", "64:64:512", "256:64:512", "ctx65536:64:128:1024", "16384:64:512",
-          "16384:128:1024")  # fmt: skip
-MODES = ("tma", "direct")
+POINTS = ("64:128:1024", "64:64:512", "256:64:512", "ctx65536:64:128:1024", "1024:64:512",
+          "4096:128:1024", "16384:64:512", "16384:128:1024")  # fmt: skip
+MODES = ("tma", "package")
+_SHIPPED = launch._launch_persistent
+
+
+def _tma_only(*args, **kwargs):
+    """The persistent launch with O by TMA in every call (no ``small_direct``)."""
+    return _SHIPPED(*args, **{**kwargs, "small_direct": False})
 
 
 def point(kind, T, H, topk, context, dev) -> str:
@@ -42,17 +49,19 @@ def point(kind, T, H, topk, context, dev) -> str:
     for mode in MODES:
 
         def run(o, mode=mode):
-            os.environ["SPARSE_MLA_FP8_OUT"] = mode
+            launch._launch_persistent = _tma_only if mode == "tma" else _SHIPPED
             return sparse_mla_prefill(q, cache, idx, indptr, scale, attn_sink=w.attn_sink,
                                       out=o, config=dispatch.Choice("gluon_ws_fp8"))  # fmt: skip
 
         wrong = add_checked(mode, run, wd.args(), w.attn_sink, fns, names)
         if wrong:
             raise SystemExit(f"{mode} at {kind} T={T} H={H}: wrong ({wrong})")
-    tma, direct = bench.time_interleaved(fns, 400.0, rounds=8)
+    tma, shipped = bench.time_interleaved(fns, 400.0, rounds=8)
     where = f" context {context}" if context else ""
-    return (f"{kind} T={T} H={H} top-k {topk}{where}: TMA {tma * 1e3:.2f} us, own stores "
-            f"{direct * 1e3:.2f} us, own / TMA {direct / tma:.4f}")  # fmt: skip
+    programs = min(T * -(-H // 64), torch.cuda.get_device_properties(dev).multi_processor_count)
+    small = "small call" if hopper_ws.small_call(idx.numel(), programs) else "large call"
+    return (f"{kind} T={T} H={H} top-k {topk}{where} ({small}): TMA {tma * 1e3:.2f} us, "
+            f"package {shipped * 1e3:.2f} us, package / TMA {shipped / tma:.4f}")  # fmt: skip
 
 
 def main() -> None:
@@ -70,7 +79,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     finally:
         op.set_plans_enabled(True)
-        os.environ.pop("SPARSE_MLA_FP8_OUT", None)
+        launch._launch_persistent = _SHIPPED
 
 
 if __name__ == "__main__":

@@ -57,12 +57,13 @@
 # 1c71bc7 (*padp*: step 44, not kept); in the thirty-fourth, callrows on 542345b
 # (*callrows*: step 45, kept), wstests on 86b21b9 and bfcf013, outdirect on d3393e0 (*outdirect*:
 # step 46, kept), the grid on 86b21b9 (cut short) and bfcf013, smalltchoice on 1400662, wholemap
-# on 880e703 and smallcallrows on d482a17 (*small_callrows*: not kept).) Open: fp8outdirect.
+# on 880e703 and smallcallrows on d482a17 (*small_callrows*: not kept); in the thirty-fifth,
+# fp8outdirect on c4e9b62 (*fp8out*c4e9b62*: step 47, gated to small calls).) Open: fp8outsmall.
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
 # workbook, nb05; the device README says how):
-#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|smalltchoice|wholemap|smallcallrows|fp8outdirect|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
+#   OUT=dir COMMIT=sha STEP=profile|smem|fp8bench|nb05|window|grid|tail|trims|turns|dense|suite|bars|ids|lazy|abstail|waves|lists|verify|prefetch|t32|tmid|tilerate|l2rows|l2small|l2gate|sinkearly|qprologue|qprologuepf|rangeprologue|flushkind|l2b256|pairs|lengths|lentests|l2policy|fp8lengths|nowait|ctxlengths|l2split|densewidth|midsplit|mid1024|mid1024verify|lenpub|lenchoice|qfirst|qfirstmap|qfirstncu|wsprofile|idsahead|regsplit|padp|callrows|outdirect|smalltchoice|wholemap|smallcallrows|fp8outdirect|fp8outsmall|wstests|earlypv|smallsink|split|plans|workbook|fp8host|host|all \
 #     bash experiments/pending_gpu_checks.sh
 # Each step writes under $OUT and is capped; `all` runs profile and smem (at most 5 minutes);
 # fp8bench (up to 9 minutes with peer (b)'s first build) and nb05 (up to 7) each in a command of
@@ -323,7 +324,12 @@
 #   fp8outdirect step 46 for gluon_ws_fp8, a patch (experiments/patches/ws_fp8_out_direct.diff):
 #             its consumers store O themselves (OUT_DIRECT), SPARSE_MLA_FP8_OUT=tma the old way;
 #             gluon_ws's and gluon_ws_fp8's GPU tests with it, then experiments/fp8_out_ab.py in
-#             turns (carry the xdist wheels; about 3 minutes)
+#             turns (carry the xdist wheels; about 3 minutes; the patch applies on c4e9b62, whose
+#             run found 2-3% at T = 64 and +2-2.7% at T = 16384: step 47 keeps it to small calls)
+#   fp8outsmall step 47 as the package has it: gluon_ws_fp8 stores O itself in small calls
+#             (OUT_DIRECT with SMALL), by TMA in the others; gluon_ws's and gluon_ws_fp8's GPU
+#             tests, then experiments/fp8_out_ab.py in turns against TMA in every call (carry
+#             the xdist wheels; about 3 minutes)
 #   wstests   the GPU tests of every gluon_ws path and gluon_ws_fp8's (ws_gpu_tests) at this
 #             commit, as the package has them (carry the xdist wheels; about 2 minutes)
 #   wsprofile sparse-mla profile --context 65536 of gluon_ws at whole lists T = 128 H64 and T = 64
@@ -865,6 +871,12 @@ if want fp8outdirect; then  # step 46 for gluon_ws_fp8 (a patch)
   for f in sparse_mla/gluon/launch_fp8.py sparse_mla/gluon/hopper_ws_fp8.py tests/test_gluon.py; do
     cp /tmp/$(basename $f).before $f
   done
+fi
+if want fp8outsmall; then  # step 47: gluon_ws_fp8's own stores in small calls
+  [ -n "${NO_TESTS:-}" ] || ws_gpu_tests fp8outsmall
+  PYTHONPATH=$PWD timeout 360 python3 experiments/fp8_out_ab.py --repeat 2 \
+    > "$OUT/fp8_out_small_ab_h200_${COMMIT:0:7}.log" 2>&1
+  echo "fp8outsmall ab: rc=$?"; cat "$OUT/fp8_out_small_ab_h200_${COMMIT:0:7}.log"
 fi
 if want wstests; then  # the package's gluon_ws paths at this commit
   ws_gpu_tests head

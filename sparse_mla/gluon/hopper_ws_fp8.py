@@ -1,14 +1,14 @@
 """Hopper (sm90) sparse prefill straight from the FP8 KV cache (MODEL1 layout), 64 heads on M.
 
-The warp-specialised kernel of :mod:`hopper_ws` (persistent; 64 heads on wgmma's M; its two
-consumer warpgroups, the Q load by TMA and the TMA epilogue reused unchanged) with the FP8
-producer of :mod:`hopper_fp8` in place of the cp.async row gather: the producer loads each
-slot's 576 bytes of [NoPE | RoPE] and its scales into registers, dequantizes the NoPE bytes
-(:func:`hopper_fp8._dequant_words`: a byte permute, logic ops and bf16x2 multiplies, exact as
-:func:`sparse_mla.fp8.dequantize`) and stores the bf16 row into the same swizzled [64, 512]
-tiles the bf16 kernel's cp.async fills. Each tile half (``L`` = D[0:256] = NoPE chunks 0-3,
-``R`` = D[256:512] = NoPE chunks 4-6 and the RoPE part) is filled once its ``free`` barrier
-has passed, in the order the consumers release them (0L, 1R, 0R, 1L a pair of tiles), and
+The warp-specialised kernel of :mod:`hopper_ws` (persistent; 64 heads on wgmma's M; its two consumer
+warpgroups and the Q load by TMA reused unchanged; O by TMA, or in small calls by the consumers' own
+16-byte stores, ``OUT_DIRECT``) with the FP8 producer of :mod:`hopper_fp8` in place of the cp.async
+row gather: the producer loads each slot's 576 bytes of [NoPE | RoPE] and its scales into registers,
+dequantizes the NoPE bytes (:func:`hopper_fp8._dequant_words`: a byte permute, logic ops and bf16x2
+multiplies, exact as :func:`sparse_mla.fp8.dequantize`) and stores the bf16 row into the same
+swizzled [64, 512] tiles the bf16 kernel's cp.async fills. Each tile half (``L`` = D[0:256] = NoPE
+chunks 0-3, ``R`` = D[256:512] = NoPE chunks 4-6 and the RoPE part) is filled once its ``free``
+barrier has passed, in the order the consumers release them (0L, 1R, 0R, 1L a pair of tiles), and
 announced on its ``ready`` barrier with one arrival (after the warpgroup's stores and a proxy
 fence), not cp.async's 128.
 
@@ -264,10 +264,13 @@ def _prefill_ws_fp8_kernel(
     idx_ptr,  # [nnz] int32 | int64 (DENSE_IDS: [R, ids_per_row], contiguous)
     indptr_ptr,  # [R + 1] (unused under DENSE_IDS)
     sink_ptr,  # [H] fp32 sink logits (-inf: no sink)
-    out_desc,  # TMA descriptor of out [R, H, 512]: boxes [1, BLOCK_H, OUT_BLOCK], OUT_SMEM
+    out,  # out [R, H, 512]: with OUT_DIRECT its pointer (rows 16-byte aligned), else its TMA
+    # descriptor (boxes [1, BLOCK_H, OUT_BLOCK], OUT_SMEM)
     stride_qr,  # unused (the descriptors hold the strides), kept for the shared launch
     stride_qh,
     stride_block,  # bytes from one block to the next
+    stride_or,  # out's strides (elements; OUT_DIRECT)
+    stride_oh,
     num_heads,
     num_slots,  # num_blocks x block_size: slot s is valid iff 0 <= s < num_slots
     nnz,
@@ -283,6 +286,9 @@ def _prefill_ws_fp8_kernel(
     POW2: gl.constexpr = True,  # block_size is a power of two
     AHEAD: gl.constexpr = None,  # pieces the producer loads ahead (None: AHEAD)
     POS_SCALE: gl.constexpr = False,  # qk_scale > 0: the consumers fold it into the exponent
+    # O by the consumers' own stores (hopper_ws's step 46), set in small calls: measured
+    # faster there and slower at T = 16384 (PERF_NOTES "No cliffs" step 47)
+    OUT_DIRECT: gl.constexpr = False,
 ):
     """Persistent: grid (min(items, SMs),); 4 warps here (consumer 0) + 8 in the workers."""
     ahead: gl.constexpr = _ahead(AHEAD)
@@ -297,16 +303,16 @@ def _prefill_ws_fp8_kernel(
     gl.warp_specialize(
         [
         (_consumer0, (
-            q_desc, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
+            q_desc, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out, stride_qr, stride_qh,
             stride_block, num_heads, num_slots, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
-            DENSE_IDS, POS_SCALE, False,
+            DENSE_IDS, POS_SCALE, False, 1, None, None, OUT_DIRECT, stride_or, stride_oh,
         )),
         (_consumer1, (
-            q_desc, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out_desc, stride_qr, stride_qh,
+            q_desc, cache_ptr, idx_ptr, indptr_ptr, sink_ptr, out, stride_qr, stride_qh,
             stride_block, num_heads, num_slots, nnz, qk_scale, num_items, ids_per_row, q_smem,
             kv_smem, p0_smem, p1_smem, m0_smem, m1_smem, l_smem, bars, tile_ids, SMALL,
-            DENSE_IDS, POS_SCALE, False,
+            DENSE_IDS, POS_SCALE, False, 1, None, None, False, OUT_DIRECT, stride_or, stride_oh,
         )),
         (_producer, (
             q_desc, cache_ptr, idx_ptr, indptr_ptr, stride_block, num_heads, num_slots, nnz,

@@ -1211,18 +1211,22 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
-    *, out_tma=False, out_aligned=False, q_tma=False, constexprs=None, small_call=None,
+    *, out_tma=False, out_aligned=False, small_direct=False, q_tma=False, constexprs=None,
+    small_call=None,
     num_kv=None, stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
 
     ``out_tma``: the kernel writes O by TMA (``hopper_ws_fp8``) and takes a descriptor of
-    ``out`` (boxes [1, heads_per_item, OUT_BLOCK]) instead of its pointer and strides; an
-    ``out`` that TMA cannot address (base or a stride not a multiple of 16 bytes, last dim not
-    contiguous) is written through a contiguous buffer and copied. ``out_aligned``: the kernel
-    takes out's pointer and strides and stores O 16 bytes a lane (``hopper_ws``,
-    ``OUT_ALIGNED``), so such an ``out`` goes through a buffer too. ``q_tma``: the kernel reads
+    ``out`` (boxes [1, heads_per_item, OUT_BLOCK]) in place of its pointer; an ``out`` that
+    TMA cannot address (base or a stride not a multiple of 16 bytes, last dim not contiguous)
+    is written through a contiguous buffer and copied. ``out_aligned``: the kernel takes out's
+    pointer and stores O 16 bytes a lane (``hopper_ws``, ``OUT_ALIGNED``), so such an ``out``
+    goes through a buffer too. ``small_direct`` (with ``out_tma`` and ``small_call``): a small
+    call is built with ``OUT_DIRECT`` and takes out's pointer, the others the descriptor
+    (``hopper_ws_fp8``; PERF_NOTES "No cliffs" step 47). Either way out's two row strides
+    follow ``stride_kvn``. ``q_tma``: the kernel reads
     Q by TMA (``hopper_ws``) and takes a descriptor of ``q`` (boxes [1, heads_per_item,
     Q_BLOCK]) in place of its pointer (q rows 16-byte aligned, as for the cp.async copies).
     ``small_call(nnz, programs)``: the kernel has a ``SMALL`` constexpr, set from it
@@ -1248,6 +1252,9 @@ def _launch_persistent(
     items = R * runtime.cdiv(H, heads_per_item) * splits
     grid = (min(items, _num_compute_units(dev)),)
     extra = {} if small_call is None else {"SMALL": small_call(kv_indices.numel(), grid[0])}
+    if small_direct and extra.get("SMALL"):  # passed only when set, like DENSE_IDS
+        extra["OUT_DIRECT"] = True
+        out_tma, out_aligned = False, True
     dense, kv_indptr, per_row = dense_launch(kv_indices, kv_indptr)
     if dense:  # dense ids (DENSE_IDS is passed only when set: CSR is unchanged)
         extra["DENSE_IDS"] = dense
@@ -1272,14 +1279,13 @@ def _launch_persistent(
     dst = out
     if (out_tma or out_aligned) and not _aligned_rows(out):
         dst = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    o_arg = dst
     if out_tma:
-        desc = fastlaunch.TmaArg(
+        o_arg = fastlaunch.TmaArg(
             dst, (1, heads_per_item, hopper_ws.OUT_BLOCK.value), hopper_ws.OUT_SMEM.value
         )
-        launch(grid, (*common, desc, qs0, qs1, stride, *tail), kwargs)
-    else:
-        os0, os1, _ = dst.stride()
-        launch(grid, (*common, dst, qs0, qs1, stride, os0, os1, *tail), kwargs)
+    os0, os1, _ = dst.stride()
+    launch(grid, (*common, o_arg, qs0, qs1, stride, os0, os1, *tail), kwargs)
     if dst is not out and splits == 1:  # a split launch writes partials, never dst
         out.copy_(dst)
 

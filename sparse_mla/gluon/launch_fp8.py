@@ -267,7 +267,7 @@ def run_ws(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, 
     _launch._launch_persistent(
         hopper_ws_fp8._prefill_ws_fp8_kernel, hopper_ws.BLOCK_H.value, q, cache.kernel_bytes(),
         kv_indices, kv_indptr, attn_sink, out, softmax_scale, q.device.index or 0,
-        out_tma=True, q_tma=True, constexprs=_ws_constexprs(cfg, bs),
+        out_tma=True, small_direct=True, q_tma=True, constexprs=_ws_constexprs(cfg, bs),
         small_call=hopper_ws.small_call, num_kv=cache.num_slots, stride_kvn=cache.block_stride,
         extra_args=(bs, int(math.log2(bs)) if bs & (bs - 1) == 0 else 0), pos_scale=True,
     )  # fmt: skip
@@ -285,16 +285,18 @@ def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtyp
     m = hopper_ws
     q_box = [1, m.BLOCK_H.value, m.Q_BLOCK.value]
     out_box = [1, m.BLOCK_H.value, m.OUT_BLOCK.value]
+    # A small call stores O itself (OUT_DIRECT: out's pointer), the others by TMA (a descriptor).
+    out_sig = "*bf16" if small else f"tensordesc<bf16{out_box},{m.OUT_SMEM.value!r}>"
     sig = {
         "q_desc": f"tensordesc<bf16{q_box},{m.Q_SMEM.value!r}>", "cache_ptr": "*u8",
-        "idx_ptr": ix, "indptr_ptr": ix, "sink_ptr": "*fp32",
-        "out_desc": f"tensordesc<bf16{out_box},{m.OUT_SMEM.value!r}>", "stride_qr": "i32",
-        "stride_qh": "i32", "stride_block": "i32", "num_heads": "i32", "num_slots": "i32",
-        "nnz": "i32", "qk_scale": "fp32", "num_items": "i32", "ids_per_row": "i32",
-        "block_size": "i32", "block_shift": "i32",
+        "idx_ptr": ix, "indptr_ptr": ix, "sink_ptr": "*fp32", "out": out_sig,
+        "stride_qr": "i32", "stride_qh": "i32", "stride_block": "i32", "stride_or": "i32",
+        "stride_oh": "i32", "num_heads": "i32", "num_slots": "i32", "nnz": "i32",
+        "qk_scale": "fp32", "num_items": "i32", "ids_per_row": "i32", "block_size": "i32",
+        "block_shift": "i32",
     }  # fmt: skip
     consts = _ws_constexprs(cfg, block_size)
-    consts["SMALL"] = bool(small)
+    consts["SMALL"] = consts["OUT_DIRECT"] = bool(small)
     if dense:
         consts["DENSE_IDS"] = dense_ids_value(dense)
     if pos_scale:
