@@ -1,15 +1,16 @@
 """``gluon_ws_fp8`` writing O by TMA against by its consumers' own 16-byte stores, in turns.
 
-Step 46 (PERF_NOTES "No cliffs") moved ``gluon_ws``'s output from a TMA store a [64, 64] block
-(each waiting for the engine's read of the previous one) to the consumers' own stores: 1-2%
-at small T, 1% at T = 16384 H64. ``gluon_ws_fp8`` shares those consumers. The first
-measurement (``experiments/patches/ws_fp8_out_direct.diff``, every call by the consumers'
-stores, ``data/bench/fp8_out_ab_h200_c4e9b62.log``) gained 2-3% at T = 64 and lost 2-2.7% at
-T = 16384, so the package now stores O itself in small calls only (step 47:
-``_launch_persistent(small_direct=True)``, ``OUT_DIRECT`` with ``SMALL``). Modes: ``tma``, every
-call by TMA (the launch with ``small_direct`` forced off), and ``package``, the launch as
-shipped; both on the same FP8 cache (MODEL1, quantized from the bench's pool), each checked
-against the fp32 reference over the dequantized rows first (``turns.add_checked``:
+Step 46 (PERF_NOTES "No cliffs") moved ``gluon_ws``'s output from a TMA store a [64, 64] block (each
+waiting for the engine's read of the previous one) to the consumers' own stores: 1-2% at small T, 1%
+at T = 16384 H64. ``gluon_ws_fp8`` shares those consumers. The first measurement
+(``experiments/patches/ws_fp8_out_direct.diff``, every call by the consumers' stores,
+``data/bench/fp8_out_ab_h200_c4e9b62.log``) gained 2-3% at T = 64 and lost 2-2.7% at T = 16384, and
+a second, own stores in small calls, lost 2% at T = 1024 H64 (a small call of eight items a program,
+``fp8_out_small_ab_h200_19d0616.log``), so the package stores O itself only where each program runs
+one item (step 47: ``_launch_persistent(single_direct=True)``, ``launch.single_item``). Modes:
+``tma``, every call by TMA (the launch with ``single_direct`` forced off), and ``package``, the
+launch as shipped; both on the same FP8 cache (MODEL1, quantized from the bench's pool), each
+checked against the fp32 reference over the dequantized rows first (``turns.add_checked``:
 NaN-poisoned output), then timed in turns (:func:`sparse_mla.bench.time_interleaved`, 8 rounds;
 plans off, so every call goes through the launcher). On an H200, ~1 minute:
 
@@ -36,8 +37,8 @@ _SHIPPED = launch._launch_persistent
 
 
 def _tma_only(*args, **kwargs):
-    """The persistent launch with O by TMA in every call (no ``small_direct``)."""
-    return _SHIPPED(*args, **{**kwargs, "small_direct": False})
+    """The persistent launch with O by TMA in every call (no ``single_direct``)."""
+    return _SHIPPED(*args, **{**kwargs, "single_direct": False})
 
 
 def point(kind, T, H, topk, context, dev) -> str:
@@ -58,10 +59,13 @@ def point(kind, T, H, topk, context, dev) -> str:
             raise SystemExit(f"{mode} at {kind} T={T} H={H}: wrong ({wrong})")
     tma, shipped = bench.time_interleaved(fns, 400.0, rounds=8)
     where = f" context {context}" if context else ""
-    programs = min(T * -(-H // 64), torch.cuda.get_device_properties(dev).multi_processor_count)
-    small = "small call" if hopper_ws.small_call(idx.numel(), programs) else "large call"
-    return (f"{kind} T={T} H={H} top-k {topk}{where} ({small}): TMA {tma * 1e3:.2f} us, "
-            f"package {shipped * 1e3:.2f} us, package / TMA {shipped / tma:.4f}")  # fmt: skip
+    items = T * -(-H // 64)
+    programs = min(items, torch.cuda.get_device_properties(dev).multi_processor_count)
+    small = "small" if hopper_ws.small_call(idx.numel(), programs) else "large"
+    one = "one item a program" if launch.single_item(items, programs) else "items follow"
+    return (f"{kind} T={T} H={H} top-k {topk}{where} ({small} call, {one}): "
+            f"TMA {tma * 1e3:.2f} us, package {shipped * 1e3:.2f} us, "
+            f"package / TMA {shipped / tma:.4f}")  # fmt: skip
 
 
 def main() -> None:

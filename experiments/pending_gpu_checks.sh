@@ -58,7 +58,8 @@
 # (*callrows*: step 45, kept), wstests on 86b21b9 and bfcf013, outdirect on d3393e0 (*outdirect*:
 # step 46, kept), the grid on 86b21b9 (cut short) and bfcf013, smalltchoice on 1400662, wholemap
 # on 880e703 and smallcallrows on d482a17 (*small_callrows*: not kept); in the thirty-fifth,
-# fp8outdirect on c4e9b62 (*fp8out*c4e9b62*: step 47, gated to small calls).) Open: fp8outsmall.
+# fp8outdirect on c4e9b62 and fp8outsmall on 19d0616 (*fp8_out*: step 47, own stores where a
+# program runs one item).) Open: fp8outsmall again (the one-item gate).
 # (Formerly
 # open: trims, the thirteenth session's two host-path trims, 52458fb, CPU-verified only). From
 # the repository root, with `.peers` carried (steps fp8bench, grid) and the workbook wheels as `.whl` (steps
@@ -325,9 +326,11 @@
 #             its consumers store O themselves (OUT_DIRECT), SPARSE_MLA_FP8_OUT=tma the old way;
 #             gluon_ws's and gluon_ws_fp8's GPU tests with it, then experiments/fp8_out_ab.py in
 #             turns (carry the xdist wheels; about 3 minutes; the patch applies on c4e9b62, whose
-#             run found 2-3% at T = 64 and +2-2.7% at T = 16384: step 47 keeps it to small calls)
-#   fp8outsmall step 47 as the package has it: gluon_ws_fp8 stores O itself in small calls
-#             (OUT_DIRECT with SMALL), by TMA in the others; gluon_ws's and gluon_ws_fp8's GPU
+#             run found 2-3% at T = 64 and +2-2.7% at T = 16384: step 47 keeps it to calls of
+#             one item a program)
+#   fp8outsmall step 47 as the package has it: gluon_ws_fp8 stores O itself where each program
+#             runs one item (OUT_DIRECT, launch.single_item; at 19d0616 in every small call),
+#             by TMA in the others; gluon_ws's and gluon_ws_fp8's GPU
 #             tests, then experiments/fp8_out_ab.py in turns against TMA in every call (carry
 #             the xdist wheels; about 3 minutes)
 #   wstests   the GPU tests of every gluon_ws path and gluon_ws_fp8's (ws_gpu_tests) at this

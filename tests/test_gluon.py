@@ -1062,24 +1062,27 @@ def test_ws_small_call_asks_l2_for_the_calls_rows(dense):
         assert "cp.async.bulk.prefetch.L2" not in fp8.asm["ptx"]
 
 
-def test_ws_fp8_small_call_stores_o_itself():
-    """Step 47: gluon_ws_fp8's small-call build (OUT_DIRECT) writes O by its consumers' own
-    16-byte stores, four [64, 64] blocks of 16 STG.128 a consumer and no TMA store; the
-    large-call build keeps its four TMA stores a consumer and has no 16-byte global stores.
-    The register split as before and no spills either way."""
-    from sparse_mla.gluon import launch_fp8
+def test_ws_fp8_single_item_call_stores_o_itself():
+    """Step 47: gluon_ws_fp8's build for calls of one item a program (OUT_DIRECT) writes O by
+    its consumers' own 16-byte stores, four [64, 64] blocks of 16 STG.128 a consumer and no
+    TMA store; the other build keeps its four TMA stores a consumer and has no 16-byte global
+    stores. The register split as before and no spills either way."""
+    from sparse_mla.gluon import launch, launch_fp8
 
-    for small in (True, False):
-        kernel, sig, cx, opts = launch_fp8.compile_args_ws("sm90", num_heads=64, small=small)
-        assert cx["OUT_DIRECT"] is small and sig["out"].startswith("*") == small
+    assert launch.single_item(132, 132) and not launch.single_item(133, 132)
+    for single in (True, False):
+        kernel, sig, cx, opts = launch_fp8.compile_args_ws(
+            "sm90", num_heads=64, small=True, single=single
+        )
+        assert cx["OUT_DIRECT"] is single and sig["out"].startswith("*") == single
         res = inspect.compile(kernel, "sm90", cx, opts, sig)
         parts = res.resources.partitions
         assert [r for _, _, r in parts] == [224, 192, 88], parts
         c0, c1 = parts[0][2], parts[1][2]
         stg = inspect.partition_counts(res.isa, r"\bSTG\.E\.128\b")
         tma = inspect.partition_counts(res.isa, r"\bUTMASTG\b")
-        assert stg == ({c0: 16, c1: 16} if small else {}), (small, stg)
-        assert tma == ({} if small else {c0: 4, c1: 4}), (small, tma)
+        assert stg == ({c0: 16, c1: 16} if single else {}), (single, stg)
+        assert tma == ({} if single else {c0: 4, c1: 4}), (single, tma)
         assert res.resources.spill_bytes == 0 and inspect.partition_counts(res.isa, "STL") == {}
 
 
@@ -1269,33 +1272,35 @@ def test_persistent_launch_arguments(monkeypatch):
     assert got["out_ptr"] is wide and (got["stride_or"], got["stride_oh"]) == (H * 520, 520)
     # The TMA-writing launch (gluon_ws_fp8's): a descriptor of out, or of a buffer for an
     # out TMA cannot address, in out_ptr's place (the stand-in takes gluon_ws's positions),
-    # and out's strides after it either way. With small_direct a small call takes the pointer
-    # and OUT_DIRECT instead, a large one the descriptor.
-    cases = [(d, d is out, small) for small in (None, False, True) for d in (out, odd)]
-    for dst, direct, small in cases:
+    # and out's strides after it either way. With single_direct a call of at most one item a
+    # program (T = 66 here: 132 items) takes the pointer and OUT_DIRECT instead, a larger one
+    # (T = 300: 600 items) the descriptor.
+    cases = [(d, d is out, single) for single in (None, False, True) for d in (out, odd)]
+    for whole, direct, single in cases:
         calls.clear()
         ob.zero_()
+        rows = 66 if single else T
+        dst = whole[:rows]
         launch._launch_persistent(
-            FakeKernel(), 64, q, kv, idx, ptr, None, dst, 0.25, 0, out_tma=True,
-            small_direct=small is not None, q_tma=True, extra_args=(part, lse),
-            small_call=None if small is None else (lambda nnz, programs, s=small: s),
+            FakeKernel(), 64, q[:rows], kv, idx, ptr[: rows + 1], None, dst, 0.25, 0,
+            out_tma=True, single_direct=single is not None, q_tma=True, extra_args=(part, lse),
         )  # fmt: skip
         (_, args, kw), = calls  # fmt: skip
         got = dict(zip(names, args, strict=True))
         o_arg = got["out_ptr"]
-        assert kw.get("OUT_DIRECT", False) == bool(small)
+        assert kw.get("OUT_DIRECT", False) == bool(single)
         assert (got["stride_or"], got["stride_oh"]) == (H * 512, 512)
-        if small:
+        if single:
             assert isinstance(o_arg, torch.Tensor) and (o_arg is dst) == direct
-            assert o_arg.is_contiguous()
+            assert o_arg.is_contiguous() and o_arg.shape == (rows, H, 512)
         else:
             assert isinstance(o_arg, TensorDescriptor) and (o_arg.base is dst) == direct
-            assert list(o_arg.shape) == [T, H, 512]
+            assert list(o_arg.shape) == [rows, H, 512]
             assert list(o_arg.block_shape) == [1, 64, hopper_ws.OUT_BLOCK.value]
             assert o_arg.layout == hopper_ws.OUT_SMEM.value
         assert torch.all(dst == 3.0)  # written, or copied from the buffer
         assert torch.all(ob[..., :4] == 0) and torch.all(ob[..., 516:] == 0)
-        dst.zero_()
+        whole.zero_()
     # A split launch: splits x the items, and its buffer is never copied into out (the kernel
     # writes partials; the reduce writes out)
     calls.clear()

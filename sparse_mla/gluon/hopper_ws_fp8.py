@@ -1,16 +1,16 @@
 """Hopper (sm90) sparse prefill straight from the FP8 KV cache (MODEL1 layout), 64 heads on M.
 
 The warp-specialised kernel of :mod:`hopper_ws` (persistent; 64 heads on wgmma's M; its two consumer
-warpgroups and the Q load by TMA reused unchanged; O by TMA, or in small calls by the consumers' own
-16-byte stores, ``OUT_DIRECT``) with the FP8 producer of :mod:`hopper_fp8` in place of the cp.async
-row gather: the producer loads each slot's 576 bytes of [NoPE | RoPE] and its scales into registers,
-dequantizes the NoPE bytes (:func:`hopper_fp8._dequant_words`: a byte permute, logic ops and bf16x2
-multiplies, exact as :func:`sparse_mla.fp8.dequantize`) and stores the bf16 row into the same
-swizzled [64, 512] tiles the bf16 kernel's cp.async fills. Each tile half (``L`` = D[0:256] = NoPE
-chunks 0-3, ``R`` = D[256:512] = NoPE chunks 4-6 and the RoPE part) is filled once its ``free``
-barrier has passed, in the order the consumers release them (0L, 1R, 0R, 1L a pair of tiles), and
-announced on its ``ready`` barrier with one arrival (after the warpgroup's stores and a proxy
-fence), not cp.async's 128.
+warpgroups and the Q load by TMA reused unchanged; O by TMA, or in calls of one item a program by
+the consumers' own 16-byte stores, ``OUT_DIRECT``) with the FP8 producer of :mod:`hopper_fp8` in
+place of the cp.async row gather: the producer loads each slot's 576 bytes of [NoPE | RoPE] and its
+scales into registers, dequantizes the NoPE bytes (:func:`hopper_fp8._dequant_words`: a byte
+permute, logic ops and bf16x2 multiplies, exact as :func:`sparse_mla.fp8.dequantize`) and stores the
+bf16 row into the same swizzled [64, 512] tiles the bf16 kernel's cp.async fills. Each tile half
+(``L`` = D[0:256] = NoPE chunks 0-3, ``R`` = D[256:512] = NoPE chunks 4-6 and the RoPE part) is
+filled once its ``free`` barrier has passed, in the order the consumers release them (0L, 1R, 0R, 1L
+a pair of tiles), and announced on its ``ready`` barrier with one arrival (after the warpgroup's
+stores and a proxy fence), not cp.async's 128.
 
 The register budget decides the producer. The three warpgroups share 504 registers a thread;
 the consumers hold their O halves ([64, 256] fp32, 128 registers) and S, and cross-compile
@@ -286,8 +286,8 @@ def _prefill_ws_fp8_kernel(
     POW2: gl.constexpr = True,  # block_size is a power of two
     AHEAD: gl.constexpr = None,  # pieces the producer loads ahead (None: AHEAD)
     POS_SCALE: gl.constexpr = False,  # qk_scale > 0: the consumers fold it into the exponent
-    # O by the consumers' own stores (hopper_ws's step 46), set in small calls: measured
-    # faster there and slower at T = 16384 (PERF_NOTES "No cliffs" step 47)
+    # O by the consumers' own stores (hopper_ws's step 46), set when each program runs one
+    # item (launch.single_item): faster there, slower where items follow (step 47)
     OUT_DIRECT: gl.constexpr = False,
 ):
     """Persistent: grid (min(items, SMs),); 4 warps here (consumer 0) + 8 in the workers."""

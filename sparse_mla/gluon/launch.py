@@ -1211,7 +1211,7 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
-    *, out_tma=False, out_aligned=False, small_direct=False, q_tma=False, constexprs=None,
+    *, out_tma=False, out_aligned=False, single_direct=False, q_tma=False, constexprs=None,
     small_call=None,
     num_kv=None, stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False,
 ):  # fmt: skip
@@ -1223,10 +1223,10 @@ def _launch_persistent(
     TMA cannot address (base or a stride not a multiple of 16 bytes, last dim not contiguous)
     is written through a contiguous buffer and copied. ``out_aligned``: the kernel takes out's
     pointer and stores O 16 bytes a lane (``hopper_ws``, ``OUT_ALIGNED``), so such an ``out``
-    goes through a buffer too. ``small_direct`` (with ``out_tma`` and ``small_call``): a small
-    call is built with ``OUT_DIRECT`` and takes out's pointer, the others the descriptor
-    (``hopper_ws_fp8``; PERF_NOTES "No cliffs" step 47). Either way out's two row strides
-    follow ``stride_kvn``. ``q_tma``: the kernel reads
+    goes through a buffer too. ``single_direct`` (with ``out_tma``): a call of at most one item
+    a program (:func:`single_item`) is built with ``OUT_DIRECT`` and takes out's pointer, the
+    others the descriptor (``hopper_ws_fp8``; PERF_NOTES "No cliffs" step 47). Either way out's
+    two row strides follow ``stride_kvn``. ``q_tma``: the kernel reads
     Q by TMA (``hopper_ws``) and takes a descriptor of ``q`` (boxes [1, heads_per_item,
     Q_BLOCK]) in place of its pointer (q rows 16-byte aligned, as for the cp.async copies).
     ``small_call(nnz, programs)``: the kernel has a ``SMALL`` constexpr, set from it
@@ -1252,7 +1252,7 @@ def _launch_persistent(
     items = R * runtime.cdiv(H, heads_per_item) * splits
     grid = (min(items, _num_compute_units(dev)),)
     extra = {} if small_call is None else {"SMALL": small_call(kv_indices.numel(), grid[0])}
-    if small_direct and extra.get("SMALL"):  # passed only when set, like DENSE_IDS
+    if single_direct and single_item(items, grid[0]):  # passed only when set, like DENSE_IDS
         extra["OUT_DIRECT"] = True
         out_tma, out_aligned = False, True
     dense, kv_indptr, per_row = dense_launch(kv_indices, kv_indptr)
@@ -1288,6 +1288,16 @@ def _launch_persistent(
     launch(grid, (*common, o_arg, qs0, qs1, stride, os0, os1, *tail), kwargs)
     if dst is not out and splits == 1:  # a split launch writes partials, never dst
         out.copy_(dst)
+
+
+def single_item(items: int, programs: int) -> bool:
+    """Whether each persistent program runs at most one work item: where ``gluon_ws_fp8``
+    stores O by its consumers' own 16-byte stores (``OUT_DIRECT``). Measured in turns against
+    TMA stores (H200): 2-2.5% faster at T = 64 (one item a program), 0.6-0.8% slower at T = 256
+    H64 (two), 2-2.5% slower at T = 1024 H64 and T = 16384, where the next item's producer
+    streams its rows while the stores go out (data/bench/fp8_out_ab_h200_c4e9b62.log,
+    fp8_out_small_ab_h200_19d0616.log)."""
+    return items <= programs
 
 
 def _aligned_rows(t: torch.Tensor) -> bool:

@@ -267,7 +267,7 @@ def run_ws(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, 
     _launch._launch_persistent(
         hopper_ws_fp8._prefill_ws_fp8_kernel, hopper_ws.BLOCK_H.value, q, cache.kernel_bytes(),
         kv_indices, kv_indptr, attn_sink, out, softmax_scale, q.device.index or 0,
-        out_tma=True, small_direct=True, q_tma=True, constexprs=_ws_constexprs(cfg, bs),
+        out_tma=True, single_direct=True, q_tma=True, constexprs=_ws_constexprs(cfg, bs),
         small_call=hopper_ws.small_call, num_kv=cache.num_slots, stride_kvn=cache.block_stride,
         extra_args=(bs, int(math.log2(bs)) if bs & (bs - 1) == 0 else 0), pos_scale=True,
     )  # fmt: skip
@@ -275,18 +275,20 @@ def run_ws(q, cache: FP8Cache, kv_indices, kv_indptr, softmax_scale, attn_sink, 
 
 
 def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtype=torch.int32,
-                    block_size: int = 64, small: bool = False, dense: bool | int = False,
-                    pos_scale: bool = True, **_ignored):  # fmt: skip
+                    block_size: int = 64, small: bool = False, single: bool = False,
+                    dense: bool | int = False, pos_scale: bool = True, **_ignored):  # fmt: skip
     """(kernel, signature, constexprs, options) to cross-compile ``gluon_ws_fp8`` for
     ``target`` as a launch at ``num_heads`` would (``small``: the small-call order;
-    ``dense``: dense [R, K] ids, 2: with the rows' lengths; ``pos_scale``: a softmax scale
-    > 0, every model's)."""
+    ``single``: at most one item a program, O by the consumers' own stores,
+    :func:`launch.single_item`; ``dense``: dense [R, K] ids, 2: with the rows' lengths;
+    ``pos_scale``: a softmax scale > 0, every model's)."""
     cfg, ix = _compile_setup(WS_NAME, resolve_ws, target, num_heads, config, index_dtype)
     m = hopper_ws
     q_box = [1, m.BLOCK_H.value, m.Q_BLOCK.value]
     out_box = [1, m.BLOCK_H.value, m.OUT_BLOCK.value]
-    # A small call stores O itself (OUT_DIRECT: out's pointer), the others by TMA (a descriptor).
-    out_sig = "*bf16" if small else f"tensordesc<bf16{out_box},{m.OUT_SMEM.value!r}>"
+    # One item a program: O by the consumers' own stores (OUT_DIRECT: out's pointer), else by
+    # TMA (a descriptor).
+    out_sig = "*bf16" if single else f"tensordesc<bf16{out_box},{m.OUT_SMEM.value!r}>"
     sig = {
         "q_desc": f"tensordesc<bf16{q_box},{m.Q_SMEM.value!r}>", "cache_ptr": "*u8",
         "idx_ptr": ix, "indptr_ptr": ix, "sink_ptr": "*fp32", "out": out_sig,
@@ -296,7 +298,8 @@ def compile_args_ws(target: str, *, num_heads: int = 64, config=None, index_dtyp
         "block_shift": "i32",
     }  # fmt: skip
     consts = _ws_constexprs(cfg, block_size)
-    consts["SMALL"] = consts["OUT_DIRECT"] = bool(small)
+    consts["SMALL"] = bool(small)
+    consts["OUT_DIRECT"] = bool(single)
     if dense:
         consts["DENSE_IDS"] = dense_ids_value(dense)
     if pos_scale:
