@@ -526,13 +526,18 @@ def test_gpu_long_lists_and_a_cache_past_2gib(kernel):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", FP8_KERNELS)
 def test_gpu_out_views_and_empty_tokens(kernel):
+    """out= views with strided rows, 80 bytes (aligned) and 8 bytes (not: a buffer and a copy)
+    into wider NaN-poisoned rows; at T = 33 each of gluon_ws_fp8's programs runs one item (its
+    consumers store O themselves), at T = 300 items follow (O by TMA)."""
     kw = _gpu_config(kernel)
-    case = _on(make_fp8_case(33, 20, num_blocks=40, block_size=64, max_slots=200, seed=5), "cuda")
-    big = torch.full((33, 24, 600), float("nan"), dtype=torch.bfloat16, device="cuda")
-    view = big[:, 2:22, 40:552]  # strided rows, offset columns
-    _check(case, out=view, **kw)
-    assert torch.isnan(big[:, :2]).all() and torch.isnan(big[:, 22:]).all(), "wrote outside out"
-    assert torch.isnan(big[..., :40]).all() and torch.isnan(big[..., 552:]).all()
+    for T, col in ((33, 40), (33, 4), (300, 40), (300, 4)):
+        case = make_fp8_case(T, 20, num_blocks=40, block_size=64, max_slots=200, seed=5 + T)
+        case = _on(case, "cuda")
+        big = torch.full((T, 24, 600), float("nan"), dtype=torch.bfloat16, device="cuda")
+        view = big[:, 2:22, col : col + 512]  # strided rows, offset columns
+        _check(case, out=view, **kw)
+        assert torch.isnan(big[:, :2]).all() and torch.isnan(big[:, 22:]).all(), "wrote outside"
+        assert torch.isnan(big[..., :col]).all() and torch.isnan(big[..., col + 512 :]).all()
 
 
 @pytest.mark.gpu
