@@ -1212,8 +1212,8 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 def _launch_persistent(
     kernel, heads_per_item, q, kv2, kv_indices, kv_indptr, attn_sink, out, sm_scale, dev,
     *, out_tma=False, out_aligned=False, single_direct=False, q_tma=False, constexprs=None,
-    small_call=None,
-    num_kv=None, stride_kvn=None, extra_args=(), pos_scale=False, splits=1, l2_rows=False,
+    small_call=None, num_kv=None, stride_kvn=None, extra_args=(), pos_scale=False, splits=1,
+    l2_rows=False,
 ):  # fmt: skip
     """Launch a warp-specialised sm90 prefill kernel: persistent, one program per SM over
     R x cdiv(H, heads_per_item) work items (4 warps here + its worker partitions).
@@ -1226,9 +1226,9 @@ def _launch_persistent(
     goes through a buffer too. ``single_direct`` (with ``out_tma``): a call of at most one item
     a program (:func:`single_item`) is built with ``OUT_DIRECT`` and takes out's pointer, the
     others the descriptor (``hopper_ws_fp8``; PERF_NOTES "No cliffs" step 47). Either way out's
-    two row strides follow ``stride_kvn``. ``q_tma``: the kernel reads
-    Q by TMA (``hopper_ws``) and takes a descriptor of ``q`` (boxes [1, heads_per_item,
-    Q_BLOCK]) in place of its pointer (q rows 16-byte aligned, as for the cp.async copies).
+    two row strides follow ``stride_kvn``. ``q_tma``: the kernel reads Q by TMA (``hopper_ws``)
+    and takes a descriptor of ``q`` (boxes [1, heads_per_item, Q_BLOCK]) in place of its
+    pointer (q rows 16-byte aligned, as for the cp.async copies).
     ``small_call(nnz, programs)``: the kernel has a ``SMALL`` constexpr, set from it
     (``hopper_ws.small_call``).
     ``kv_indices`` dense [R, K] (contiguous): ``DENSE_IDS`` and ``ids_per_row`` = K, with
