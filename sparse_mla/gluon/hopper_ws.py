@@ -29,7 +29,8 @@ program runs 12 warps in three partitions:
   through its P buffer (free by then) into a layout of 16 contiguous bytes a lane, then by the
   lanes' own 16-byte stores (``OUT_DIRECT``; PERF_NOTES "No cliffs" step 46: 1-2% faster than
   a TMA store a block with a wait before the next). ``gluon_ws_fp8``, which shares the
-  consumers, still writes by TMA.
+  consumers, does so only where each program runs one item and writes by TMA elsewhere
+  (step 47).
 
 Dense ids (``DENSE_IDS``: kv_indices [R, K], no kv_indptr, an engine's top-k output as FlashMLA
 takes it): an item's range is row r, [r K, (r + 1) K), so its slot ids load at once, without
@@ -187,8 +188,8 @@ SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidt
 VEC = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 LANE = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))  # one element per thread of 4 warps
 # The output goes out in [BLOCK_H, OUT_BLOCK] blocks of out [R, H, 512] (128-byte rows): by the
-# consumers' 16-byte stores (ST_OUT) here; by TMA in [1, BLOCK_H, OUT_BLOCK] boxes
-# (OUT_SMEM) in gluon_ws_fp8.
+# consumers' 16-byte stores (ST_OUT) here; in gluon_ws_fp8 by TMA in [1, BLOCK_H, OUT_BLOCK]
+# boxes (OUT_SMEM) where items follow one another in a program.
 OUT_BLOCK = gl.constexpr(64)
 OUT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3))
 ST_OUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # 16 bytes a lane
